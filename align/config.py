@@ -1,0 +1,371 @@
+"""Typed configuration: one dataclass per config group, registered in Hydra's ConfigStore.
+
+`conf/train.yaml` composes the groups onto the `train_schema` node below, so every YAML value is
+type-checked by omegaconf when Hydra composes, and `to_typed()` (the one seam from config to
+objects: `OmegaConf.to_object`) runs each `__post_init__` for value checks. Choices are `Enum`s
+(omegaconf rejects `typing.Literal`, LANDMINES 12). Every field carries a docstring; the
+configuration reference in docs/configuration.md is generated from these.
+
+Values are checked here; kwargs NAMES are checked against the installed libraries in
+`align.preflight`. A `ConfigError` names the dotted key and what is accepted, and becomes exit 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from align.errors import ConfigError
+
+
+def _choices(enum: type[StrEnum]) -> str:
+    return ", ".join(e.value for e in enum)
+
+
+def _require(cond: bool, key: str, msg: str, value: Any = None) -> None:
+    if not cond:
+        raise ConfigError(key, msg, value)
+
+
+# ----------------------------------------------------------------------------------------- model
+
+
+class Family(StrEnum):
+    mistral = "mistral"
+    olmoe = "olmoe"
+    gemma4 = "gemma4"
+
+
+class Preset(StrEnum):
+    tiny = "tiny"
+    small = "small"
+    full = "full"
+
+
+class ExpertsImpl(StrEnum):
+    eager = "eager"
+    batched_mm = "batched_mm"
+    grouped_mm = "grouped_mm"
+
+
+@dataclass
+class MoEConfig:
+    experts: Optional[ExpertsImpl] = None
+    """Requested MoE experts kernel (transformers' `experts_implementation`); null keeps the
+    library default. The resolved one is read back from `config._experts_implementation`."""
+    lb_weight: float = 0.0
+    """Load-balancing loss weight added to the training loss; 0 computes and logs it but does not
+    apply it. What was applied is recorded in the manifest (LANDMINES 5)."""
+    z_weight: float = 0.0
+    """Router z-loss weight added to the training loss; 0 computes and logs it but does not apply it."""
+
+    def __post_init__(self) -> None:
+        _require(self.lb_weight >= 0, "model.moe.lb_weight", "must be >= 0", self.lb_weight)
+        _require(self.z_weight >= 0, "model.moe.z_weight", "must be >= 0", self.z_weight)
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Train LoRA adapters (peft) instead of the full model."""
+    r: int = 16
+    """LoRA rank."""
+    alpha: float = 32.0
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    gate_steps: int = 10
+    """After this many optimizer steps every `lora_B` must have moved from zero, else the run halts."""
+
+    def __post_init__(self) -> None:
+        _require(self.r >= 1, "model.lora.r", "must be >= 1", self.r)
+        _require(0 <= self.dropout < 1, "model.lora.dropout", "must be in [0, 1)", self.dropout)
+
+
+@dataclass
+class ModelConfig:
+    family: Family = Family.mistral
+    """Model family: the transformers class that is built (no align model code)."""
+    preset: Preset = Preset.tiny
+    """Size preset when building from config with random init: tiny (CPU tests), small, full."""
+    pretrained: Optional[str] = None
+    """A local HF checkpoint directory (config.json, safetensors, tokenizer). Its tokenizer and chat
+    template are used. Null builds `preset` with random init and the bundled tokenizer."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Model-config fields that replace the preset's (names checked against the config class)."""
+    dtype: Optional[str] = None
+    """Parameter dtype (float32, bfloat16); null: float32 (bf16 autocast does the compute on GPU)."""
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    """MoE options; ignored by dense families."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA options."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.dtype in (None, "float32", "bfloat16", "float16"),
+            "model.dtype",
+            "must be one of: float32, bfloat16, float16 (or null)",
+            self.dtype,
+        )
+
+
+# ------------------------------------------------------------------------------------- attention
+
+
+class AttnImpl(StrEnum):
+    sdpa = "sdpa"
+    eager = "eager"
+    flex = "flex"
+    flash = "flash"
+
+    @property
+    def hf_name(self) -> str:
+        """The `attn_implementation` string transformers expects."""
+        return {"sdpa": "sdpa", "eager": "eager", "flex": "flex_attention", "flash": "flash_attention_2"}[self.value]
+
+
+class Fallback(StrEnum):
+    refuse = "refuse"
+    allow = "allow"
+
+
+@dataclass
+class AttentionConfig:
+    implementation: AttnImpl = AttnImpl.sdpa
+    """Requested attention backend. The resolved one (`config._attn_implementation`) is recorded."""
+    fallback: Fallback = Fallback.refuse
+    """refuse: a backend the family or machine cannot run fails preflight. allow: fall back to the
+    library's choice, log it loudly and record both."""
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+class Source(StrEnum):
+    gsm8k = "gsm8k"
+    jsonl = "jsonl"
+
+
+class Truncation(StrEnum):
+    drop = "drop"
+    truncate = "truncate"
+
+
+@dataclass
+class DataConfig:
+    source: Source = Source.gsm8k
+    """gsm8k: the copy bundled in the package. jsonl: a local file given by `path`."""
+    path: Optional[str] = None
+    """Local data file for `source=jsonl` (one JSON object per line)."""
+    split: str = "train"
+    """Bundled GSM8K split: train or test."""
+    messages_field: str = "messages"
+    """Field holding a chat (list of {role, content}); used when present in a record."""
+    prompt_field: str = "question"
+    """Field holding the prompt when a record has no `messages_field`."""
+    response_field: str = "answer"
+    """Field holding the response when a record has no `messages_field`."""
+    max_seq_len: int = 512
+    """Longest encoded record in tokens (prompt + response + EOS)."""
+    truncation: Truncation = Truncation.drop
+    """What to do with a record longer than `max_seq_len`: drop it, or truncate it from the right."""
+    max_records: Optional[int] = None
+    """Use only the first N records of the source (null: all)."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_seq_len >= 8, "data.max_seq_len", "must be >= 8", self.max_seq_len)
+        _require(self.split in ("train", "test"), "data.split", "must be one of: train, test", self.split)
+        if self.source == Source.jsonl:
+            _require(bool(self.path), "data.path", "is required when data.source=jsonl", self.path)
+        if self.max_records is not None:
+            _require(self.max_records >= 1, "data.max_records", "must be >= 1 or null", self.max_records)
+
+
+# --------------------------------------------------------------------------------------- sampler
+
+
+class SamplerKind(StrEnum):
+    shuffle = "shuffle"
+    bucket = "bucket"
+
+
+@dataclass
+class SamplerConfig:
+    kind: SamplerKind = SamplerKind.shuffle
+    """shuffle: random micro-batches. bucket: sort by length within buckets of `bucket_size`
+    records, cut micro-batches of neighbours, then shuffle the micro-batches globally."""
+    micro_batch_size: int = 8
+    """Rows per micro-batch."""
+    bucket_size: int = 64
+    """Records per length bucket (bucket sampler). A bucket as large as the data is a full sort."""
+    pad_to_multiple_of: int = 1
+    """Round each micro-batch's padded length up to a multiple of this (bounds the set of shapes)."""
+
+    def __post_init__(self) -> None:
+        _require(self.micro_batch_size >= 1, "sampler.micro_batch_size", "must be >= 1", self.micro_batch_size)
+        _require(self.bucket_size >= 1, "sampler.bucket_size", "must be >= 1", self.bucket_size)
+        _require(self.pad_to_multiple_of >= 1, "sampler.pad_to_multiple_of", "must be >= 1", self.pad_to_multiple_of)
+
+
+# ------------------------------------------------------------------------------------- optimizer
+
+
+class OptimizerName(StrEnum):
+    adamw = "adamw"
+    adamw8bit = "adamw8bit"
+
+
+@dataclass
+class OptimizerConfig:
+    name: OptimizerName = OptimizerName.adamw
+    """adamw: torch.optim.AdamW (fused on CUDA). adamw8bit: 8-bit AdamW (bitsandbytes)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """Adam betas."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    warmup_ratio: float = 0.05
+    """Warm-up as a fraction of `trainer.max_steps`; converted to steps at the scheduler call site,
+    so it survives a change of run length (playbook 4.2)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still logged)."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optimizer.lr", "must be > 0", self.lr)
+        _require(0 <= self.warmup_ratio < 1, "optimizer.warmup_ratio", "must be in [0, 1)", self.warmup_ratio)
+        _require(len(self.betas) == 2, "optimizer.betas", "must be a list of two floats", self.betas)
+
+
+# -------------------------------------------------------------------------------------- parallel
+
+
+class ParallelKind(StrEnum):
+    single = "single"
+
+
+@dataclass
+class ParallelConfig:
+    kind: ParallelKind = ParallelKind.single
+    """single: one process, one device."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder block in backward (transformers' activation checkpointing)."""
+
+
+# ---------------------------------------------------------------------------------------- logger
+
+
+class LoggerKind(StrEnum):
+    wandb = "wandb"
+    none = "none"
+
+
+class WandbMode(StrEnum):
+    offline = "offline"
+    online = "online"
+
+
+@dataclass
+class LoggerConfig:
+    kind: LoggerKind = LoggerKind.wandb
+    """wandb: log to Weights & Biases on rank 0. none: history.jsonl only."""
+    mode: WandbMode = WandbMode.offline
+    """offline writes the run under the run dir with no network; online syncs."""
+    project: str = "align"
+    """W&B project."""
+    entity: Optional[str] = None
+    """W&B entity (team or user); null: the default of the logged-in user."""
+    tags: list[str] = field(default_factory=list)
+    """W&B tags."""
+
+
+# --------------------------------------------------------------------------------------- trainer
+
+
+class Precision(StrEnum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class Device(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 150
+    """Optimizer steps to run."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step. The loss is averaged per loss token over the whole window."""
+    seed: int = 0
+    """Seed for model init, sampling and dropout."""
+    deterministic: bool = False
+    """`torch.use_deterministic_algorithms(True)` (slower; needed for bit-exact reruns on GPU)."""
+    precision: Precision = Precision.auto
+    """auto: bf16 autocast on CUDA, fp32 on CPU."""
+    device: Device = Device.auto
+    """auto: CUDA when available, else CPU."""
+    log_every: int = 10
+    """Console log line every N optimizer steps when stderr is not a TTY (history gets every step)."""
+    export: bool = True
+    """Write the trained model in HF layout (safetensors, config, tokenizer) to `export/` at the end."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_steps >= 1, "trainer.max_steps", "must be >= 1", self.max_steps)
+        _require(self.grad_accum >= 1, "trainer.grad_accum", "must be >= 1", self.grad_accum)
+        _require(self.log_every >= 1, "trainer.log_every", "must be >= 1", self.log_every)
+
+
+# ------------------------------------------------------------------------------------------ root
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    allow_dirty: bool = False
+    """Start even when the git tree has uncommitted changes (the manifest then says dirty)."""
+    name: Optional[str] = None
+    """Run name for W&B and the manifest; null: the run dir's name."""
+
+
+# The one table: config group -> schema. conf/<group>/*.yaml files are validated against these.
+GROUP_SCHEMAS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "sampler": SamplerConfig,
+    "attention": AttentionConfig,
+    "optimizer": OptimizerConfig,
+    "parallel": ParallelConfig,
+    "logger": LoggerConfig,
+    "trainer": TrainerConfig,
+}
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+def to_typed(cfg: DictConfig) -> TrainConfig:
+    """The seam from composed config to objects; value errors surface as `ConfigError`."""
+    obj = OmegaConf.to_object(cfg)
+    assert isinstance(obj, TrainConfig), type(obj)
+    return obj
+
+
+register()

@@ -1,0 +1,1 @@
+"""Data: sources -> chat records -> encoded token arrays with loss masks -> micro-batches."""

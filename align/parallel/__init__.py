@@ -1,0 +1,1 @@
+"""Process topology and device placement."""

@@ -1,0 +1,59 @@
+"""Every option of every config group composes and converts to the typed config."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from align.cli import CONF_DIR
+from align.config import GROUP_SCHEMAS, TrainConfig, to_typed
+
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+OPTIONS = [(g, f.relative_to(CONF_DIR / g).with_suffix("").as_posix()) for g in GROUPS for f in sorted((CONF_DIR / g).rglob("*.yaml"))]
+
+
+def test_the_walk_found_every_group_the_design_names():
+    assert {"model", "data", "sampler", "attention", "optimizer", "parallel", "logger", "experiment"} <= set(GROUPS)
+    assert len(OPTIONS) >= 18
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_converts(group, option, compose, tmp_path):
+    extra = []
+    if (group, option) == ("data", "jsonl"):
+        f = tmp_path / "d.jsonl"
+        f.write_text('{"prompt": "hi", "response": "there"}\n')
+        extra = [f"data.path={f}"]
+    cfg = compose([f"{group}={option}", *extra])
+    typed = to_typed(cfg)
+    assert isinstance(typed, TrainConfig)
+    if group in GROUP_SCHEMAS:
+        assert isinstance(getattr(typed, group), GROUP_SCHEMAS[group])
+
+
+def test_every_schema_field_has_a_docstring():
+    import ast
+    import inspect
+
+    import align.config as mod
+
+    tree = ast.parse(inspect.getsource(mod))
+    missing = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Config"):
+            body = node.body
+            for i, stmt in enumerate(body):
+                if isinstance(stmt, ast.AnnAssign) and node.name != "TrainConfig":
+                    nxt = body[i + 1] if i + 1 < len(body) else None
+                    if not (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                        missing.append(f"{node.name}.{stmt.target.id}")
+    assert not missing, f"fields without a docstring: {missing}"
+
+
+def test_key_names_the_team_relies_on(compose):
+    typed = to_typed(compose(["trainer.max_steps=7", "data.max_seq_len=256", "sampler=bucket", "sampler.bucket_size=32",
+                              "model.preset=tiny", "model.pretrained=null"]))
+    assert (typed.trainer.max_steps, typed.data.max_seq_len, typed.sampler.bucket_size) == (7, 256, 32)
+    assert typed.model.preset.value == "tiny" and typed.model.pretrained is None

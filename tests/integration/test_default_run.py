@@ -1,0 +1,38 @@
+"""The embedded default trains, learns and exports a model that transformers loads."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from tests.conftest import run_cli
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+@pytest.mark.slow
+def test_default_run_learns_and_exports(tmp_path):
+    run_dir = tmp_path / "run"
+    t0 = time.time()
+    p = run_cli("align.train", f"hydra.run.dir={run_dir}", "allow_dirty=true")
+    wall = time.time() - t0
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert len(rows) == 150 and [r["step"] for r in rows] == list(range(1, 151))
+    for key in ("step", "loss", "lr", "grad_norm", "tokens", "real_tokens", "tokens_per_s"):
+        assert key in rows[0]
+    k = len(rows) // 10
+    first, last = _mean([r["loss"] for r in rows[:k]]), _mean([r["loss"] for r in rows[-k:]])
+    assert last <= 0.8 * first, (first, last)
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert wall < 180, f"default run took {wall:.0f}s on this machine"
+
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(run_dir / "export", local_files_only=True)
+    assert type(m).__name__ == "MistralForCausalLM"
