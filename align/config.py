@@ -325,6 +325,17 @@ class TrainerConfig:
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1", self.log_every)
 
 
+# ----------------------------------------------------------------------------------------- probe
+
+
+@dataclass
+class ProbeConfig:
+    """Options of `python -m align.probe probe=<name>`; `align.train` does not read them."""
+
+    name: Optional[str] = None
+    """Which probe runs (the option of the `probe` group): see align/probe.py for those available."""
+
+
 # ------------------------------------------------------------------------------------------ root
 
 
@@ -342,6 +353,8 @@ class TrainConfig:
     """Start even when the git tree has uncommitted changes (the manifest then says dirty)."""
     name: Optional[str] = None
     """Run name for W&B and the manifest; null: the run dir's name."""
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    """Probe options, composed only by `conf/probe.yaml` (`python -m align.probe probe=<name>`)."""
 
 
 # The one table: config group -> schema. conf/<group>/*.yaml files are validated against these.
@@ -354,6 +367,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "parallel": ParallelConfig,
     "logger": LoggerConfig,
     "trainer": TrainerConfig,
+    "probe": ProbeConfig,
 }
 
 

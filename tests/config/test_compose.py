@@ -26,7 +26,7 @@ def test_every_option_composes_and_converts(group, option, compose, tmp_path):
         f = tmp_path / "d.jsonl"
         f.write_text('{"prompt": "hi", "response": "there"}\n')
         extra = [f"data.path={f}"]
-    cfg = compose([f"{group}={option}", *extra])
+    cfg = compose([f"{group}={option}", *extra], config_name="probe" if group == "probe" else "train")
     typed = to_typed(cfg)
     assert isinstance(typed, TrainConfig)
     if group in GROUP_SCHEMAS:

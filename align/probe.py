@@ -1,0 +1,51 @@
+"""`python -m align.probe probe=<name> [train overrides]`: triage probes on the composed run.
+
+Each probe reuses the trainer's own data pipeline, model build, collate and loss, so it measures
+what actually runs (playbook 2). A probe module exposes `run(cfg: TrainConfig, out_dir: Path) -> int`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from align.cli import CONF_DIR, die, validate_command_line, wants_hydra_only
+from align.config import to_typed
+from align.errors import AlignError, ConfigError
+
+# probe name -> module with run(cfg, out_dir). Only implemented probes are listed.
+PROBES: dict[str, str] = {}
+
+
+def run(cfg: DictConfig) -> int:
+    typed = to_typed(cfg)
+    name = typed.probe.name
+    if name not in PROBES:
+        raise ConfigError("probe", f"no probe named {name!r}; available: {', '.join(sorted(PROBES)) or 'none'}")
+    module = importlib.import_module(PROBES[name])
+    return module.run(typed, Path(HydraConfig.get().runtime.output_dir))
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="probe", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    try:
+        code = run(cfg)
+    except AlignError as e:
+        die(str(e), e.exit_code)
+    if code:
+        raise SystemExit(code)
+
+
+def main() -> None:
+    if not wants_hydra_only(sys.argv[1:]):
+        validate_command_line(sys.argv[1:], config_name="probe")
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()
