@@ -92,18 +92,14 @@ def job_override_lists(argv: Sequence[str]) -> tuple[list[list[str]], bool]:
     return [job for batch in batches for job in batch], True
 
 
-def validate_command_line(argv: Sequence[str], config_name: str = "train") -> list[DictConfig]:
-    """Compose and type-check every job of `argv`; exit 2 with one line on the first bad one."""
+def validate_command_line(argv: Sequence[str], config_name: str = "train") -> list:
+    """Compose and type-check every job of `argv`; exit 2 with one line on the first bad one.
+    Returns the typed config of each job."""
     from align.config import to_typed
 
     try:
         jobs, _ = job_override_lists(argv)
-        cfgs = []
-        for job in jobs:
-            cfg = compose(job, config_name=config_name)
-            to_typed(cfg)
-            cfgs.append(cfg)
-        return cfgs
+        return [to_typed(compose(job, config_name=config_name)) for job in jobs]
     except SystemExit:
         raise
     except Exception as exc:  # every composition/value error becomes one line

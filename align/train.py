@@ -16,11 +16,9 @@ from align.errors import AlignError
 
 
 def run(cfg: DictConfig) -> int:
-    from align.preflight import run_preflight
     from align.trainer import Trainer
 
     typed = to_typed(cfg)
-    run_preflight(typed)
     hc = HydraConfig.get()
     group = Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
     trainer = Trainer.build(typed, Path(hc.runtime.output_dir), OmegaConf.to_container(cfg, resolve=True), group)
@@ -38,8 +36,17 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    if not wants_hydra_only(sys.argv[1:]):
-        validate_command_line(sys.argv[1:])
+    argv = sys.argv[1:]
+    if not wants_hydra_only(argv):
+        # Every job of the command line is composed, typed and preflighted before Hydra creates a
+        # run dir: a refusal leaves nothing behind.
+        from align.preflight import run_preflight
+
+        for typed in validate_command_line(argv):
+            try:
+                run_preflight(typed)
+            except AlignError as e:
+                die(str(e), e.exit_code)
     _hydra_main()
 
 

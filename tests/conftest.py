@@ -29,3 +29,18 @@ def compose():
     from align.cli import compose as _compose
 
     return _compose
+
+
+def build_trainer(tmp_path: Path, *overrides: str):
+    """A Trainer built in-process from the composed config (no Hydra run, no subprocess)."""
+    from align.cli import compose
+    from align.config import to_typed
+    from align.trainer import Trainer
+
+    typed = to_typed(compose(["logger=none", "data.max_records=200", *overrides]))
+    return Trainer.build(typed, tmp_path / "run")
+
+
+def last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""

@@ -36,3 +36,16 @@ def test_default_run_learns_and_exports(tmp_path):
 
     m = AutoModelForCausalLM.from_pretrained(run_dir / "export", local_files_only=True)
     assert type(m).__name__ == "MistralForCausalLM"
+
+
+@pytest.mark.slow
+def test_olmoe_with_the_bucket_sampler_works_exactly_as_typed(tmp_path):
+    run_dir = tmp_path / "run"
+    p = run_cli("align.train", "model=olmoe", "sampler=bucket", f"hydra.run.dir={run_dir}", "allow_dirty=true")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    k = len(rows) // 10
+    assert len(rows) == 150 and _mean([r["loss"] for r in rows[-k:]]) <= 0.8 * _mean([r["loss"] for r in rows[:k]])
+    from transformers import AutoModelForCausalLM
+
+    assert type(AutoModelForCausalLM.from_pretrained(run_dir / "export")).__name__ == "OlmoeForCausalLM"

@@ -1,0 +1,68 @@
+"""Read an offline W&B run back (tests only).
+
+wandb >= 0.2x dropped its Python reader of the `.wandb` transaction log; the format is the LevelDB
+log format (32 KiB blocks of records: crc32 u32, length u16, type u8 in FULL/FIRST/MIDDLE/LAST)
+after a 7-byte header (":W&B", magic 0xBEE1, version), each record a `wandb_internal_pb2.Record`.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Iterator
+
+BLOCK = 32768
+HEADER = 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def _payloads(path: Path) -> Iterator[bytes]:
+    raw = path.read_bytes()
+    assert raw[:4] == b":W&B", f"not a W&B transaction log: {path}"
+    pos, pending = HEADER, b""
+    while pos + HEADER <= len(raw):
+        left_in_block = BLOCK - pos % BLOCK
+        if left_in_block < HEADER:
+            pos += left_in_block  # trailer padding
+            continue
+        _crc, length, kind = struct.unpack("<IHB", raw[pos : pos + HEADER])
+        data = raw[pos + HEADER : pos + HEADER + length]
+        pos += HEADER + length
+        if kind == 0 and length == 0:
+            pos += BLOCK - pos % BLOCK if pos % BLOCK else 0
+            continue
+        if kind == FULL:
+            yield data
+        elif kind == FIRST:
+            pending = data
+        elif kind == MIDDLE:
+            pending += data
+        elif kind == LAST:
+            yield pending + data
+            pending = b""
+
+
+def read_run(run_dir: Path) -> dict:
+    """{'run': {...}, 'config': {...}, 'history': [rows], 'summary': {...}} of an offline run dir."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (log_file,) = list(Path(run_dir).glob("run-*.wandb"))
+    out: dict = {"run": {}, "config": {}, "history": [], "summary": {}, "metrics": []}
+    for payload in _payloads(log_file):
+        rec = pb.Record()
+        rec.ParseFromString(payload)
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            out["run"] = {"id": rec.run.run_id, "name": rec.run.display_name, "group": rec.run.run_group,
+                          "project": rec.run.project}
+            out["config"].update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
+        elif kind == "config":
+            out["config"].update({i.key: json.loads(i.value_json) for i in rec.config.update})
+        elif kind == "history":
+            out["history"].append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+        elif kind == "summary":
+            out["summary"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
+        elif kind == "metric":
+            out["metrics"].append({"name": rec.metric.name, "step_metric": rec.metric.step_metric})
+    return out
