@@ -15,9 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
+# One intra-op thread per test process (and the subprocesses it starts): tests run many small torch
+# processes side by side, and OpenMP threads spinning against each other on 2 cores cost far more
+# than they win.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def run_cli(module: str, *args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(module: str, *args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python -m <module> args...` and return the completed process (text output)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd or REPO, env=full_env, capture_output=True,
