@@ -329,11 +329,60 @@ class TrainerConfig:
 
 
 @dataclass
+class ScalingProbeConfig:
+    lengths: list[int] = field(default_factory=lambda: [128, 256, 512])
+    """Sequence lengths w to time fwd+bwd at (>= 3 distinct: a 2-point fit is undetermined, playbook 1.1)."""
+    batch_size: Optional[int] = None
+    """Rows per timed batch, fixed across lengths; null: `sampler.micro_batch_size`."""
+    warmup: int = 1
+    """Untimed fwd+bwd passes at each length before timing."""
+    repeats: int = 2
+    """Timed passes at each length; the best (fastest) one is kept."""
+    residual_tol: float = 0.01
+    """A fit 'closes' when every |relative residual| is at most this."""
+    measure_steps: int = 3
+    """Real trainer steps on the real data stream, timed to check the prediction against (after one warm-up step)."""
+
+    def __post_init__(self) -> None:
+        _require(len(set(self.lengths)) >= 3, "probe.scaling.lengths",
+                 "needs at least 3 distinct lengths: a 2-point fit over {linear, quadratic, fixed} is undetermined "
+                 "(playbook 1.1)", self.lengths)
+        _require(all(w >= 1 for w in self.lengths), "probe.scaling.lengths", "every length must be >= 1", self.lengths)
+        if self.batch_size is not None:
+            _require(self.batch_size >= 1, "probe.scaling.batch_size", "must be >= 1 or null", self.batch_size)
+        _require(self.warmup >= 0, "probe.scaling.warmup", "must be >= 0", self.warmup)
+        _require(self.repeats >= 1, "probe.scaling.repeats", "must be >= 1", self.repeats)
+        _require(0 < self.residual_tol < 1, "probe.scaling.residual_tol", "must be in (0, 1)", self.residual_tol)
+        _require(self.measure_steps >= 1, "probe.scaling.measure_steps", "must be >= 1", self.measure_steps)
+
+
+@dataclass
+class KernelsProbeConfig:
+    warmup: int = 2
+    """Untimed trainer steps first (allocator, kernel selection, autotuning)."""
+    timed_steps: int = 3
+    """Trainer steps timed WITHOUT the profiler: throughput and MFU come from these."""
+    steps: int = 3
+    """Trainer steps under torch.profiler: the kernel table and launches per step come from these."""
+    trace: bool = False
+    """Also write a Chrome trace (trace.json, can be large) of the profiled steps."""
+
+    def __post_init__(self) -> None:
+        _require(self.warmup >= 0, "probe.kernels.warmup", "must be >= 0", self.warmup)
+        _require(self.timed_steps >= 1, "probe.kernels.timed_steps", "must be >= 1", self.timed_steps)
+        _require(self.steps >= 1, "probe.kernels.steps", "must be >= 1", self.steps)
+
+
+@dataclass
 class ProbeConfig:
     """Options of `python -m align.probe probe=<name>`; `align.train` does not read them."""
 
     name: Optional[str] = None
     """Which probe runs (the option of the `probe` group): see align/probe.py for those available."""
+    scaling: ScalingProbeConfig = field(default_factory=ScalingProbeConfig)
+    """`probe=scaling`: the step's scaling curve t(w) = A*w + B*w^2 (playbook 1)."""
+    kernels: KernelsProbeConfig = field(default_factory=KernelsProbeConfig)
+    """`probe=kernels`: device-kernel table from torch.profiler (playbook 3.3, 3.4, 3.7)."""
 
 
 # ------------------------------------------------------------------------------------------ root

@@ -19,7 +19,10 @@ from align.config import to_typed
 from align.errors import AlignError, ConfigError
 
 # probe name -> module with run(cfg, out_dir). Only implemented probes are listed.
-PROBES: dict[str, str] = {}
+PROBES: dict[str, str] = {
+    "scaling": "align.probes.scaling",
+    "kernels": "align.probes.kernels",
+}
 
 
 def run(cfg: DictConfig) -> int:

@@ -9,7 +9,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -28,6 +28,7 @@ from align.optim import build_optimizer, build_scheduler
 from align.parallel.env import DistEnv, dist_env
 from align.telemetry.history import History
 from align.telemetry.progress import Progress
+from align.telemetry.throughput import Throughput
 from align.telemetry.wandb_logger import Logger, build_logger, wandb_init_kwargs
 
 log = logging.getLogger("align")
@@ -57,7 +58,10 @@ class Trainer:
     scheduler: Any
     logger: Logger
     history: History
+    throughput: Throughput
     state: TrainState = field(default_factory=TrainState)
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ce_sum
+    """The loss of one micro-batch (summed over loss tokens); the probes wrap it to time it."""
 
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None) -> "Trainer":
@@ -84,7 +88,9 @@ class Trainer:
         name = cfg.name or run_dir.name
         logger = build_logger(cfg.logger, env.is_main, wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {}))
         history = History(run_dir / "history.jsonl")
-        return cls(cfg, run_dir, env, tokenizer, data, stream, model, built.info, optimizer, scheduler, logger, history)
+        throughput = Throughput.build(model, env.device, measure=env.is_main)
+        return cls(cfg, run_dir, env, tokenizer, data, stream, model, built.info, optimizer, scheduler, logger, history,
+                   throughput)
 
     # ------------------------------------------------------------------------------------- loop
 
@@ -113,6 +119,14 @@ class Trainer:
         self.logger.finish(EXIT_OK)
         return EXIT_OK
 
+    def forward_backward(self, b: Batch, denom: int) -> torch.Tensor:
+        """One micro-batch: forward, loss / `denom` (the window's loss tokens), backward. The probes time this."""
+        with self.autocast():
+            logits = self.model(**b.model_inputs()).logits
+        loss = self.loss_fn(logits, b.labels) / denom
+        loss.backward()
+        return loss.detach()
+
     def train_step(self, batches: Iterator[Batch]) -> dict[str, Any]:
         t0 = time.perf_counter()
         window = [next(batches).to(self.env.device) for _ in range(self.cfg.trainer.grad_accum)]
@@ -120,11 +134,7 @@ class Trainer:
         denom = max(loss_tokens, 1)
         loss_sum = torch.zeros((), device=self.env.device)
         for b in window:
-            with self.autocast():
-                logits = self.model(**b.model_inputs()).logits
-            loss = ce_sum(logits, b.labels) / denom
-            loss.backward()
-            loss_sum += loss.detach()
+            loss_sum += self.forward_backward(b, denom)
 
         max_norm = self.cfg.optimizer.max_grad_norm
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -155,9 +165,10 @@ class Trainer:
             "tokens_per_s": tokens / dt,
             "real_tokens_per_s": real / dt,
             "epoch": self.stream.position.epoch,
+            **self.throughput.step(window, dt),
         }
 
     def summary(self) -> dict[str, Any]:
         s = self.state
         return {"steps": s.step, "tokens": s.tokens, "real_tokens": s.real_tokens, "loss_tokens": s.loss_tokens,
-                "clipped_steps": s.clipped_steps, **self.model_info}
+                "clipped_steps": s.clipped_steps, **self.model_info, **self.throughput.summary()}

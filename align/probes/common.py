@@ -1,0 +1,209 @@
+"""What every probe shares: the trainer built exactly as `align.train` builds it, batches made by the
+trainer's own collate, and timers that wrap the trainer's own calls.
+
+A probe that re-implements the training step measures the probe (playbook 2), so nothing here runs a
+model, a loss or a collate of its own: `build_trainer` is `Trainer.build`, a timed pass is
+`Trainer.forward_backward`, a step is `Trainer.train_step`, and the loss timer wraps `Trainer.loss_fn`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from align.config import TrainConfig
+from align.data.collate import Batch, collate
+from align.data.encode import EncodedDataset
+from align.trainer import Trainer
+
+LOSS_CAVEAT = (
+    "CE forward only (the loss call, incl. the fp32 upcast of the logits), timed with CUDA events on GPU: "
+    "the CE backward and any activation-checkpoint recompute run inside .backward(), outside this window "
+    "(playbook 3.5); the loss's full cost is larger than this number"
+)
+
+
+def build_trainer(cfg: TrainConfig, out_dir: Path) -> Trainer:
+    """The same preflight and build as `python -m align.train`; the probe then drives it."""
+    from align.preflight import run_preflight
+
+    run_preflight(cfg)
+    return Trainer.build(cfg, out_dir)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    """Intervals on the device timeline: CUDA events on GPU (no sync while recording), wall clock on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self._open: list[Any] = []
+        self._done: list[Any] = []
+
+    def start(self) -> None:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self._open.append(e)
+        else:
+            self._open.append(time.perf_counter())
+
+    def stop(self) -> None:
+        s = self._open.pop()
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self._done.append((s, e))
+        else:
+            self._done.append(time.perf_counter() - s)
+
+    def take(self) -> list[float]:
+        """Seconds of every interval since the last take (synchronizes on GPU)."""
+        if self.cuda:
+            sync(self.device)
+            out = [s.elapsed_time(e) / 1e3 for s, e in self._done]
+        else:
+            out = list(self._done)
+        self._done = []
+        return out
+
+
+class Instrument:
+    """Wrap the trainer's `forward_backward` and `loss_fn` on the INSTANCE for the duration of a `with`:
+    the trainer's code runs unchanged, the probe reads per-micro-batch fwd+bwd and CE-forward times."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.fwd_bwd = Stopwatch(trainer.env.device)
+        self.loss = Stopwatch(trainer.env.device)
+        self.widths: list[tuple[int, int]] = []
+
+    def __enter__(self) -> "Instrument":
+        t = self.trainer
+        self._fb, self._loss = t.forward_backward, t.loss_fn
+        t.forward_backward = self._wrap_fb(self._fb)
+        t.loss_fn = self._wrap_loss(self._loss)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        del self.trainer.forward_backward  # the instance attribute; the class method shows through again
+        self.trainer.loss_fn = self._loss
+
+    def _wrap_fb(self, fn: Callable) -> Callable:
+        def timed(b: Batch, denom: int) -> torch.Tensor:
+            self.widths.append(tuple(b.input_ids.shape))
+            self.fwd_bwd.start()
+            out = fn(b, denom)
+            self.fwd_bwd.stop()
+            return out
+
+        return timed
+
+    def _wrap_loss(self, fn: Callable) -> Callable:
+        def timed(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            self.loss.start()
+            out = fn(logits, labels)
+            self.loss.stop()
+            return out
+
+        return timed
+
+    def take(self) -> dict[str, list]:
+        out = {"shapes": self.widths, "fwd_bwd_s": self.fwd_bwd.take(), "ce_forward_s": self.loss.take()}
+        self.widths = []
+        return out
+
+
+def fixed_width_batch(data: EncodedDataset, rows: int, width: int, pad_id: int) -> Batch:
+    """`rows` rows of exactly `width` real tokens (the data's token stream, tiled), through the
+    trainer's collate: no padding, so no attention mask, the shape the scaling fit needs."""
+    idx = np.arange(rows * width) % len(data.tokens)
+    tiled = EncodedDataset(
+        tokens=data.tokens[idx], loss_mask=data.loss_mask[idx], offsets=np.arange(rows + 1, dtype=np.int64) * width,
+        ids=[f"probe:{i}" for i in range(rows)], roots=["probe"] * rows,
+    )
+    return collate(tiled, np.arange(rows), pad_id)
+
+
+def time_forward_backward(trainer: Trainer, batch: Batch, warmup: int, repeats: int) -> dict[str, Any]:
+    """Best-of-`repeats` fwd+bwd of `batch` after `warmup` passes; gradients cleared between passes
+    (outside the timed window) the way the trainer clears them after a step."""
+    device = trainer.env.device
+    denom = max(batch.loss_tokens, 1)
+    times, ce = [], []
+    with Instrument(trainer) as inst:
+        for i in range(warmup + repeats):
+            sync(device)
+            t0 = time.perf_counter()
+            trainer.forward_backward(batch, denom)
+            sync(device)
+            dt = time.perf_counter() - t0
+            trainer.model.zero_grad(set_to_none=True)
+            got = inst.take()
+            if i >= warmup:
+                times.append(dt)
+                ce.append(sum(got["ce_forward_s"]))
+    best = int(np.argmin(times))
+    return {"best_s": times[best], "all_s": times, "ce_forward_s": ce[best]}
+
+
+def length_moments(lengths: np.ndarray) -> dict[str, float]:
+    """E[w], E[w^2] of per-record lengths, and E[w^2]/E[w]^2 (never replace E[w^2] by E[w]^2, playbook 1.2).
+
+    TODO(data): switch to the data engineer's pure moment functions once they land on main.
+    """
+    w = np.asarray(lengths, dtype=np.float64)
+    ew, ew2 = float(w.mean()), float((w * w).mean())
+    return {"n": int(w.size), "E_w": ew, "E_w2": ew2, "E_w2_over_E_w_sq": ew2 / (ew * ew)}
+
+
+def sampled_batch_shapes(trainer: Trainer, epoch: int = 0) -> list[tuple[int, int]]:
+    """(rows, padded width) of every micro-batch this rank would see in `epoch`, from the trainer's own
+    sampler and collate: the shapes the run actually computes on."""
+    s = trainer.stream
+    return [tuple(collate(s.data, rows, s.pad_id, s.mult).input_ids.shape) for rows in s.sampler.rank_batches(epoch)]
+
+
+def model_summary(trainer: Trainer) -> dict[str, Any]:
+    ac = trainer.autocast()
+    return {
+        **trainer.model_info,
+        "device": str(trainer.env.device),
+        "device_name": torch.cuda.get_device_name(trainer.env.device) if trainer.env.device.type == "cuda" else "cpu",
+        "torch_version": torch.__version__,
+        "autocast_dtype": str(ac.fast_dtype).removeprefix("torch.") if isinstance(ac, torch.autocast) else None,
+        "micro_batch_size": trainer.cfg.sampler.micro_batch_size,
+        "grad_accum": trainer.cfg.trainer.grad_accum,
+    }
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if hasattr(o, "value"):
+        return o.value
+    return str(o)
+
+
+def fmt_s(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:,.3f} ms"

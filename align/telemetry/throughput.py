@@ -1,0 +1,301 @@
+"""Throughput and MFU, with the counting convention written down next to the number (playbook 3.8).
+
+MFU invites a fight about what counts as a FLOP, so every run reports the decomposition beside it:
+tokens/s, real (unpadded) tokens/s, loss tokens/s, model FLOPs per token WITH its convention, achieved
+TFLOP/s, and MFU against two denominators: a bf16 matmul ceiling measured on the same device at
+start-up, and the vendor datasheet.
+
+Counting convention (`CONVENTION`), per token of a micro-batch of padded width w:
+
+    model FLOPs/token = 4*N_active + 2*N_active_trainable + 12 * sum_layers(d_attn * ctx(w))
+
+* N_active: parameters used in a matmul for this token: every parameter with >= 2 dims except
+  input-embedding lookup tables (the LM head counts); MoE expert weights scaled by top_k/num_experts.
+  For full fine-tuning this is the familiar 6N (2N forward, 2N input-gradient, 2N weight-gradient);
+  a frozen weight skips only its weight-gradient GEMM, so frozen-base LoRA is ~4N (playbook 3.9).
+* Attention (no parameters): QK^T and AV are 4*d_attn*ctx per token forward, x3 with backward, where
+  d_attn = n_heads * head_dim (the q_proj width) and ctx = w, or min(w, window) on sliding layers.
+  Counted over the full square (PaLM / Megatron convention), not halved for causal masking: a causal
+  kernel does about half of it.
+* Padded tokens count (the model computes them); real tokens/s is reported beside it.
+* Activation-checkpointing recompute is NOT counted (model FLOPs, not hardware FLOPs).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Optional
+
+import torch
+
+CONVENTION = (
+    "model FLOPs/token = 4*N_active + 2*N_active_trainable + 12*sum_layers(d_attn*ctx); "
+    "N_active = >=2-dim params except input-embedding lookups, MoE experts x top_k/num_experts; "
+    "attention over the full w x w square (not halved for causality), ctx=min(w, window) on sliding layers; "
+    "padded tokens count; activation-checkpoint recompute not counted"
+)
+
+# bf16 dense tensor-core peak by `torch.cuda.get_device_name()`. Datasheets quote "with sparsity"
+# figures; dense is half of those.
+DATASHEET_BF16_TFLOPS: dict[str, tuple[float, str]] = {
+    "NVIDIA H200": (989.5, "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BFLOAT16 Tensor Core 1,979 TFLOPS "
+                           "with sparsity -> 989.5 dense"),
+    "NVIDIA H100 80GB HBM3": (989.5, "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BFLOAT16 Tensor Core "
+                                     "1,979 TFLOPS with sparsity -> 989.5 dense"),
+    "NVIDIA A100-SXM4-80GB": (312.0, "NVIDIA A100 Tensor Core GPU datasheet: BFLOAT16 Tensor Core 312 TFLOPS "
+                                     "dense (624 with sparsity)"),
+}
+
+_TOP_K_NAMES = ("num_experts_per_tok", "top_k_experts", "moe_top_k")
+_NUM_EXPERTS_NAMES = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _config_int(config: Any, names: Iterable[str]) -> Optional[int]:
+    for n in names:
+        try:
+            v = getattr(config, n, None)
+        except Exception:  # transformers may refuse a per-layer attribute read globally
+            v = None
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+@dataclass
+class AttentionLayer:
+    d_attn: int
+    """n_heads * head_dim: the width of q_proj's output."""
+    window: Optional[int]
+    """Sliding window of the layer, None for full attention."""
+
+
+@dataclass
+class ModelFlops:
+    """The parameter and attention counts behind model FLOPs per token."""
+
+    params_total: int
+    params_embedding: int
+    """Input-embedding lookup tables (not matmuls)."""
+    params_expert: int
+    """MoE expert weights (all experts)."""
+    experts_active_fraction: float
+    """top_k / num_experts; 1.0 for dense models."""
+    params_active: int
+    """N_active: matmul parameters a token goes through."""
+    params_active_trainable: int
+    attention: list[AttentionLayer] = field(default_factory=list)
+    convention: str = CONVENTION
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module) -> "ModelFlops":
+        """Count from the BUILT model: modules and parameters, not the requested config."""
+        embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if out is not None and getattr(out, "weight", None) is not None:
+            embedding_ids.discard(id(out.weight))  # a tied LM head is a matmul
+        config = getattr(model, "config", None)
+        top_k, n_exp = _config_int(config, _TOP_K_NAMES), _config_int(config, _NUM_EXPERTS_NAMES)
+        frac = top_k / n_exp if top_k and n_exp else 1.0
+
+        total = emb = expert = 0
+        active = active_trainable = 0.0
+        seen: set[int] = set()
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            n = p.numel()
+            total += n
+            if id(p) in embedding_ids:
+                emb += n
+                continue
+            if p.dim() < 2:
+                continue  # norms, biases, scales: elementwise, not matmuls
+            is_expert = ".experts." in f".{name}" and frac < 1.0
+            w = n * (frac if is_expert else 1.0)
+            expert += n if is_expert else 0
+            active += w
+            active_trainable += w if p.requires_grad else 0.0
+
+        layers = []
+        global_window = None
+        try:
+            global_window = getattr(config, "sliding_window", None)
+        except Exception:
+            global_window = None
+        for mod in model.modules():
+            q = getattr(mod, "q_proj", None)
+            if isinstance(q, torch.nn.Linear) and hasattr(mod, "head_dim"):
+                window = mod.sliding_window if hasattr(mod, "sliding_window") else global_window
+                layers.append(AttentionLayer(d_attn=q.out_features, window=int(window) if window else None))
+        return cls(total, emb, expert, frac, int(active), int(active_trainable), layers)
+
+    def per_token(self, width: int) -> float:
+        """Model FLOPs per token of a sequence of (padded) width `width`."""
+        attn = sum(12 * a.d_attn * (min(width, a.window) if a.window else width) for a in self.attention)
+        return 4 * self.params_active + 2 * self.params_active_trainable + attn
+
+    def per_batch(self, rows: int, width: int) -> float:
+        return rows * width * self.per_token(width)
+
+
+@dataclass
+class Ceiling:
+    tflops: float
+    """Measured matmul rate on this device."""
+    label: str
+    """What was measured: device, dtype, size, statistic."""
+    device_name: str
+
+
+_CEILINGS: dict[str, Ceiling] = {}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_matmul_ceiling(device: torch.device) -> Ceiling:
+    """A square matmul's rate on `device`, once per device per process.
+
+    CUDA: bf16 8192^3 on random data (zeros run faster), median of 10 after 3 warm-ups; this is the
+    ceiling MFU is measured against. CPU: fp32 512^3, labelled as such: a CPU rate is not a
+    performance figure, and a big CPU matmul would cost seconds of a 2-core CI machine.
+    """
+    key = str(device)
+    if key in _CEILINGS:
+        return _CEILINGS[key]
+    if device.type == "cuda":
+        n, dtype, warmup, reps = 8192, torch.bfloat16, 3, 10
+        name = torch.cuda.get_device_name(device)
+    else:
+        n, dtype, warmup, reps = 512, torch.float32, 1, 5
+        name = "cpu"
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    for _ in range(warmup):
+        a @ b
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    del a, b
+    t = statistics.median(times)
+    dtype_name = str(dtype).removeprefix("torch.")
+    label = f"{name} {dtype_name} {n}^3 matmul, median of {reps} after {warmup} warm-up"
+    if device.type != "cuda":
+        label += " (CPU rate: not a performance figure)"
+    c = Ceiling(tflops=2 * n**3 / t / 1e12, label=label, device_name=name)
+    _CEILINGS[key] = c
+    return c
+
+
+def datasheet_tflops(device: torch.device) -> tuple[Optional[float], Optional[str]]:
+    if device.type != "cuda":
+        return None, None
+    return DATASHEET_BF16_TFLOPS.get(torch.cuda.get_device_name(device), (None, None))
+
+
+def rates(tokens: int, real_tokens: int, loss_tokens: int, flops: float, seconds: float,
+          ceiling_tflops: Optional[float], datasheet: Optional[float]) -> dict[str, Any]:
+    """The throughput numbers for `seconds` of work; MFU keys present and null when unknown."""
+    s = max(seconds, 1e-12)
+    achieved = flops / s / 1e12
+    return {
+        "tokens_per_s": tokens / s,
+        "real_tokens_per_s": real_tokens / s,
+        "loss_tokens_per_s": loss_tokens / s,
+        "flops_per_token": flops / tokens if tokens else None,
+        "achieved_tflops": achieved,
+        "mfu_measured": achieved / ceiling_tflops if ceiling_tflops else None,
+        "mfu_datasheet": achieved / datasheet if datasheet else None,
+    }
+
+
+def document_lengths(position_ids: torch.Tensor) -> list[int]:
+    """Lengths of the documents of a packed row: a document starts wherever the position is 0."""
+    pos = position_ids.reshape(-1).cpu()
+    starts = torch.nonzero(pos == 0).reshape(-1).tolist() + [pos.numel()]
+    return [b - a for a, b in zip(starts, starts[1:]) if b > a]
+
+
+@dataclass
+class Throughput:
+    """Per-step throughput for history/W&B and a run summary for the manifest."""
+
+    flops: ModelFlops
+    ceiling: Optional[Ceiling]
+    datasheet_tflops: Optional[float]
+    datasheet_source: Optional[str]
+    skip_first: int = 1
+    """Steps left out of the summary: the first one carries allocator and kernel-selection warm-up."""
+    _steps: int = field(default=0, init=False)
+    _totals: dict[str, float] = field(init=False, default_factory=lambda: dict(
+        tokens=0, real_tokens=0, loss_tokens=0, flops=0.0, seconds=0.0))
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, device: torch.device, measure: bool = True) -> "Throughput":
+        """`measure`: rank 0 measures the ceiling; other ranks report MFU as null."""
+        ceiling = measure_matmul_ceiling(device) if measure else None
+        ds, src = datasheet_tflops(device)
+        return cls(ModelFlops.from_model(model), ceiling, ds, src)
+
+    def batch_flops(self, batches: Iterable[Any]) -> float:
+        """Model FLOPs of micro-batches (anything with `input_ids` of shape [rows, width]). A packed
+        batch (`position_ids` restarting at 0 per document) attends within each document only, so its
+        attention is counted per document."""
+        total = 0.0
+        for b in batches:
+            pos = getattr(b, "position_ids", None)
+            if pos is None:
+                total += self.flops.per_batch(*b.input_ids.shape)
+            else:
+                total += sum(self.flops.per_batch(1, n) for n in document_lengths(pos))
+        return total
+
+    def step(self, window: list[Any], seconds: float) -> dict[str, Any]:
+        """Metrics of one optimizer step over `window` (the micro-batches) that took `seconds`."""
+        tokens = sum(b.tokens for b in window)
+        real = sum(b.real_tokens for b in window)
+        loss = sum(b.loss_tokens for b in window)
+        flops = self.batch_flops(window)
+        self._steps += 1
+        if self._steps > self.skip_first:
+            for k, v in dict(tokens=tokens, real_tokens=real, loss_tokens=loss, flops=flops, seconds=seconds).items():
+                self._totals[k] += v
+        out = rates(tokens, real, loss, flops, seconds, self.ceiling.tflops if self.ceiling else None, self.datasheet_tflops)
+        out.pop("tokens_per_s")  # the trainer already reports it
+        out.pop("real_tokens_per_s")
+        out["model_flops"] = flops
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Whole-run throughput (steps after `skip_first`), every key present, null when unknown."""
+        t = self._totals
+        counted = max(self._steps - self.skip_first, 0)
+        r = rates(int(t["tokens"]), int(t["real_tokens"]), int(t["loss_tokens"]), t["flops"], t["seconds"],
+                  self.ceiling.tflops if self.ceiling else None, self.datasheet_tflops) if counted else {
+            k: None for k in ("tokens_per_s", "real_tokens_per_s", "loss_tokens_per_s", "flops_per_token",
+                              "achieved_tflops", "mfu_measured", "mfu_datasheet")}
+        return {
+            **{f"throughput/{k}": v for k, v in r.items()},
+            "throughput/steps_counted": counted,
+            "throughput/flops_convention": self.flops.convention,
+            "throughput/params_active": self.flops.params_active,
+            "throughput/params_active_trainable": self.flops.params_active_trainable,
+            "throughput/ceiling_tflops": self.ceiling.tflops if self.ceiling else None,
+            "throughput/ceiling_label": self.ceiling.label if self.ceiling else None,
+            "throughput/datasheet_tflops": self.datasheet_tflops,
+            "throughput/datasheet_source": self.datasheet_source,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {"flops": asdict(self.flops), "ceiling": asdict(self.ceiling) if self.ceiling else None,
+                "datasheet_tflops": self.datasheet_tflops, "datasheet_source": self.datasheet_source}
