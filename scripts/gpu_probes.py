@@ -39,8 +39,9 @@ PROBES = {
                                 "probe.scaling.warmup=2", "probe.scaling.repeats=3"],
     ("olmoe", "scaling"): ["probe.scaling.lengths=[512,1024,2048,4096]", "probe.scaling.batch_size=2",
                            "probe.scaling.warmup=2", "probe.scaling.repeats=3"],
-    ("mistral_1b", "kernels"): ["probe.kernels.steps=5"],
-    ("olmoe", "kernels"): ["probe.kernels.steps=5"],
+    # 16 rows of GSM8K (~165 tokens each, padded per micro-batch): small enough to show launch cost
+    ("mistral_1b", "kernels"): ["probe.kernels.steps=5", "sampler.micro_batch_size=16"],
+    ("olmoe", "kernels"): ["probe.kernels.steps=5", "sampler.micro_batch_size=16"],
 }
 # logger=none: no wandb on the GPU machine. allow_dirty: the copied tree may carry untracked wheels.
 COMMON = ["logger=none", "allow_dirty=true", "model.dtype=bfloat16"]
@@ -118,7 +119,7 @@ def main() -> int:
     summary["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     summary["failed"] = failed
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    print(json.dumps(summary, indent=1, default=str))
+    print(json.dumps(summary, default=str))
     return 1 if failed else 0
 
 
