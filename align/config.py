@@ -339,7 +339,7 @@ class ScalingProbeConfig:
     repeats: int = 2
     """Timed passes at each length; the best (fastest) one is kept."""
     residual_tol: float = 0.01
-    """A fit 'closes' when every |relative residual| is at most this."""
+    """A fit 'closes' when every relative residual is within plus or minus this."""
     measure_steps: int = 3
     """Real trainer steps on the real data stream, timed to check the prediction against (after one warm-up step)."""
 
