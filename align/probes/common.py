@@ -36,6 +36,12 @@ def build_trainer(cfg: TrainConfig, out_dir: Path) -> Trainer:
     return Trainer.build(cfg, out_dir)
 
 
+def train_step(trainer: Trainer, batches: Any) -> dict[str, Any]:
+    """One real `Trainer.train_step`; its metrics row (the trainer may also return a verdict beside it)."""
+    out = trainer.train_step(batches)
+    return out[0] if isinstance(out, tuple) else out
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

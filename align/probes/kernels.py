@@ -267,7 +267,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from align.probes.common import build_trainer, model_summary, sync, write_json
+    from align.probes.common import build_trainer, model_summary, sync, train_step, write_json
     from align.telemetry.throughput import rates
 
     pc = cfg.probe.kernels
@@ -284,8 +284,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
 
     batches = iter(trainer.stream)
     for _ in range(pc.warmup):
-        trainer.train_step(batches)
-    timed = [trainer.train_step(batches) for _ in range(pc.timed_steps)]
+        train_step(trainer, batches)
+    timed = [train_step(trainer, batches) for _ in range(pc.timed_steps)]
     tp = trainer.throughput
     thr = rates(sum(m["tokens"] for m in timed), sum(m["real_tokens"] for m in timed), sum(m["loss_tokens"] for m in timed),
                 sum(m["model_flops"] for m in timed), sum(m["step_time_s"] for m in timed),
@@ -296,7 +296,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         sync(device)
         t0 = time.perf_counter()
         for _ in range(pc.steps):
-            trainer.train_step(batches)
+            train_step(trainer, batches)
         sync(device)
         wall = time.perf_counter() - t0
     events = prof.key_averages()

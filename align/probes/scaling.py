@@ -203,7 +203,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     import torch
 
     from align.probes.common import (LOSS_CAVEAT, Instrument, build_trainer, fixed_width_batch, length_moments,
-                                     model_summary, sampled_batch_shapes, sync, time_forward_backward, write_json)
+                                     model_summary, sampled_batch_shapes, sync, time_forward_backward, train_step,
+                                     write_json)
     from align.telemetry.throughput import rates
 
     pc = cfg.probe.scaling
@@ -251,12 +252,12 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
 
     # Real steps on the real stream: one warm-up, then measure_steps with fwd+bwd and CE timed inside.
     batches = iter(trainer.stream)
-    trainer.train_step(batches)
+    train_step(trainer, batches)
     steps, fb, ce, shapes_seen = [], [], [], []
     with Instrument(trainer) as inst:
         for _ in range(pc.measure_steps):
             sync(device)
-            m = trainer.train_step(batches)
+            m = train_step(trainer, batches)
             got = inst.take()
             steps.append(m)
             fb += got["fwd_bwd_s"]
