@@ -25,7 +25,10 @@ class ConfigError(AlignError):
         self.key = key
         self.message = message
         self.value = value
-        got = "" if value is None else f" (got {value!r})"
+        from align.secrets import is_secret
+
+        # A credential-named key never echoes its value (it would land in logs).
+        got = "" if value is None or is_secret(key, value) else f" (got {value!r})"
         super().__init__(f"{key}: {message}{got}")
 
 
