@@ -1,0 +1,451 @@
+"""The run manifest, `provenance.json`: what the run RESOLVED to, never only what it requested.
+
+Written at start with EVERY key of `SCHEMA` present (present-and-null: a null leaf always carries a
+reason in `null_reasons`), updated once the components are built, completed in a `finally` with the
+exit code, then made read-only and never edited: corrections go in PROVENANCE-NOTE.md beside it
+(`python -m align.annotate`). Playbook 4.3, 4.4, 4.8; docs/provenance.md.
+
+This module imports neither torch nor transformers at import time: preflight uses its git and
+hashing helpers before anything heavy is loaded.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional
+
+SCHEMA_VERSION = 1
+MANIFEST = "provenance.json"
+PENDING = "pending: not known yet when this was written"
+
+# Every key a manifest has, nested as written; a leaf's value here documents it. docs/provenance.md
+# quotes this table. Adding a key: add it here (and set it where it becomes known); tests compare
+# every manifest's key set against this.
+SCHEMA: dict[str, Any] = {
+    "schema_version": "integer version of this schema; bumped when a key changes meaning",
+    "status": "started (written before any heavy work) | built (components resolved) | complete (final, read-only)",
+    "run": {
+        "name": "run name (config `name`, else the run dir's name)",
+        "run_dir": "absolute run dir",
+        "argv": "command line (secret-named overrides redacted)",
+        "hydra_overrides": "Hydra task overrides of this job (redacted)",
+        "host": "hostname",
+        "pid": "process id of rank 0",
+        "start_time": "UTC ISO time the manifest was started",
+        "end_time": "UTC ISO time the run ended",
+        "exit_code": "process exit code: 0 done, 2 config/preflight refused, 81 non-finite, 143 signal (docs/exit-codes.md)",
+        "exit_reason": "one line: why the run ended",
+    },
+    "config": {
+        "hash": "sha256 of the canonical JSON of the resolved (redacted) config",
+        "resolved": "the resolved config, secret-named values redacted",
+    },
+    "git": {
+        "root": "top of the git checkout the align code ran from",
+        "commit": "HEAD commit",
+        "describe": "`git describe --always --dirty`",
+        "branch": "current branch (null when detached)",
+        "dirty": "tracked or staged changes present",
+        "diff_sha256": "sha256 of `git diff HEAD --binary` when dirty",
+        "allow_dirty": "whether the run was allowed to start dirty",
+    },
+    "versions": {
+        "python": "", "align": "", "torch": "", "cuda": "CUDA runtime torch was built with", "cudnn": "",
+        "transformers": "", "hydra": "", "omegaconf": "", "bitsandbytes": "", "torchao": "", "peft": "",
+        "wandb": "", "safetensors": "", "tokenizers": "", "numpy": "", "huggingface_hub": "",
+    },
+    "device": {
+        "type": "cpu | cuda",
+        "name": "device name (GPU model or CPU)",
+        "capability": "CUDA compute capability, e.g. [9, 0]",
+        "count": "visible devices of this type",
+    },
+    "parallel": {
+        "kind": "config parallel.kind",
+        "world_size": "processes in the job",
+    },
+    "model": {
+        "family": "", "class": "transformers class built", "preset": "", "pretrained": "local checkpoint dir",
+        "attn_implementation_requested": "what the config asked for",
+        "attn_implementation_resolved": "model.config._attn_implementation after build",
+        "experts_implementation_requested": "", "experts_implementation_resolved": "model.config._experts_implementation",
+        "sdpa_kernel_family": "flash | efficient | cudnn | math, from profiler kernel names of one forward (GPU)",
+        "sdpa_kernels": "attention kernel symbols seen by the profiler (their sm suffix is the generation)",
+        "dtype": "parameter dtype", "autocast_dtype": "compute dtype under autocast (null: none)",
+        "params_total": "", "extra": "other fields the model build reported (BuiltModel.info)",
+    },
+    "data": {
+        "source": "", "path": "data file read",
+        "sha256": "sha256 of the data file content",
+        "aux_files": "{path: sha256} of every auxiliary file that shapes the data (content, not path)",
+        "tokenizer_sha256": "sha256 over the tokenizer files' content",
+        "chat_template_sha256": "sha256 of the chat template text",
+        "encode_cache_key": "key of the encode cache entry used",
+        "encode_stats": "records in/kept/dropped/truncated, tokens, loss tokens",
+    },
+    "sampler": {
+        "kind": "",
+        "stats": "padding waste and zero-pad micro-batches of epoch 0, micro-batches per epoch",
+    },
+    "seed": "trainer.seed",
+    "mask_probe": "per layer type: mask None (fast path) or tensor, padded vs unpadded, band check result",
+    "dynamo": "torch._dynamo counters at the end: frames, unique graphs, graph breaks, recompiles",
+    "throughput": "trainer.summary() at the end: steps, tokens, real tokens, ...",
+    "preflight": "the pre-launch checklist as run for this config",
+    "env": "recorded environment variables (CUDA_*, NCCL_*, TORCH_*, HF_*, WANDB_*, ...; secret-named redacted)",
+    "redacted": "names (never values) of config keys, overrides and env vars that were redacted",
+    "null_reasons": "{dotted key: why it is null}; every null leaf has one",
+}
+
+# Leaves whose value is a mapping of arbitrary keys (not a nested group of the schema).
+_GROUPS = {k for k, v in SCHEMA.items() if isinstance(v, dict)}
+
+
+def key_paths(schema: Mapping[str, Any] = SCHEMA, prefix: str = "") -> list[str]:
+    """Dotted paths of every leaf of the schema."""
+    out: list[str] = []
+    for k, v in schema.items():
+        p = f"{prefix}{k}"
+        out.extend(key_paths(v, p + ".") if isinstance(v, dict) else [p])
+    return out
+
+
+def manifest_paths(manifest: Mapping[str, Any]) -> list[str]:
+    """Dotted paths of a manifest, descending only into the schema's groups (leaf values may be dicts)."""
+    out: list[str] = []
+    for k, v in manifest.items():
+        if k in _GROUPS and isinstance(v, dict):
+            out.extend(f"{k}.{kk}" for kk in v)
+        else:
+            out.append(k)
+    return out
+
+
+def _get(m: Mapping[str, Any], path: str) -> Any:
+    cur: Any = m
+    for part in path.split("."):
+        cur = cur[part]
+    return cur
+
+
+def _set(m: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    cur = m
+    for part in parts[:-1]:
+        cur = cur[part]
+    if parts[-1] not in cur:
+        raise KeyError(f"{path} is not a manifest key (add it to provenance.SCHEMA)")
+    cur[parts[-1]] = value
+
+
+def skeleton() -> dict[str, Any]:
+    """A manifest with every key present and null, each null marked pending."""
+    def empty(schema: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: empty(v) if isinstance(v, dict) else None for k, v in schema.items()}
+
+    m = empty(SCHEMA)
+    m["schema_version"] = SCHEMA_VERSION
+    m["null_reasons"] = {p: PENDING for p in key_paths() if p not in ("schema_version", "null_reasons")}
+    return m
+
+
+# ------------------------------------------------------------------------------------------ git
+
+
+@dataclass
+class GitState:
+    root: Optional[str] = None
+    commit: Optional[str] = None
+    describe: Optional[str] = None
+    branch: Optional[str] = None
+    dirty: Optional[bool] = None
+    diff_sha256: Optional[str] = None
+    changed: Optional[list[str]] = None
+    reason: Optional[str] = None
+    """Why the fields are null (not a checkout, git missing)."""
+
+
+def code_root() -> Path:
+    """The directory holding the `align` package that is running: the code whose commit we record."""
+    return Path(__file__).resolve().parents[1]
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}  # ranks may ask at once: take no index lock
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, env=env, timeout=30)
+
+
+def git_state(root: Path | None = None) -> GitState:
+    """HEAD, describe, and whether tracked or staged changes exist (untracked files do not count)."""
+    root = root or code_root()
+    try:
+        top = _git(root, "rev-parse", "--show-toplevel")
+    except FileNotFoundError:
+        return GitState(reason="git is not installed")
+    if top.returncode != 0:
+        return GitState(reason=f"not a git checkout: {root}")
+    st = GitState(root=top.stdout.decode().strip())
+    head = _git(root, "rev-parse", "--verify", "HEAD")
+    if head.returncode != 0:
+        st.reason = f"git checkout {st.root} has no commit yet"
+        return st
+    st.commit = head.stdout.decode().strip()
+    st.describe = _git(root, "describe", "--always", "--dirty").stdout.decode().strip() or None
+    br = _git(root, "symbolic-ref", "--quiet", "--short", "HEAD")
+    st.branch = br.stdout.decode().strip() if br.returncode == 0 else None
+    unstaged = _git(root, "diff", "--quiet").returncode != 0
+    staged = _git(root, "diff", "--cached", "--quiet").returncode != 0
+    st.dirty = unstaged or staged
+    st.changed = []
+    if st.dirty:
+        st.diff_sha256 = hashlib.sha256(_git(root, "diff", "HEAD", "--binary").stdout).hexdigest()
+        st.changed = _git(root, "diff", "HEAD", "--name-only").stdout.decode().split()
+    return st
+
+
+# ------------------------------------------------------------------------------------- hashing
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def sha256_files(paths: list[Path], base: Path) -> str:
+    """One digest over several files: each file's name relative to `base` and its content."""
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(str(p.relative_to(base)).encode() + b"\0" + bytes.fromhex(sha256_file(p)))
+    return h.hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def config_hash(resolved: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(resolved).encode()).hexdigest()
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+
+
+def tokenizer_hashes(tok_dir: Path) -> tuple[Optional[str], Optional[str], dict[str, str]]:
+    """(tokenizer sha256, chat template sha256, {file: sha256}) from the files on disk, without
+    loading the tokenizer. The template is the `.jinja` file, else tokenizer_config's field."""
+    files = [tok_dir / n for n in TOKENIZER_FILES if (tok_dir / n).is_file()]
+    if not files:
+        return None, None, {}
+    template: Optional[str] = None
+    if (tok_dir / "chat_template.jinja").is_file():
+        template = (tok_dir / "chat_template.jinja").read_text()
+    elif (tok_dir / "tokenizer_config.json").is_file():
+        t = json.loads((tok_dir / "tokenizer_config.json").read_text()).get("chat_template")
+        template = t if isinstance(t, str) else (canonical_json(t) if t else None)
+    tsha = hashlib.sha256(template.encode()).hexdigest() if template else None
+    return sha256_files(files, tok_dir), tsha, {str(p): sha256_file(p) for p in files}
+
+
+# ------------------------------------------------------------------------------------ versions
+
+_DISTS = {"align": "align", "transformers": "transformers", "hydra": "hydra-core", "omegaconf": "omegaconf",
+          "bitsandbytes": "bitsandbytes", "torchao": "torchao", "peft": "peft", "wandb": "wandb",
+          "safetensors": "safetensors", "tokenizers": "tokenizers", "numpy": "numpy",
+          "huggingface_hub": "huggingface_hub"}
+
+
+def versions() -> tuple[dict[str, Any], dict[str, str]]:
+    """Installed versions (from the distributions' metadata, no imports) and reasons for nulls."""
+    out: dict[str, Any] = {"python": platform.python_version()}
+    reasons: dict[str, str] = {}
+    for key, dist in _DISTS.items():
+        try:
+            out[key] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[key] = None
+            reasons[f"versions.{key}"] = f"distribution {dist!r} is not installed"
+    import torch
+
+    out["torch"] = torch.__version__
+    out["cuda"] = torch.version.cuda
+    if out["cuda"] is None:
+        reasons["versions.cuda"] = "torch was built without CUDA"
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    out["cudnn"] = cudnn
+    if cudnn is None:
+        reasons["versions.cudnn"] = "cuDNN is not available to this torch build"
+    return out, reasons
+
+
+def device_info(device: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        idx = device.index or 0
+        return {"type": "cuda", "name": torch.cuda.get_device_name(idx),
+                "capability": list(torch.cuda.get_device_capability(idx)), "count": torch.cuda.device_count()}, {}
+    name = _cpu_name()
+    return ({"type": "cpu", "name": name, "capability": None, "count": os.cpu_count()},
+            {"device.capability": "CPU: a compute capability is a CUDA notion"})
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def dynamo_counters() -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """torch._dynamo's counters: best effort, nullable, never raises (playbook 4.3)."""
+    try:
+        if "torch._dynamo" not in sys.modules:
+            return None, "torch._dynamo was never imported: nothing was compiled"
+        from torch._dynamo.utils import counters
+
+        breaks = counters.get("graph_break", {})
+        out: dict[str, Any] = {
+            "frames_total": int(counters["frames"].get("total", 0)),
+            "frames_ok": int(counters["frames"].get("ok", 0)),
+            "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "graph_breaks": int(sum(breaks.values())),
+            "graph_break_reasons": {str(k).splitlines()[0][:200]: int(v) for k, v in list(breaks.items())[:20]},
+            "recompiles": None,
+        }
+        try:  # per-frame compile counts: compiles beyond the first of a frame are recompiles
+            from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
+
+            out["recompiles"] = int(sum(max(n - 1, 0) for n in FRAME_COMPILE_COUNTER.values()))
+        except Exception:  # an internal that may move between torch releases
+            pass
+        return out, None
+    except Exception as e:  # never let bookkeeping kill a run
+        return None, f"could not read dynamo counters: {type(e).__name__}: {e}"
+
+
+# ------------------------------------------------------------------------------------ manifest
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Manifest:
+    """provenance.json of one run. Only the process that owns it (rank 0) writes; each write is
+    atomic (tmp + rename); after `complete()` the file is read-only and this object refuses writes."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+        self.path = Path(run_dir) / MANIFEST
+        self.enabled = enabled
+        self.data = skeleton()
+        self.closed = False
+
+    # values
+    def set(self, path: str, value: Any, reason: Optional[str] = None) -> None:
+        """Set a leaf; a null needs a reason (present-and-null is a statement, not an accident)."""
+        _set(self.data, path, value)
+        if value is None:
+            self.data["null_reasons"][path] = reason or PENDING
+        else:
+            self.data["null_reasons"].pop(path, None)
+
+    def update(self, values: Mapping[str, Any], reasons: Mapping[str, str] | None = None) -> None:
+        reasons = reasons or {}
+        for path, value in values.items():
+            self.set(path, value, reasons.get(path))
+
+    def null(self, path: str, reason: str) -> None:
+        self.set(path, None, reason)
+
+    # files
+    def write(self, status: str) -> None:
+        if self.closed:
+            raise RuntimeError(f"{self.path} is complete and read-only; annotate it instead (python -m align.annotate)")
+        self.data["status"] = status
+        self.data["null_reasons"].pop("status", None)
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, default=str, sort_keys=False) + "\n")
+        os.replace(tmp, self.path)
+
+    def start(self, name: str, argv: list[str], overrides: list[str], resolved: Mapping[str, Any],
+              git: GitState, allow_dirty: bool, redacted: list[str], env: Mapping[str, str], preflight: list[dict]) -> None:
+        self.update({
+            "run.name": name, "run.run_dir": str(self.path.parent.resolve()), "run.argv": argv,
+            "run.hydra_overrides": overrides, "run.host": socket.gethostname(), "run.pid": os.getpid(),
+            "run.start_time": now(), "config.resolved": dict(resolved), "config.hash": config_hash(resolved),
+            "env": dict(env), "redacted": list(redacted), "preflight": preflight,
+        })
+        self.record_git(git, allow_dirty)
+        for path in ("run.end_time", "run.exit_code", "run.exit_reason"):
+            self.null(path, "pending: the run has not ended")
+        self.write("started")
+
+    def record_git(self, git: GitState, allow_dirty: bool) -> None:
+        self.set("git.allow_dirty", allow_dirty)
+        for f in ("root", "commit", "describe", "branch", "dirty", "diff_sha256"):
+            value = getattr(git, f)
+            if value is None:
+                reason = git.reason or {"branch": "detached HEAD", "diff_sha256": "tree is clean: no diff"}.get(f, "unknown")
+                self.null(f"git.{f}", reason)
+            else:
+                self.set(f"git.{f}", value)
+
+    def complete(self, exit_code: int, reason: str) -> None:
+        """Final write: exit code and reason, and every still-pending null says the run never got there."""
+        self.update({"run.end_time": now(), "run.exit_code": int(exit_code), "run.exit_reason": reason})
+        for path, why in list(self.data["null_reasons"].items()):
+            if why.startswith("pending"):
+                self.data["null_reasons"][path] = f"not reached: the run ended (exit {exit_code}) before this was recorded"
+        self.write("complete")
+        self.closed = True
+        if self.enabled:
+            os.chmod(self.path, 0o444)  # a gentle guard: corrections go in PROVENANCE-NOTE.md
+
+
+def load(run_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / MANIFEST).read_text())
+
+
+def flat(manifest: Mapping[str, Any], prefix: str = "provenance/") -> dict[str, Any]:
+    """Scalar leaves as `provenance/<group>/<key>` for W&B's summary (dict/list leaves as JSON)."""
+    out: dict[str, Any] = {}
+    for path in manifest_paths(manifest):
+        if path in ("config.resolved", "null_reasons", "env", "preflight"):
+            continue
+        v = _get(manifest, path)
+        key = prefix + path.replace(".", "/")
+        out[key] = v if v is None or isinstance(v, (str, int, float, bool)) else canonical_json(v)
+    return out
+
+
+def null_leaves(manifest: Mapping[str, Any]) -> Iterator[str]:
+    for path in manifest_paths(manifest):
+        if _get(manifest, path) is None:
+            yield path
+
+
+def gitstate_dict(g: GitState) -> dict[str, Any]:
+    return asdict(g)
+
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "Manifest", "GitState", "git_state", "key_paths", "manifest_paths", "skeleton"]
