@@ -1,53 +1,499 @@
-"""Checks that need no tokenizer, encode or model load: they run first and fail in well under 2 s."""
+"""Preflight: every check that needs no tokenizer, encode or model load, as the playbook's
+pre-launch honesty checklist (4.8), run before anything heavy.
+
+    python -m align.preflight [overrides]      # prints the checklist for this config; exit 0 or 2
+
+`align.train` runs the same checks first and stops at the first failure. Checks run cheapest first
+(values, git, files: a few ms), then the kwargs checks, which import the libraries whose signatures
+they read. A check is a function `(cfg, ctx) -> Iterable[Check]` listed in CHECKS; a kwargs call
+site is a function `(cfg) -> KwargsSite | None` listed in KWARGS_SITES (docs/provenance.md).
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import inspect
-from dataclasses import dataclass
+import json
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from align.config import Source, TrainConfig
-from align.errors import ConfigError
+from align.errors import EXIT_CONFIG, AlignError, ConfigError
+
+# ------------------------------------------------------------------------------------ results
+
+
+class Status(StrEnum):
+    passed = "PASS"
+    failed = "FAIL"
+    warned = "WARN"
+    na = "N/A"
+    """Not checkable by a program for this config; the detail says what to do instead."""
+
+
+# The playbook's checklist (4.8), in its order: (item id, text, how it is checked here).
+CHECKLIST: list[tuple[str, str, str]] = [
+    ("tree", "working tree committed", "git diff --quiet && git diff --cached --quiet"),
+    ("tests", "test suite green", "and the runner is actually installed"),
+    ("cache", "cache key covers the change", "content hashes of data and aux files, encode cache key"),
+    ("kwargs", "kwargs checked by NAME", "against the installed library signature"),
+    ("config", "config validated", "before tokenizer, encode and model load"),
+    ("resolved", "provenance records RESOLVED", "backend, library versions, aux-file shas"),
+    ("null", "present-and-null, not absent", "every manifest key present; every null has a reason"),
+    ("watchdog", "watchdog tested negative", "kill something and confirm it fires"),
+    ("stale", "stale numbers grepped", "for the figure, repo-wide, not just in view"),
+]
+_ITEMS = {i for i, _, _ in CHECKLIST}
 
 
 @dataclass
 class Check:
+    item: str
+    """Checklist item id (CHECKLIST)."""
     name: str
-    ok: bool
+    status: Status
     detail: str = ""
+    key: Optional[str] = None
+    """Config key to name when it fails."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status != Status.failed
+
+    def error(self) -> ConfigError:
+        return ConfigError(self.key or f"preflight[{self.name}]", self.detail)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"item": self.item, "name": self.name, "status": self.status.value, "detail": self.detail}
 
 
-def accepted_names(fn: Callable) -> set[str] | None:
-    """Parameter names `fn` accepts, or None when it takes **kwargs (checked elsewhere)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+def _item_status(checks: Sequence[Check]) -> Status:
+    for s in (Status.failed, Status.warned, Status.passed):
+        if any(c.status == s for c in checks):
+            return s
+    return Status.na
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __iter__(self):
+        return iter(self.checks)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def item(self, item: str) -> Status:
+        return _item_status([c for c in self.checks if c.item == item])
+
+    def as_list(self) -> list[dict[str, Any]]:
+        return [c.as_dict() for c in self.checks]
+
+    def render(self) -> str:
+        lines = []
+        for item, text, how in CHECKLIST:
+            checks = [c for c in self.checks if c.item == item]
+            st = _item_status(checks)
+            box = {"PASS": "[x]", "FAIL": "[!]", "WARN": "[~]", "N/A": "[-]"}[st.value]
+            lines.append(f"{box} {text:<30} {st.value:<4}  ({how})")
+            for c in checks:
+                detail = f": {c.detail}" if c.detail else ""
+                lines.append(f"      {c.status.value:<4} {c.name}{detail}")
+        n = {s: sum(1 for c in self.checks if c.status == s) for s in Status}
+        verdict = "PASS" if self.ok else "FAIL"
+        lines.append(f"preflight {verdict}: {n[Status.passed]} passed, {n[Status.failed]} failed, "
+                     f"{n[Status.warned]} warnings, {n[Status.na]} not checkable here ({self.seconds:.2f} s)")
+        return "\n".join(lines)
+
+
+class _Stop(Exception):
+    def __init__(self, check: Check) -> None:
+        self.check = check
+
+
+@dataclass
+class Context:
+    """What checks share: where the code lives (its git tree is the one that must be clean)."""
+
+    root: Path
+    stop_on_fail: bool
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, check: Check) -> None:
+        assert check.item in _ITEMS, check.item
+        self.checks.append(check)
+        if self.stop_on_fail and check.status == Status.failed:
+            raise _Stop(check)
+
+
+# ------------------------------------------------------------------------------ kwargs by name
+
+
+@dataclass
+class KwargsSite:
+    """One library call align makes with kwargs built from config (playbook 4.2)."""
+
+    target: Union[str, Callable]
+    """The installed callable, or its import path "module:qualname" (imported when checked)."""
+    kwargs: dict[str, Any]
+    """The kwargs exactly as the call site builds them (same builder function)."""
+    key: str
+    """Config key named in the error (what the user changes)."""
+    also: tuple[Union[str, Callable], ...] = ()
+    """Callables that receive this one's leftover **kwargs (their names are accepted too)."""
+
+
+def resolve(target: Union[str, Callable]) -> Callable:
+    if callable(target):
+        return target
+    module, _, qual = target.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _name(fn: Any) -> str:
+    mod = getattr(fn, "__module__", "") or ""
+    qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    return f"{mod}.{qual}" if mod and not qual.startswith(mod) else qual
+
+
+def _varkw(fn: Callable) -> Optional[str]:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
         return None
-    return {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return next((n for n, p in params.items() if p.kind == p.VAR_KEYWORD), None)
 
 
-def check_kwargs(fn: Callable, kwargs: dict[str, Any], what: str) -> None:
+def kwargs_reads(fn: Callable, varkw: str) -> set[str]:
+    """Names the installed source of `fn` reads out of its `**varkw` by literal: `kw.pop("x")`,
+    `kw.get("x")`, `kw["x"]`, `"x" in kw`, `kw.setdefault("x")`."""
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return set()
+    names: set[str] = set()
+
+    def is_kw(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id == varkw
+
+    def lit(node: ast.AST) -> Optional[str]:
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_kw(node.func.value):
+            if node.func.attr in ("pop", "get", "setdefault") and node.args and (s := lit(node.args[0])):
+                names.add(s)
+        elif isinstance(node, ast.Subscript) and is_kw(node.value) and (s := lit(node.slice)):
+            names.add(s)
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            if is_kw(node.comparators[0]) and (s := lit(node.left)):
+                names.add(s)
+    return names
+
+
+@dataclass
+class Accepted:
+    names: set[str]
+    how: str
+    """How the set was derived (reported when a check fails)."""
+
+
+def accepted(fn: Callable) -> Accepted:
+    """The keyword names the INSTALLED `fn` accepts.
+
+    Explicit parameters from `inspect.signature`; a class's `attribute_map` aliases (transformers
+    configs accept them); and when `fn` takes **kwargs, the names its source reads out of them.
+    """
+    sig = inspect.signature(fn)
+    names = {n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    names.discard("self")
+    how = "signature"
+    amap = getattr(fn, "attribute_map", None) if inspect.isclass(fn) else None
+    if isinstance(amap, dict):
+        names |= set(amap)
+        how += " + attribute_map"
+    varkw = _varkw(fn)
+    if varkw:
+        names |= kwargs_reads(fn, varkw)
+        how += f" + names read from **{varkw} in the installed source"
+    return Accepted(names, how)
+
+
+def accepted_names(fn: Callable) -> set[str]:
+    return accepted(fn).names
+
+
+def unknown_kwargs(site: KwargsSite) -> tuple[list[str], Accepted, Callable]:
+    fn = resolve(site.target)
+    acc = accepted(fn)
+    for other in site.also:
+        o = accepted(resolve(other))
+        acc = Accepted(acc.names | o.names, f"{acc.how}; + {_name(resolve(other))} ({o.how})")
+    return sorted(set(site.kwargs) - acc.names), acc, fn
+
+
+def check_kwargs(fn: Callable, kwargs: dict[str, Any], what: str, also: tuple = ()) -> None:
     """Fail by NAME when `fn`, as installed, does not accept a key of `kwargs` (playbook 4.2)."""
-    accepted = accepted_names(fn)
-    if accepted is None:
-        return
-    unknown = sorted(set(kwargs) - accepted)
+    unknown, acc, fn = unknown_kwargs(KwargsSite(fn, kwargs, what, also))
     if unknown:
-        raise ConfigError(what, f"{getattr(fn, '__qualname__', fn)} does not accept {unknown}; it accepts: {', '.join(sorted(accepted))}")
+        raise ConfigError(what, f"{_name(fn)} does not accept {unknown}; it accepts: {', '.join(sorted(acc.names))}")
 
 
-def check_files(cfg: TrainConfig) -> Iterable[Check]:
+def check_site(name: str, site: KwargsSite) -> Check:
+    try:
+        unknown, acc, fn = unknown_kwargs(site)
+    except Exception as e:  # the callable is missing or not importable: that is a failure too
+        return Check("kwargs", name, Status.failed, f"cannot read the installed callable {site.target!r}: {type(e).__name__}: {e}", site.key)
+    if unknown:
+        return Check("kwargs", name, Status.failed,
+                     f"{_name(fn)} does not accept {unknown}; it accepts: {', '.join(sorted(acc.names))}", site.key)
+    return Check("kwargs", name, Status.passed, f"{len(site.kwargs)} names ok against {_name(fn)} ({acc.how})", site.key)
+
+
+# Kwargs call sites, cheapest import first. name -> "module:function"; the function takes the
+# TrainConfig and returns a KwargsSite, or None when this config does not make that call.
+# Register yours with one line next to the call you add (docs/provenance.md).
+KWARGS_SITES: dict[str, str] = {
+    "wandb.init": "align.kwargs_sites:wandb_init",
+    "DataLoader": "align.kwargs_sites:data_loader",
+    "optimizer": "align.kwargs_sites:optimizer",
+    "model config class": "align.kwargs_sites:model_config",
+    "model from_pretrained/_from_config": "align.kwargs_sites:model_load",
+    "activation checkpointing": "align.kwargs_sites:activation_checkpointing",
+    "lr scheduler": "align.kwargs_sites:scheduler",
+}
+
+
+def check_kwargs_sites(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    for name, ref in KWARGS_SITES.items():
+        try:
+            site = resolve(ref)(cfg)
+        except AlignError as e:
+            yield Check("kwargs", name, Status.failed, str(e), getattr(e, "key", None))
+            continue
+        except Exception as e:
+            yield Check("kwargs", name, Status.failed, f"building the kwargs failed: {type(e).__name__}: {e}")
+            continue
+        if site is None:
+            yield Check("kwargs", name, Status.na, "not called by this config")
+        else:
+            yield check_site(name, site)
+
+
+# ------------------------------------------------------------------------------------- checks
+
+
+def check_git(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    from align.provenance import git_state
+
+    g = git_state(ctx.root)
+    if g.commit is None:
+        yield Check("tree", "git", Status.warned, f"{g.reason}: the manifest records git as null with this reason")
+        return
+    where = f"{g.root} @ {g.describe}"
+    if not g.dirty:
+        yield Check("tree", "git", Status.passed, f"{where} (clean)")
+    elif cfg.allow_dirty:
+        yield Check("tree", "git", Status.warned,
+                    f"{where}: {len(g.changed or [])} changed file(s), allowed by allow_dirty=true; the manifest records dirty + diff sha256")
+    else:
+        files = ", ".join((g.changed or [])[:5]) + (" ..." if len(g.changed or []) > 5 else "")
+        yield Check("tree", "git", Status.failed,
+                    f"refusing to start: working tree {g.root} has uncommitted changes ({files}); the recorded commit "
+                    f"{g.commit[:12]} would not describe this run. Commit, or pass allow_dirty=true", "git")
+
+
+def check_tests(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    if importlib.util.find_spec("pytest") is None:
+        yield Check("tests", "test runner", Status.warned, "pytest is not installed in this environment: nothing can have run the suite here")
+        return
+    yield Check("tests", "test runner", Status.passed, "pytest is installed")
+    lastfailed = ctx.root / ".pytest_cache" / "v" / "cache" / "lastfailed"
+    try:
+        failed = json.loads(lastfailed.read_text()) if lastfailed.is_file() else {}
+    except (OSError, ValueError):
+        failed = {}
+    if failed:
+        yield Check("tests", "last recorded run", Status.warned, f"{len(failed)} test(s) failing in {lastfailed} (e.g. {next(iter(failed))})")
+    else:
+        yield Check("tests", "suite", Status.na, "preflight does not run the suite: `make test` before a long run")
+
+
+def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    yield Check("config", "values", Status.passed, "every group type- and value-checked by its dataclass")
     if cfg.data.source == Source.jsonl:
         p = Path(cfg.data.path or "")
-        if not p.is_file():
-            raise ConfigError("data.path", f"no such file: {p}")
-        yield Check("data file exists", True, str(p))
+        ok = p.is_file()
+        yield Check("config", "data file", Status.passed if ok else Status.failed, f"{p}" if ok else f"no such file: {p}", "data.path")
     if cfg.model.pretrained:
         d = Path(cfg.model.pretrained)
-        if not d.is_dir() or not (d / "config.json").is_file():
-            raise ConfigError("model.pretrained", f"not a readable HF checkpoint dir (needs config.json): {d}")
-        yield Check("checkpoint dir readable", True, str(d))
+        ok = d.is_dir() and (d / "config.json").is_file()
+        yield Check("config", "checkpoint dir", Status.passed if ok else Status.failed,
+                    str(d) if ok else f"not a readable HF checkpoint dir (needs config.json): {d}", "model.pretrained")
 
 
-def run_preflight(cfg: TrainConfig) -> list[Check]:
-    return list(check_files(cfg))
+def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    from align.config import AttnImpl, Fallback
+    from align.models.registry import FAMILIES  # imports torch (align.models' package init)
+
+    spec = FAMILIES[cfg.model.family]
+    impl = cfg.attention.implementation
+    allow = cfg.attention.fallback == Fallback.allow
+    st = Status.warned if allow else Status.failed
+    why = "; fallback=allow: the library picks, the manifest records what it resolved to" if allow else ""
+    if impl not in spec.attention:
+        yield Check("config", "attention backend", st,
+                    f"{cfg.model.family.value} does not support {impl.value}; supported: "
+                    f"{', '.join(sorted(a.value for a in spec.attention))}{why}", "attention.implementation")
+    elif impl == AttnImpl.flash and importlib.util.find_spec("flash_attn") is None:
+        yield Check("config", "attention backend", st, f"attention=flash needs the flash_attn package, which is not installed{why}",
+                    "attention.implementation")
+    else:
+        yield Check("config", "attention backend", Status.passed,
+                    f"{cfg.model.family.value} supports {impl.value} (requested; the resolved one is recorded)")
+
+
+def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    from align.data.sources import source_path
+    from align.data.tokenizer import tokenizer_dir
+    from align.provenance import sha256_file, tokenizer_hashes
+
+    p = source_path(cfg.data)
+    if p.is_file():
+        yield Check("cache", "data content hash", Status.passed, f"{p.name} sha256 {sha256_file(p)[:16]}")
+    tok_sha, tmpl_sha, _ = tokenizer_hashes(tokenizer_dir(cfg.model))
+    if tok_sha:
+        yield Check("cache", "tokenizer + chat template hashes", Status.passed,
+                    f"tokenizer {tok_sha[:16]}, template {tmpl_sha[:16] if tmpl_sha else 'none'}")
+    key_fn = _optional("align.data.cache", "encode_cache_key_for")
+    if key_fn is None:
+        yield Check("cache", "encode cache key", Status.na, "this build has no encode cache: every run encodes from scratch")
+    else:
+        yield Check("cache", "encode cache key", Status.passed, f"{key_fn(cfg)}")
+
+
+def _optional(module: str, attr: str) -> Optional[Callable]:
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return None
+
+
+def check_manifest_schema(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    from align.provenance import SCHEMA_VERSION, key_paths, manifest_paths, skeleton
+
+    keys = set(key_paths())
+    need = {"model.attn_implementation_resolved", "model.experts_implementation_resolved", "model.sdpa_kernel_family",
+            "versions.torch", "versions.transformers", "data.aux_files", "data.sha256", "git.commit", "git.dirty"}
+    missing = sorted(need - keys)
+    yield Check("resolved", "manifest schema", Status.failed if missing else Status.passed,
+                f"schema lacks {missing}" if missing else f"schema v{SCHEMA_VERSION}: {len(keys)} keys incl. resolved backends, versions, aux-file shas")
+    sk = skeleton()
+    got = set(manifest_paths(sk))
+    unreasoned = [p for p in got if p not in ("schema_version", "null_reasons", "status") and p not in sk["null_reasons"]]
+    bad = sorted(got ^ keys) + unreasoned
+    yield Check("null", "manifest skeleton", Status.failed if bad else Status.passed,
+                f"skeleton differs from schema at {bad}" if bad else f"all {len(keys)} keys present at start; every null carries a reason")
+
+
+def check_watchdog(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    yield Check("watchdog", "watchdog", Status.na, f"parallel={cfg.parallel.kind.value}: no supervisor watches this run")
+
+
+def check_stale(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    yield Check("stale", "stale numbers", Status.na, "a human step: grep the repo for any figure you changed")
+
+
+def check_device(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    from align.config import Device
+
+    if cfg.trainer.device != Device.cuda:
+        return
+    import torch
+
+    ok = torch.cuda.is_available()
+    yield Check("config", "device", Status.passed if ok else Status.failed,
+                "CUDA available" if ok else "trainer.device=cuda but torch sees no CUDA device", "trainer.device")
+
+
+# Cheapest first: values, git and files fail in milliseconds, before any library import.
+# Each entry is a check function or its "module:function" path; register a new one with one line.
+CHECKS: list[Union[str, Callable[[TrainConfig, Context], Iterable[Check]]]] = [
+    check_files,
+    check_git,
+    check_tests,
+    check_cache,
+    check_manifest_schema,
+    check_watchdog,
+    check_stale,
+    check_attention,
+    check_device,
+    check_kwargs_sites,
+]
+
+
+def collect(cfg: TrainConfig, root: Path | None = None, stop_on_fail: bool = False) -> Report:
+    """Run every check; with `stop_on_fail`, stop at the first failure (align.train)."""
+    from align.provenance import code_root
+
+    t0 = time.perf_counter()
+    ctx = Context(root=root or code_root(), stop_on_fail=stop_on_fail)
+    try:
+        for check in CHECKS:
+            for c in resolve(check)(cfg, ctx):
+                ctx.add(c)
+    except _Stop:
+        pass
+    return Report(ctx.checks, time.perf_counter() - t0)
+
+
+def run_preflight(cfg: TrainConfig, root: Path | None = None) -> Report:
+    """The checks `align.train` runs first: raise ConfigError (exit 2) at the first failure."""
+    report = collect(cfg, root=root, stop_on_fail=True)
+    if not report.ok:
+        raise report.failures[0].error()
+    return report
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from align.cli import validate_command_line
+    from align.config import to_typed
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    code = 0
+    for cfg in validate_command_line(argv):
+        typed = cfg if isinstance(cfg, TrainConfig) else to_typed(cfg)
+        m = typed.model
+        print(f"align preflight: model={m.family.value}/{m.pretrained or m.preset.value} attention={typed.attention.implementation.value} "
+              f"optimizer={typed.optimizer.name.value} data={typed.data.source.value} logger={typed.logger.kind.value} "
+              f"overrides: {' '.join(argv) or '(none)'}")
+        report = collect(typed)
+        print(report.render(), flush=True)
+        if not report.ok:
+            code = EXIT_CONFIG
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,199 @@
+"""Preflight: kwargs checked by NAME against installed signatures, the dirty-tree gate, the checklist CLI."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from align.cli import compose
+from align.config import to_typed
+from align.errors import ConfigError
+from align.preflight import (
+    CHECKLIST,
+    KWARGS_SITES,
+    Context,
+    KwargsSite,
+    Status,
+    accepted_names,
+    check_git,
+    check_kwargs,
+    check_site,
+    collect,
+    main,
+    run_preflight,
+)
+
+
+def typed(*overrides: str):
+    return to_typed(compose(list(overrides)))
+
+
+# ------------------------------------------------------------------------------ kwargs by name
+
+
+class TrainingArgumentsV4:  # stand-ins for transformers' TrainingArguments before and after 5
+    def __init__(self, output_dir, learning_rate=5e-5, warmup_ratio=0.0, warmup_steps=0):
+        pass
+
+
+class TrainingArgumentsV5:  # lost `warmup_ratio`, kept `warmup_steps` (playbook 4.2)
+    def __init__(self, output_dir, learning_rate=5e-5, warmup_steps=0):
+        pass
+
+
+def test_a_parameter_that_left_the_installed_signature_fails_by_name():
+    kw = {"learning_rate": 1e-4, "warmup_ratio": 0.05}
+    check_kwargs(TrainingArgumentsV4, kw, "optimizer")  # the old library accepts it
+    with pytest.raises(ConfigError) as e:
+        check_kwargs(TrainingArgumentsV5, kw, "optimizer")
+    msg = str(e.value)
+    assert msg.startswith("optimizer: ") and "['warmup_ratio']" in msg
+    assert "it accepts: learning_rate, output_dir, warmup_steps" in msg
+
+
+def from_pretrained_standin(path, *args, local_files_only=False, **kwargs):
+    dtype = kwargs.pop("dtype", None)
+    if "attn_implementation" in kwargs:
+        kwargs.pop("attn_implementation")
+    kwargs.get("device_map")
+    return dtype
+
+
+def test_varkw_callables_accept_only_the_names_their_source_reads():
+    names = accepted_names(from_pretrained_standin)
+    assert {"path", "local_files_only", "dtype", "attn_implementation", "device_map"} <= names
+    check_kwargs(from_pretrained_standin, {"dtype": "bf16", "attn_implementation": "sdpa"}, "model")
+    with pytest.raises(ConfigError, match=r"\['attn_implementaton'\]"):  # a typo is not silently swallowed by **kwargs
+        check_kwargs(from_pretrained_standin, {"attn_implementaton": "sdpa"}, "model")
+
+
+def test_installed_from_config_reads_the_backend_names_from_kwargs():
+    from transformers import MistralForCausalLM
+
+    names = accepted_names(MistralForCausalLM._from_config)
+    assert {"attn_implementation", "experts_implementation", "dtype"} <= names
+
+
+def _kwargs_checks(cfg):
+    return [c for c in collect(cfg) if c.item == "kwargs"]
+
+
+@pytest.mark.parametrize("overrides", [
+    (), ("model=olmoe", "model.moe.experts=grouped_mm"), ("model=gemma4", "parallel.activation_checkpointing=true"),
+    ("optimizer=adamw8bit", "logger=none"),
+])
+def test_every_kwargs_site_on_main_passes_for_shipped_configs(overrides):
+    checks = _kwargs_checks(typed("allow_dirty=true", *overrides))
+    assert {c.name for c in checks} == set(KWARGS_SITES)
+    bad = [f"{c.name}: {c.detail}" for c in checks if c.status not in (Status.passed, Status.na)]
+    assert not bad, bad
+    assert sum(c.status == Status.passed for c in checks) >= 5
+
+
+def test_readding_a_removed_kwarg_fails_preflight(monkeypatch):
+    import align.optim
+
+    real = align.optim.scheduler_kwargs
+    monkeypatch.setattr(align.optim, "scheduler_kwargs", lambda cfg, n: {**real(cfg, n), "warmup_ratio": cfg.warmup_ratio})
+    cfg = typed("allow_dirty=true", "logger=none")
+    [sched] = [c for c in _kwargs_checks(cfg) if c.name == "lr scheduler"]
+    assert sched.status == Status.failed and "['warmup_ratio']" in sched.detail and "num_warmup_steps" in sched.detail
+    with pytest.raises(ConfigError, match=r"^optimizer: .*warmup_ratio"):
+        run_preflight(cfg)
+
+
+def test_a_misspelt_model_override_fails_although_the_config_class_swallows_it():
+    from transformers import MistralConfig
+
+    assert MistralConfig(sliding_windw=32).sliding_windw == 32  # the library accepts anything, silently
+    [mc] = [c for c in _kwargs_checks(typed("allow_dirty=true", "+model.overrides.sliding_windw=32")) if c.name == "model config class"]
+    assert mc.status == Status.failed and mc.key == "model.overrides" and "['sliding_windw']" in mc.detail
+
+
+def test_a_new_call_site_registers_with_one_line(monkeypatch):
+    monkeypatch.setitem(KWARGS_SITES, "stand-in", f"{__name__}:_standin_site")
+    cfg = typed("allow_dirty=true", "logger=none")
+    [c] = [c for c in _kwargs_checks(cfg) if c.name == "stand-in"]
+    assert c.status == Status.failed and "['warmup_ratio']" in c.detail
+
+
+def _standin_site(cfg):
+    return KwargsSite(TrainingArgumentsV5, {"warmup_ratio": cfg.optimizer.warmup_ratio}, "optimizer")
+
+
+def test_a_missing_callable_is_a_failure_not_a_pass():
+    c = check_site("gone", KwargsSite("torch.optim:AdamWThatDoesNotExist", {}, "optimizer"))
+    assert c.status == Status.failed and "AdamWThatDoesNotExist" in c.detail
+
+
+# ---------------------------------------------------------------------------------- dirty tree
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = tmp_path / "repo"
+    r.mkdir()
+    _git(r, "init", "-q")
+    _git(r, "config", "user.email", "t@t")
+    _git(r, "config", "user.name", "t")
+    (r / "code.py").write_text("x = 1\n")
+    _git(r, "add", "code.py")
+    _git(r, "commit", "-qm", "init")
+    return r
+
+
+def _git_check(cfg, root):
+    return list(check_git(cfg, Context(root=root, stop_on_fail=False)))[0]
+
+
+def test_dirty_tree_gate(repo):
+    cfg, allowed = typed(), typed("allow_dirty=true")
+    assert _git_check(cfg, repo).status == Status.passed
+    (repo / "untracked.py").write_text("y = 2\n")  # untracked files do not count
+    assert _git_check(cfg, repo).status == Status.passed
+    (repo / "code.py").write_text("x = 2\n")  # tracked change
+    c = _git_check(cfg, repo)
+    assert c.status == Status.failed and "refusing to start" in c.detail and "code.py" in c.detail
+    assert _git_check(allowed, repo).status == Status.warned
+    _git(repo, "add", "code.py")  # staged change
+    assert _git_check(cfg, repo).status == Status.failed
+    with pytest.raises(ConfigError, match=r"^git: refusing to start"):
+        run_preflight(cfg, root=repo)
+
+
+def test_cheap_failures_stop_before_any_kwargs_check(repo):
+    (repo / "code.py").write_text("x = 3\n")
+    report = collect(typed(), root=repo, stop_on_fail=True)
+    assert report.failures and report.failures[0].item == "tree"
+    assert not [c for c in report if c.item == "kwargs"]  # the library imports never happened
+
+
+def test_outside_a_git_checkout_the_tree_item_warns_with_a_reason(tmp_path):
+    c = _git_check(typed(), tmp_path)
+    assert c.status == Status.warned and "not a git checkout" in c.detail
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+
+def test_preflight_cli_prints_the_whole_checklist(capsys):
+    assert main(["allow_dirty=true", "logger=none"]) == 0
+    out = capsys.readouterr().out
+    for _, text, _ in CHECKLIST:
+        assert text in out
+    assert "preflight PASS" in out
+
+
+def test_preflight_cli_fails_a_broken_config_with_exit_2(capsys, tmp_path):
+    assert main(["allow_dirty=true", "logger=none", "data.source=jsonl", f"data.path={tmp_path}/missing.jsonl",
+                 "+model.overrides.sliding_windw=8"]) == 2
+    out = capsys.readouterr().out
+    assert "[!] config validated" in out and "no such file" in out
+    assert "[!] kwargs checked by NAME" in out and "sliding_windw" in out
+    assert "preflight FAIL" in out
