@@ -374,6 +374,19 @@ class KernelsProbeConfig:
 
 
 @dataclass
+class MaskProbeConfig:
+    records: int = 64
+    """Records encoded to make the probe's batches (real tokens; the probe needs few)."""
+    length: Optional[int] = None
+    """Tokens per probe row; null: sliding_window + 16 (at least 64), so the window binds."""
+
+    def __post_init__(self) -> None:
+        _require(self.records >= 1, "probe.mask.records", "must be >= 1", self.records)
+        if self.length is not None:
+            _require(self.length >= 2, "probe.mask.length", "must be >= 2 or null", self.length)
+
+
+@dataclass
 class ProbeConfig:
     """Options of `python -m align.probe probe=<name>`; `align.train` does not read them."""
 
@@ -383,6 +396,8 @@ class ProbeConfig:
     """`probe=scaling`: the step's scaling curve t(w) = A*w + B*w^2 (playbook 1)."""
     kernels: KernelsProbeConfig = field(default_factory=KernelsProbeConfig)
     """`probe=kernels`: device-kernel table from torch.profiler (playbook 3.3, 3.4, 3.7)."""
+    mask: MaskProbeConfig = field(default_factory=MaskProbeConfig)
+    """`probe=mask`: attention-mask band structure per layer type (playbook 3.6)."""
 
 
 # ------------------------------------------------------------------------------------------ root

@@ -22,6 +22,7 @@ from align.errors import AlignError, ConfigError
 PROBES: dict[str, str] = {
     "scaling": "align.probes.scaling",
     "kernels": "align.probes.kernels",
+    "mask": "align.probes.mask",
 }
 
 
