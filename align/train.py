@@ -16,13 +16,22 @@ from align.errors import AlignError
 
 
 def run(cfg: DictConfig) -> int:
+    from align.preflight import run_preflight
+    from align.recording import RunRecord
     from align.trainer import Trainer
 
     typed = to_typed(cfg)
+    checks = run_preflight(typed)  # again per job (cheap now): its checklist goes into the manifest
     hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
     group = Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
-    trainer = Trainer.build(typed, Path(hc.runtime.output_dir), OmegaConf.to_container(cfg, resolve=True), group)
-    return trainer.fit()
+    # provenance.json: written now with every key, completed on the way out whatever the exit code.
+    record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, sys.argv[1:], list(hc.overrides.task))
+    with record:
+        record.start(checks)
+        trainer = Trainer.build(typed, run_dir, record.wandb_config, group)
+        record.built(trainer)  # resolved backends, data hashes, sampler stats; mask gate before step 1
+        return record.finished(trainer, trainer.fit())
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
@@ -39,7 +48,8 @@ def main() -> None:
     argv = sys.argv[1:]
     if not wants_hydra_only(argv):
         # Every job of the command line is composed, typed and preflighted before Hydra creates a
-        # run dir: a refusal leaves nothing behind.
+        # run dir: a refusal leaves nothing behind, and a cheap failure (values, git, files) exits
+        # before any library import.
         from align.preflight import run_preflight
 
         for typed in validate_command_line(argv):

@@ -1,0 +1,309 @@
+"""The run wrapped in its manifest: `align.train.run()` opens a RunRecord before `Trainer.build`,
+records what the components resolved to once built (and runs the mask gate), and completes the
+manifest in `__exit__` with the exit code, whatever ended the run.
+
+    record = RunRecord(typed, container, run_dir, argv, overrides)
+    with record:
+        record.start(preflight_report)
+        trainer = Trainer.build(typed, run_dir, record.wandb_config, group)
+        record.built(trainer)
+        return record.finished(trainer, trainer.fit())
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from align.config import TrainConfig
+from align.errors import EXIT_OK, AlignError
+from align.provenance import Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
+from align.secrets import REDACTED, recorded_env, redact, redact_argv
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class RunRecord:
+    def __init__(self, cfg: TrainConfig, container: Mapping[str, Any], run_dir: Path, argv: list[str],
+                 overrides: list[str]) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.redacted: list[str] = []
+        self.resolved = redact(dict(container), found=self.redacted)
+        self.argv = redact_argv(list(argv))
+        self.overrides = redact_argv(list(overrides))
+        self.redacted += [f"override:{o.split('=', 1)[0]}" for o in self.overrides if o.endswith(f"={REDACTED}")]
+        self.env, env_redacted = recorded_env()
+        self.redacted += [f"env:{n}" for n in env_redacted]
+        self.manifest = Manifest(self.run_dir, enabled=_rank() == 0)
+        self.trainer: Any = None
+        self._code: Optional[int] = None
+        self._reason = "completed"
+        if self.manifest.enabled:
+            scrub_hydra_dir(self.run_dir / ".hydra")
+        # W&B records sys.argv as the run's `args`; Hydra has parsed it by now, so drop secret values.
+        sys.argv[1:] = redact_argv(sys.argv[1:])
+
+    @property
+    def wandb_config(self) -> dict[str, Any]:
+        """The config W&B gets: the resolved config with secret-named values redacted."""
+        return self.resolved
+
+    # ------------------------------------------------------------------------------ stages
+
+    def start(self, preflight: Any) -> None:
+        """Written before any heavy work: every key present, what is known from config and disk."""
+        from align.provenance import versions
+
+        cfg, m = self.cfg, self.manifest
+        m.start(name=cfg.name or self.run_dir.name, argv=self.argv, overrides=self.overrides, resolved=self.resolved,
+                git=git_state(), allow_dirty=cfg.allow_dirty, redacted=self.redacted, env=self.env,
+                preflight=preflight.as_list() if hasattr(preflight, "as_list") else list(preflight))
+        v, reasons = versions()
+        m.update({f"versions.{k}": val for k, val in v.items()}, reasons)
+        m.update({
+            "seed": cfg.trainer.seed,
+            "parallel.kind": cfg.parallel.kind.value,
+            "parallel.world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "model.family": cfg.model.family.value,
+            "model.attn_implementation_requested": cfg.attention.implementation.hf_name,
+            "model.experts_implementation_requested": cfg.model.moe.experts.value if cfg.model.moe.experts else None,
+            "sampler.kind": cfg.sampler.kind.value,
+        }, {"model.experts_implementation_requested": "not requested: the library default applies (resolved value recorded)"
+            if is_moe(cfg) else f"{cfg.model.family.value} is a dense family: no experts kernel"})
+        if cfg.model.pretrained:
+            m.update({"model.pretrained": cfg.model.pretrained})
+            m.null("model.preset", "built from a checkpoint, not a preset")
+        else:
+            m.update({"model.preset": cfg.model.preset.value})
+            m.null("model.pretrained", "random init from a preset: no checkpoint")
+        self._record_files()
+        m.write("started")
+
+    def _record_files(self) -> None:
+        from align.data.sources import source_path
+        from align.data.tokenizer import tokenizer_dir
+
+        m, cfg = self.manifest, self.cfg
+        path = source_path(cfg.data)
+        m.update({"data.source": cfg.data.source.value, "data.path": str(path), "data.sha256": sha256_file(path)})
+        tok_sha, tmpl_sha, files = tokenizer_hashes(tokenizer_dir(cfg.model))
+        m.set("data.tokenizer_sha256", tok_sha, "no tokenizer files found")
+        m.set("data.chat_template_sha256", tmpl_sha, "the tokenizer has no chat template file or field")
+        m.set("data.aux_files", {str(path): m.data["data"]["sha256"], **files})
+        m.null("data.encode_cache_key", "this build has no encode cache: every run encodes from scratch")
+
+    def built(self, trainer: Any) -> None:
+        """After Trainer.build: what the model, device and data RESOLVED to; then the mask gate."""
+        from align.probes.mask import assert_masks
+        from align.provenance import device_info
+
+        self.trainer = trainer
+        m = self.manifest
+        # The model's own config is the authority on what it resolved to; BuiltModel.info is a copy.
+        info = {**trainer.model_info, **resolved_backends(trainer.model, is_moe(self.cfg))}
+        keys = {"model_class": "model.class", "attn_implementation_resolved": "model.attn_implementation_resolved",
+                "experts_implementation_resolved": "model.experts_implementation_resolved", "dtype": "model.dtype",
+                "params_total": "model.params_total"}
+        for src, dst in keys.items():
+            if src in info:
+                m.set(dst, info[src], f"{src} is null in BuiltModel.info")
+            else:
+                m.null(dst, f"BuiltModel.info has no {src}")
+        if m.data["model"]["experts_implementation_resolved"] is None and not is_moe(self.cfg):
+            m.null("model.experts_implementation_resolved", f"{self.cfg.model.family.value} is a dense family: no experts kernel")
+        known = set(keys) | {"family", "preset", "pretrained", "attn_implementation_requested", "experts_implementation_requested"}
+        m.set("model.extra", {k: v for k, v in info.items() if k not in known})
+        dev, reasons = device_info(trainer.env.device)
+        m.update({f"device.{k}": v for k, v in dev.items()}, reasons)
+        m.set("parallel.world_size", trainer.env.world)
+        ac = trainer.autocast()
+        fast = getattr(ac, "fast_dtype", None)
+        m.set("model.autocast_dtype", str(fast).removeprefix("torch.") if fast is not None else None,
+              "no autocast: compute runs in the parameter dtype")
+        self._record_data(trainer)
+        family, kernels, why = sdpa_kernel_family(trainer, info.get("attn_implementation_resolved"))
+        m.set("model.sdpa_kernel_family", family, why)
+        m.set("model.sdpa_kernels", kernels, why)
+        m.null("mask_probe", "pending: the mask gate runs next")
+        m.write("built")
+        try:
+            report = assert_masks(trainer.model, trainer.data, trainer.stream.pad_id)
+            m.set("mask_probe", {"ok": True, "attn_implementation": report["attn_implementation"],
+                                 "sliding_window": report["sliding_window"], "by_type": report["by_type"]})
+        except AlignError as e:
+            m.set("mask_probe", {"ok": False, "error": str(e)})
+            raise
+        m.write("built")
+        trainer.logger.summary(flat(m.data))
+
+    def _record_data(self, trainer: Any) -> None:
+        m, data = self.manifest, trainer.data
+        m.set("data.encode_stats", dict(getattr(data, "stats", {}) or {}), "the encoded dataset reports no stats")
+        # The data engineer's encoded dataset carries these (content hashes, cache key): prefer them.
+        for attr, key in (("cache_key", "data.encode_cache_key"), ("tokenizer_sha256", "data.tokenizer_sha256"),
+                          ("chat_template_sha256", "data.chat_template_sha256")):
+            value = getattr(data, attr, None)
+            if value is not None:
+                m.set(key, value)
+        m.set("sampler.stats", sampler_stats(trainer.stream))
+
+    def finished(self, trainer: Any, code: int) -> int:
+        self.trainer = trainer
+        self._code = int(code)
+        self._reason = "completed" if code == EXIT_OK else f"trainer returned {code}"
+        return code
+
+    # ----------------------------------------------------------------------------- closing
+
+    def __enter__(self) -> "RunRecord":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        code, reason = self._code, self._reason
+        if exc is not None:
+            code, reason = exit_of(exc)
+        elif code is None:
+            code, reason = 1, "the run ended without reporting an exit code"
+        m = self.manifest
+        counters, why = dynamo_counters()
+        m.set("dynamo", counters, why)
+        if self.trainer is not None:
+            try:
+                m.set("throughput", self.trainer.summary())
+            except Exception as e:  # bookkeeping never masks the run's own outcome
+                m.null("throughput", f"trainer.summary() raised {type(e).__name__}: {e}")
+        else:
+            m.null("throughput", "the trainer was never built")
+        if m.data["run"]["start_time"] is None:  # failed before start(): still a complete, honest manifest
+            m.update({"run.argv": self.argv, "run.run_dir": str(self.run_dir.resolve())})
+        m.complete(code, reason)
+
+
+def is_moe(cfg: TrainConfig) -> bool:
+    from align.models.registry import FAMILIES
+
+    return FAMILIES[cfg.model.family].is_moe
+
+
+def resolved_backends(model: Any, moe: bool) -> dict[str, Any]:
+    """Read back from the built model (playbook 4.3): `config._attn_implementation` and, for MoE,
+    `config._experts_implementation`."""
+    mc = getattr(model, "config", None)
+    out = {}
+    if mc is not None and getattr(mc, "_attn_implementation", None) is not None:
+        out["attn_implementation_resolved"] = mc._attn_implementation
+    if moe and mc is not None and getattr(mc, "_experts_implementation", None) is not None:
+        out["experts_implementation_resolved"] = mc._experts_implementation
+    return out
+
+
+def exit_of(exc: BaseException) -> tuple[int, str]:
+    """The exit code and one-line reason a propagating exception will end the process with."""
+    if isinstance(exc, AlignError):
+        return exc.exit_code, f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SystemExit):
+        c = exc.code
+        return (c if isinstance(c, int) else (0 if c is None else 1)), f"SystemExit({c!r})"
+    if isinstance(exc, KeyboardInterrupt):
+        return 130, "interrupted (KeyboardInterrupt)"
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return 1, f"{type(exc).__name__}: {first}"[:500]
+
+
+def scrub_hydra_dir(hydra_dir: Path) -> None:
+    """Hydra writes the composed config and the command-line overrides to .hydra/ before any align
+    code runs; rewrite them with secret-named values redacted (only when there is one)."""
+    if not hydra_dir.is_dir():
+        return
+    from omegaconf import OmegaConf
+
+    for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):
+        path = hydra_dir / name
+        if not path.is_file():
+            continue
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        found: list[str] = []
+        if name == "overrides.yaml":
+            clean: Any = redact_argv(node)
+            found = ["x"] if clean != node else []
+        elif name == "hydra.yaml":
+            clean = node
+            task = node.get("hydra", {}).get("overrides", {}).get("task", [])
+            if task and redact_argv(task) != task:
+                node["hydra"]["overrides"]["task"] = redact_argv(task)
+                job = node["hydra"].get("job", {})
+                if job.get("override_dirname"):
+                    job["override_dirname"] = ",".join(redact_argv(job["override_dirname"].split(",")))
+                found = ["x"]
+        else:
+            clean = redact(node, found=found)
+        if found:
+            OmegaConf.save(OmegaConf.create(clean), path)
+
+
+def sampler_stats(stream: Any) -> dict[str, Any]:
+    """Padding and shape of epoch 0 as this rank's sampler cuts it (numpy only, no collate)."""
+    import numpy as np
+
+    sampler = stream.sampler
+    own = getattr(sampler, "stats", None)
+    if callable(own):  # the data engineer's sampler may report richer stats (roots per window)
+        return dict(own())
+    lengths = np.asarray(stream.data.lengths)
+    mult = int(getattr(stream, "mult", 1) or 1)
+    batches = sampler.rank_batches(0)
+    real = padded = zero = 0
+    for rows in batches:
+        ls = lengths[rows]
+        width = -(-int(ls.max()) // mult) * mult
+        real += int(ls.sum())
+        padded += width * len(rows)
+        zero += int(width * len(rows) == int(ls.sum()))
+    return {"micro_batches_per_epoch": len(batches), "real_tokens_epoch0": real, "padded_tokens_epoch0": padded,
+            "padding_waste_epoch0": 1 - real / padded if padded else None,
+            "zero_pad_fraction_epoch0": zero / len(batches) if batches else None}
+
+
+_FAMILIES = (("flash", re.compile(r"flash", re.I)), ("efficient", re.compile(r"fmha_cutlass|efficient_attention|mem_eff", re.I)),
+             ("cudnn", re.compile(r"cudnn.*(sdpa|mha|attn|flash)|(sdpa|mha).*cudnn", re.I)))
+
+
+def classify_kernels(names: list[str]) -> Optional[str]:
+    """SDPA kernel family from device-kernel symbols; None when no fused attention kernel ran."""
+    for family, rx in _FAMILIES:
+        if any(rx.search(n) for n in names):
+            return family
+    return None
+
+
+def sdpa_kernel_family(trainer: Any, resolved: Optional[str]) -> tuple[Optional[str], Optional[list[str]], Optional[str]]:
+    """(family, kernel symbols, reason when null): one no-grad forward of the run's first micro-batch
+    under torch.profiler, on GPU only. The symbols' `smNN` suffix is the kernel generation (3.3)."""
+    if resolved != "sdpa":
+        return None, None, f"attention resolved to {resolved}, not sdpa"
+    if trainer.env.device.type != "cuda":
+        return None, None, "CPU: SDPA runs ATen CPU kernels; the kernel family is told from CUDA kernel names (GPU only)"
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from align.data.collate import collate
+
+    stream = trainer.stream
+    rows = stream.sampler.rank_batches(0)[0]
+    batch = collate(stream.data, rows, stream.pad_id, stream.mult).to(trainer.env.device)
+    try:
+        with torch.no_grad(), trainer.autocast(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            trainer.model(**batch.model_inputs())
+            torch.cuda.synchronize()
+        names = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
+    except Exception as e:  # never let bookkeeping kill a run
+        return None, None, f"profiling failed: {type(e).__name__}: {e}"
+    attn = [n for n in names if any(rx.search(n) for _, rx in _FAMILIES)]
+    # No fused attention kernel in an SDPA forward means SDPA took its math path (matmul + softmax).
+    return classify_kernels(attn) or "math", attn, None

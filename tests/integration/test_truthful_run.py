@@ -1,0 +1,204 @@
+"""A run's provenance.json says what it resolved to, has every key whatever the run used, never
+carries a secret, and a dirty tree stops `align.train` before anything is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from align.cli import compose
+from align.config import to_typed
+from align.errors import EXIT_CONFIG, ConfigError
+from align.provenance import key_paths, load, manifest_paths, null_leaves
+from align.recording import RunRecord
+from align.secrets import REDACTED
+from tests.conftest import REPO, run_cli
+
+SECRETS = {"ALIGN_PLANTED_API_KEY": "sk-planted-0xdeadbeef-1", "HF_TOKEN": "hf_planted_0xdeadbeef_2",
+           "MY_DB_PASSWORD": "pw-planted-0xdeadbeef-3"}
+
+
+def assert_present_and_null(manifest: dict) -> None:
+    """Every schema key present, nothing else, and every null explained (none left pending)."""
+    assert set(manifest_paths(manifest)) == set(key_paths())
+    for p in null_leaves(manifest):
+        assert p in manifest["null_reasons"], f"{p} is null without a reason"
+    assert not [p for p, r in manifest["null_reasons"].items() if r.startswith("pending")]
+
+
+def files_containing(root: Path, needles: list[str]) -> list[str]:
+    hits = []
+    for p in root.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            data = p.read_bytes()
+            hits += [f"{p}: {n[:6]}..." for n in needles if n.encode() in data]
+    return hits
+
+
+@pytest.mark.slow
+def test_train_writes_a_complete_manifest_and_leaks_no_planted_secret(tmp_path):
+    run_dir = tmp_path / "run"
+    p = run_cli("align.train", f"hydra.run.dir={run_dir}", "allow_dirty=true", "trainer.max_steps=2",
+                "data.max_records=32", "trainer.export=false", env={**SECRETS, "WANDB_MODE": "offline"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = load(run_dir)
+    assert_present_and_null(m)
+    assert m["status"] == "complete" and m["run"]["exit_code"] == 0 and m["run"]["exit_reason"] == "completed"
+    assert not os.access(run_dir / "provenance.json", os.W_OK) or os.geteuid() == 0
+    assert m["model"]["attn_implementation_requested"] == "sdpa" and m["model"]["attn_implementation_resolved"] == "sdpa"
+    assert m["git"]["commit"] and m["git"]["describe"] and m["git"]["dirty"] in (True, False)
+    assert (m["git"]["diff_sha256"] is not None) == m["git"]["dirty"]
+    assert m["versions"]["torch"] and m["versions"]["transformers"] and m["config"]["hash"]
+    assert m["data"]["sha256"] and m["data"]["tokenizer_sha256"] and m["data"]["chat_template_sha256"]
+    assert m["throughput"]["steps"] == 2 and m["mask_probe"]["ok"] is True
+    assert m["sampler"]["stats"]["micro_batches_per_epoch"] == 4
+    assert m["preflight"] and {c["item"] for c in m["preflight"]} >= {"tree", "kwargs", "config"}
+    # planted secrets: names recorded as redacted, values nowhere (manifest, history, .hydra, W&B, console)
+    assert m["env"]["ALIGN_PLANTED_API_KEY"] == REDACTED and m["env"]["HF_TOKEN"] == REDACTED
+    assert "MY_DB_PASSWORD" not in m["env"]
+    assert {"env:ALIGN_PLANTED_API_KEY", "env:HF_TOKEN"} <= set(m["redacted"])
+    assert not files_containing(run_dir, list(SECRETS.values()))
+    assert not [v for v in SECRETS.values() if v in p.stdout + p.stderr]
+    # W&B got the provenance summary
+    assert files_containing(run_dir / "wandb", ["provenance/model/attn_implementation_resolved"])
+
+
+def _copy_repo(dst: Path) -> Path:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for part in ("align", "conf"):
+        shutil.copytree(REPO / part, dst / part, ignore=ignore)
+    for cmd in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"], ["add", "-A"],
+                ["commit", "-qm", "snapshot"]):
+        subprocess.run(["git", "-C", str(dst), *cmd], check=True, capture_output=True)
+    return dst
+
+
+def test_train_refuses_a_dirty_tree_before_creating_anything(tmp_path):
+    repo = _copy_repo(tmp_path / "repo")
+    with (repo / "align" / "loss.py").open("a") as f:
+        f.write("\n# an uncommitted change\n")
+    run_dir = tmp_path / "run"
+    p = run_cli("align.train", f"hydra.run.dir={run_dir}", cwd=repo, env={"PYTHONPATH": str(repo)})
+    assert p.returncode == EXIT_CONFIG, p.stderr[-2000:]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith("align: error: git: refusing to start") and "align/loss.py" in lines[-1]
+    assert not run_dir.exists()
+
+
+# ----------------------------------------------------------------- in-process: what was RESOLVED
+
+
+def _record(tmp_path: Path, *overrides: str, container_extra: dict | None = None):
+    from align.preflight import collect
+
+    cfg = compose(["data.max_records=24", "trainer.max_steps=1", "allow_dirty=true", *overrides])
+    typed = to_typed(cfg)
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(cfg, resolve=True)
+    for path, value in (container_extra or {}).items():
+        node = container
+        *head, last = path.split(".")
+        for h in head:
+            node = node[h]
+        node[last] = value
+    run_dir = tmp_path / "run"
+    record = RunRecord(typed, container, run_dir, ["allow_dirty=true", *overrides], list(overrides))
+    return typed, record, run_dir, collect(typed)
+
+
+def _build(typed, record, run_dir):
+    from align.trainer import Trainer
+
+    return Trainer.build(typed, run_dir, record.wandb_config, None)
+
+
+def test_moe_run_records_the_resolved_experts_kernel_not_the_request(tmp_path):
+    typed, record, run_dir, checks = _record(tmp_path, "model=olmoe", "logger=none")
+    with record:
+        record.start(checks)
+        trainer = _build(typed, record, run_dir)
+        record.built(trainer)
+        record.finished(trainer, 0)
+    m = load(run_dir)
+    assert_present_and_null(m)
+    assert m["model"]["experts_implementation_requested"] is None
+    assert m["model"]["experts_implementation_resolved"] == trainer.model.config._experts_implementation == "grouped_mm"
+    assert "not requested" in m["null_reasons"]["model.experts_implementation_requested"]
+    # the kwargs preflight checks are the ones the call site uses (no drift between check and call)
+    from align.kwargs_sites import data_loader
+
+    assert data_loader(typed).kwargs.keys() == trainer.stream.kwargs.keys()
+
+
+def test_a_backend_the_library_changed_is_recorded_as_resolved(tmp_path):
+    typed, record, run_dir, checks = _record(tmp_path, "model=gemma4", "logger=none")
+    with record:
+        record.start(checks)
+        trainer = _build(typed, record, run_dir)
+        trainer.model.set_attn_implementation("eager")  # what a library-side downgrade looks like
+        record.built(trainer)
+        record.finished(trainer, 0)
+    m = load(run_dir)
+    assert m["model"]["attn_implementation_requested"] == "sdpa"
+    assert m["model"]["attn_implementation_resolved"] == "eager"
+    assert m["mask_probe"]["ok"] and m["mask_probe"]["attn_implementation"] == "eager"
+    assert m["null_reasons"]["model.sdpa_kernel_family"].startswith("attention resolved to eager")
+
+
+def test_a_planted_config_secret_reaches_neither_manifest_nor_hydra_dir_nor_wandb(tmp_path, monkeypatch):
+    secret = "sk-config-planted-0xfeedface"
+    hydra_dir = tmp_path / "run" / ".hydra"
+    hydra_dir.mkdir(parents=True)
+    (hydra_dir / "config.yaml").write_text(f"logger:\n  api_key: {secret}\n  project: align\n")
+    (hydra_dir / "overrides.yaml").write_text(f"- +logger.api_key={secret}\n- model=mistral\n")
+    (hydra_dir / "hydra.yaml").write_text(f"hydra:\n  overrides:\n    task:\n    - +logger.api_key={secret}\n  job:\n"
+                                          f"    override_dirname: +logger.api_key={secret},model=mistral\n")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr("sys.argv", ["align.train", f"+logger.api_key={secret}"])
+    typed, record, run_dir, checks = _record(tmp_path, "logger=wandb", container_extra={"logger.api_key": secret})
+    with record:
+        record.start(checks)
+        trainer = _build(typed, record, run_dir)
+        record.built(trainer)
+        trainer.logger.finish(0)
+        record.finished(trainer, 0)
+    m = load(run_dir)
+    assert m["config"]["resolved"]["logger"]["api_key"] == REDACTED and "logger.api_key" in m["redacted"]
+    assert "model=mistral" in (hydra_dir / "overrides.yaml").read_text()  # the rest survives the scrub
+    assert not files_containing(run_dir, [secret])
+
+
+def test_mask_gate_failure_before_step_1_ends_the_run_with_exit_2_on_record(tmp_path, monkeypatch):
+    import transformers.models.gemma4.modeling_gemma4 as g4
+
+    monkeypatch.setattr(g4, "create_sliding_window_causal_mask", lambda **kw: None)
+    typed, record, run_dir, checks = _record(tmp_path, "model=gemma4", "logger=none")
+    with pytest.raises(ConfigError):
+        with record:
+            record.start(checks)
+            record.built(_build(typed, record, run_dir))
+    m = load(run_dir)
+    assert_present_and_null(m)
+    assert m["run"]["exit_code"] == EXIT_CONFIG and "mask probe" in m["run"]["exit_reason"]
+    assert m["mask_probe"]["ok"] is False and m["status"] == "complete"
+    assert m["throughput"]["steps"] == 0  # built, never stepped
+
+
+def test_a_crash_before_build_still_completes_the_manifest(tmp_path):
+    typed, record, run_dir, checks = _record(tmp_path, "logger=none")
+    with pytest.raises(RuntimeError):
+        with record:
+            record.start(checks)
+            raise RuntimeError("disk on fire")
+    m = load(run_dir)
+    assert_present_and_null(m)
+    assert m["run"]["exit_code"] == 1 and m["run"]["exit_reason"] == "RuntimeError: disk on fire"
+    assert m["null_reasons"]["model.attn_implementation_resolved"].startswith("not reached")
+    assert m["null_reasons"]["throughput"] == "the trainer was never built"
+    assert json.loads((run_dir / "provenance.json").read_text())["status"] == "complete"
