@@ -33,7 +33,7 @@ PENDING = "pending: not known yet when this was written"
 # every manifest's key set against this.
 SCHEMA: dict[str, Any] = {
     "schema_version": "integer version of this schema; bumped when a key changes meaning",
-    "status": "started (written before any heavy work) | built (components resolved) | complete (final, read-only)",
+    "status": "started (written before any heavy work), built (components resolved) or complete (final, read-only)",
     "run": {
         "name": "run name (config `name`, else the run dir's name)",
         "run_dir": "absolute run dir",
@@ -65,7 +65,7 @@ SCHEMA: dict[str, Any] = {
         "wandb": "", "safetensors": "", "tokenizers": "", "numpy": "", "huggingface_hub": "",
     },
     "device": {
-        "type": "cpu | cuda",
+        "type": "cpu or cuda",
         "name": "device name (GPU model or CPU)",
         "capability": "CUDA compute capability, e.g. [9, 0]",
         "count": "visible devices of this type",
@@ -79,7 +79,7 @@ SCHEMA: dict[str, Any] = {
         "attn_implementation_requested": "what the config asked for",
         "attn_implementation_resolved": "model.config._attn_implementation after build",
         "experts_implementation_requested": "", "experts_implementation_resolved": "model.config._experts_implementation",
-        "sdpa_kernel_family": "flash | efficient | cudnn | math, from profiler kernel names of one forward (GPU)",
+        "sdpa_kernel_family": "flash, efficient, cudnn or math: from profiler kernel names of one forward (GPU)",
         "sdpa_kernels": "attention kernel symbols seen by the profiler (their sm suffix is the generation)",
         "dtype": "parameter dtype", "autocast_dtype": "compute dtype under autocast (null: none)",
         "params_total": "", "extra": "other fields the model build reported (BuiltModel.info)",
