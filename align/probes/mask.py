@@ -228,8 +228,9 @@ def assert_masks(model: torch.nn.Module, data: EncodedDataset, pad_id: int, leng
 
 
 def run(cfg: TrainConfig, out_dir: Path) -> int:
-    """`python -m align.probe probe=mask`: build the composed model on CPU from config (random init)
-    and a few real records, print the report, write mask.json; exit 2 when a band is wrong."""
+    """`python -m align.probe probe=mask`: build the composed model from config (random init; on the
+    run's device, so CPU here) and a few real records, print the report, write mask.json; exit 2 when
+    a band is wrong."""
     from align.data.encode import encode_records
     from align.data.sources import load_records
     from align.data.tokenizer import load_tokenizer
@@ -238,8 +239,11 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     data_cfg = dataclasses.replace(cfg.data, max_records=min(cfg.data.max_records or cfg.probe.mask.records, cfg.probe.mask.records))
     tok = load_tokenizer(cfg.model)
     data = encode_records(load_records(data_cfg), tok, data_cfg)
+    from align.parallel.env import resolve_device
+
     torch.manual_seed(cfg.trainer.seed)
     built = build_model(cfg.model, cfg.attention, tok)
+    built.model.to(resolve_device(cfg.trainer.device))
     report = mask_report(built.model, probe_batches(data, tok.pad_token_id, probe_length(built.model, cfg.probe.mask.length)))
     report["model"] = built.info
     out_dir.mkdir(parents=True, exist_ok=True)
