@@ -83,7 +83,9 @@ def test_train_refuses_a_dirty_tree_before_creating_anything(tmp_path):
     with (repo / "align" / "loss.py").open("a") as f:
         f.write("\n# an uncommitted change\n")
     run_dir = tmp_path / "run"
-    p = run_cli("align.train", f"hydra.run.dir={run_dir}", cwd=repo, env={"PYTHONPATH": str(repo)})
+    # small settings so that a broken gate fails this test in seconds rather than training the default run
+    p = run_cli("align.train", f"hydra.run.dir={run_dir}", "trainer.max_steps=1", "data.max_records=16", "logger=none",
+                "trainer.export=false", cwd=repo, env={"PYTHONPATH": str(repo)})
     assert p.returncode == EXIT_CONFIG, p.stderr[-2000:]
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert lines[-1].startswith("align: error: git: refusing to start") and "align/loss.py" in lines[-1]
