@@ -379,6 +379,8 @@ def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     p = source_path(cfg.data)
     if p.is_file():
         yield Check("cache", "data content hash", Status.passed, f"{p.name} sha256 {sha256_file(p)[:16]}")
+    else:
+        yield Check("cache", "data content hash", Status.failed, f"cannot hash the data: no such file: {p}", "data.path")
     tok_sha, tmpl_sha, _ = tokenizer_hashes(tokenizer_dir(cfg.model))
     if tok_sha:
         yield Check("cache", "tokenizer + chat template hashes", Status.passed,

@@ -195,5 +195,6 @@ def test_preflight_cli_fails_a_broken_config_with_exit_2(capsys, tmp_path):
                  "+model.overrides.sliding_windw=8"]) == 2
     out = capsys.readouterr().out
     assert "[!] config validated" in out and "no such file" in out
+    assert "[!] cache key covers the change" in out  # a file that cannot be hashed is not a pass
     assert "[!] kwargs checked by NAME" in out and "sliding_windw" in out
     assert "preflight FAIL" in out
