@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from align.config import TrainConfig
-from align.errors import EXIT_OK, AlignError
+from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
 from align.provenance import Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
 from align.secrets import REDACTED, recorded_env, redact, redact_argv
 
@@ -156,7 +156,9 @@ class RunRecord:
     def finished(self, trainer: Any, code: int) -> int:
         self.trainer = trainer
         self._code = int(code)
-        self._reason = "completed" if code == EXIT_OK else f"trainer returned {code}"
+        known = {EXIT_OK: "completed", EXIT_NONFINITE: "non-finite halt (see HALT.json)",
+                 EXIT_SIGNAL: "coordinated stop on a signal (resumable)"}
+        self._reason = known.get(int(code), f"trainer returned {code}")
         return code
 
     # ----------------------------------------------------------------------------- closing

@@ -204,3 +204,14 @@ def test_a_crash_before_build_still_completes_the_manifest(tmp_path):
     assert m["null_reasons"]["model.attn_implementation_resolved"].startswith("not reached")
     assert m["null_reasons"]["throughput"] == "the trainer was never built"
     assert json.loads((run_dir / "provenance.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.parametrize("code,reason", [(143, "coordinated stop on a signal"), (81, "non-finite halt")])
+def test_the_trainers_exit_code_and_its_meaning_are_recorded(tmp_path, code, reason):
+    typed, record, run_dir, checks = _record(tmp_path, "logger=none")
+    with record:
+        record.start(checks)
+        record.finished(None, code)
+    m = load(run_dir)
+    assert_present_and_null(m)
+    assert m["run"]["exit_code"] == code and m["run"]["exit_reason"].startswith(reason)
