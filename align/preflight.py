@@ -385,11 +385,18 @@ def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     if tok_sha:
         yield Check("cache", "tokenizer + chat template hashes", Status.passed,
                     f"tokenizer {tok_sha[:16]}, template {tmpl_sha[:16] if tmpl_sha else 'none'}")
-    key_fn = _optional("align.data.cache", "encode_cache_key_for")
-    if key_fn is None:
+    key = encode_cache_key(cfg)
+    if key is None:
         yield Check("cache", "encode cache key", Status.na, "this build has no encode cache: every run encodes from scratch")
     else:
-        yield Check("cache", "encode cache key", Status.passed, f"{key_fn(cfg)}")
+        yield Check("cache", "encode cache key", Status.passed, f"{key[:16]} (content hashes, not paths; align.data.cache)")
+
+
+def encode_cache_key(cfg: TrainConfig) -> Optional[str]:
+    """The key of the encode cache entry this config will use, from files only (align.data.cache,
+    when this build has an encode cache); None when it has none."""
+    parts = _optional("align.data.cache", "cache_key_parts")
+    return None if parts is None else parts(cfg.data, cfg.model)["key"]
 
 
 def _optional(module: str, attr: str) -> Optional[Callable]:

@@ -96,7 +96,10 @@ class RunRecord:
         m.set("data.tokenizer_sha256", tok_sha, "no tokenizer files found")
         m.set("data.chat_template_sha256", tmpl_sha, "the tokenizer has no chat template file or field")
         m.set("data.aux_files", {str(path): m.data["data"]["sha256"], **files})
-        m.null("data.encode_cache_key", "this build has no encode cache: every run encodes from scratch")
+        from align.preflight import encode_cache_key
+
+        m.set("data.encode_cache_key", encode_cache_key(cfg), "this build has no encode cache: every run encodes from scratch")
+        m.null("data.encode_meta", "pending: read from the encoded dataset after build")
 
     def built(self, trainer: Any) -> None:
         """After Trainer.build: what the model, device and data RESOLVED to; then the mask gate."""
@@ -145,12 +148,19 @@ class RunRecord:
     def _record_data(self, trainer: Any) -> None:
         m, data = self.manifest, trainer.data
         m.set("data.encode_stats", dict(getattr(data, "stats", {}) or {}), "the encoded dataset reports no stats")
-        # The data engineer's encoded dataset carries these (content hashes, cache key): prefer them.
-        for attr, key in (("cache_key", "data.encode_cache_key"), ("tokenizer_sha256", "data.tokenizer_sha256"),
-                          ("chat_template_sha256", "data.chat_template_sha256")):
-            value = getattr(data, attr, None)
-            if value is not None:
-                m.set(key, value)
+        # The encoded dataset's own provenance (align.data.cache: `.meta`) is what the run actually
+        # used, cache hit or miss: prefer it to what start() computed from the files.
+        meta = dict(getattr(data, "meta", None) or {})
+        m.set("data.encode_meta", meta or None, "the encoded dataset carries no .meta (no encode cache in this build)")
+        for src, key in (("encode_cache_key", "data.encode_cache_key"), ("tokenizer_sha256", "data.tokenizer_sha256"),
+                         ("chat_template_sha256", "data.chat_template_sha256")):
+            if meta.get(src) is not None:
+                m.set(key, meta[src])
+        aux = dict(m.data["data"]["aux_files"] or {})
+        for f in [*meta.get("sources", []), *meta.get("aux_files", [])]:
+            if isinstance(f, dict) and f.get("path") and f.get("sha256"):
+                aux[str(f["path"])] = f["sha256"]
+        m.set("data.aux_files", aux)
         m.set("sampler.stats", sampler_stats(trainer.stream))
 
     def finished(self, trainer: Any, code: int) -> int:

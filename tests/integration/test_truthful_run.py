@@ -215,3 +215,31 @@ def test_the_trainers_exit_code_and_its_meaning_are_recorded(tmp_path, code, rea
     m = load(run_dir)
     assert_present_and_null(m)
     assert m["run"]["exit_code"] == code and m["run"]["exit_reason"].startswith(reason)
+
+
+def test_encode_cache_provenance_is_taken_from_the_data_pipeline(tmp_path, monkeypatch):
+    # Stand-in for align.data.cache (data branch): preflight and start() compute the key from files;
+    # after build, the encoded dataset's own .meta (cache hit or miss) is what gets recorded.
+    import sys
+    import types
+
+    from align.preflight import collect
+
+    monkeypatch.setitem(sys.modules, "align.data.cache", types.SimpleNamespace(cache_key_parts=lambda d, m: {"key": "a" * 64}))
+    typed, record, run_dir, _ = _record(tmp_path, "logger=none")
+    [c] = [c for c in collect(typed) if c.name == "encode cache key"]
+    assert c.status.value == "PASS" and c.detail.startswith("a" * 16)
+    with record:
+        record.start(collect(typed))
+        assert load(run_dir)["data"]["encode_cache_key"] == "a" * 64
+        trainer = _build(typed, record, run_dir)
+        trainer.data.meta = {"encode_cache_key": "b" * 64, "cache_hit": True, "tokenizer_sha256": "c" * 64,
+                             "sources": [{"path": "/d/x.jsonl", "sha256": "d" * 64}],
+                             "aux_files": [{"path": "/d/mask.json", "sha256": "e" * 64}]}
+        record.built(trainer)
+        record.finished(trainer, 0)
+    m = load(run_dir)
+    assert_present_and_null(m)
+    assert m["data"]["encode_cache_key"] == "b" * 64 and m["data"]["encode_meta"]["cache_hit"] is True
+    assert m["data"]["tokenizer_sha256"] == "c" * 64
+    assert m["data"]["aux_files"]["/d/mask.json"] == "e" * 64 and m["data"]["aux_files"]["/d/x.jsonl"] == "d" * 64
