@@ -282,8 +282,10 @@ def sampler_stats(stream: Any) -> dict[str, Any]:
             "zero_pad_fraction_epoch0": zero / len(batches) if batches else None}
 
 
-_FAMILIES = (("flash", re.compile(r"flash", re.I)), ("efficient", re.compile(r"fmha_cutlass|efficient_attention|mem_eff", re.I)),
-             ("cudnn", re.compile(r"cudnn.*(sdpa|mha|attn|flash)|(sdpa|mha).*cudnn", re.I)))
+# cuDNN first: its SDPA kernels are named like `cudnn_generated_fort_native_sdpa_sm90_flash_fprop...`.
+_FAMILIES = (("cudnn", re.compile(r"cudnn.*(sdpa|mha|attn|flash)|(sdpa|mha).*cudnn", re.I)),
+             ("flash", re.compile(r"flash", re.I)),
+             ("efficient", re.compile(r"fmha_cutlass|efficient_attention|mem_eff", re.I)))
 
 
 def classify_kernels(names: list[str]) -> Optional[str]:

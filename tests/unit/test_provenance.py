@@ -109,7 +109,7 @@ def test_tokenizer_hashes_follow_content_not_path(tmp_path):
 def test_kernel_family_from_symbols():
     assert classify_kernels(["fmha_cutlassF_bf16_aligned_64x128_rf_sm80"]) == "efficient"
     assert classify_kernels(["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>"]) == "flash"
-    assert classify_kernels(["cudnn_generated_fort_native_sdpa_sm90_flash_fprop"]) in ("cudnn", "flash")
+    assert classify_kernels(["cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16"]) == "cudnn"
     assert classify_kernels(["ampere_sgemm_128x64_nn"]) is None
 
 
