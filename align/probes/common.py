@@ -19,6 +19,7 @@ import torch
 from align.config import TrainConfig
 from align.data.collate import Batch, collate
 from align.data.encode import EncodedDataset
+from align.telemetry.throughput import document_lengths
 from align.trainer import Trainer
 
 LOSS_CAVEAT = (
@@ -92,7 +93,7 @@ class Instrument:
         self.trainer = trainer
         self.fwd_bwd = Stopwatch(trainer.env.device)
         self.loss = Stopwatch(trainer.env.device)
-        self.widths: list[tuple[int, int]] = []
+        self.segments: list[list[tuple[int, int]]] = []
 
     def __enter__(self) -> "Instrument":
         t = self.trainer
@@ -107,7 +108,7 @@ class Instrument:
 
     def _wrap_fb(self, fn: Callable) -> Callable:
         def timed(b: Batch, denom: int) -> torch.Tensor:
-            self.widths.append(tuple(b.input_ids.shape))
+            self.segments.append(batch_segments(b))
             self.fwd_bwd.start()
             out = fn(b, denom)
             self.fwd_bwd.stop()
@@ -125,8 +126,8 @@ class Instrument:
         return timed
 
     def take(self) -> dict[str, list]:
-        out = {"shapes": self.widths, "fwd_bwd_s": self.fwd_bwd.take(), "ce_forward_s": self.loss.take()}
-        self.widths = []
+        out = {"segments": self.segments, "fwd_bwd_s": self.fwd_bwd.take(), "ce_forward_s": self.loss.take()}
+        self.segments = []
         return out
 
 
@@ -173,11 +174,21 @@ def length_moments(lengths: np.ndarray) -> dict[str, float]:
     return {"n": int(w.size), "E_w": ew, "E_w2": ew2, "E_w2_over_E_w_sq": ew2 / (ew * ew)}
 
 
-def sampled_batch_shapes(trainer: Trainer, epoch: int = 0) -> list[tuple[int, int]]:
-    """(rows, padded width) of every micro-batch this rank would see in `epoch`, from the trainer's own
+def batch_segments(b: Batch) -> list[tuple[int, int]]:
+    """The (rows, width) pieces attention runs over in a micro-batch: the whole padded batch, or each
+    document of a packed one (its `position_ids` restart at 0 per document)."""
+    pos = getattr(b, "position_ids", None)
+    if pos is None:
+        return [tuple(b.input_ids.shape)]
+    return [(1, n) for n in document_lengths(pos)]
+
+
+def sampled_segments(trainer: Trainer, epoch: int = 0) -> list[list[tuple[int, int]]]:
+    """`batch_segments` of every micro-batch this rank would see in `epoch`, from the trainer's own
     sampler and collate: the shapes the run actually computes on."""
     s = trainer.stream
-    return [tuple(collate(s.data, rows, s.pad_id, s.mult).input_ids.shape) for rows in s.sampler.rank_batches(epoch)]
+    kw = {"packed": True} if getattr(s, "packed", False) else {}
+    return [batch_segments(collate(s.data, rows, s.pad_id, s.mult, **kw)) for rows in s.sampler.rank_batches(epoch)]
 
 
 def model_summary(trainer: Trainer) -> dict[str, Any]:

@@ -95,13 +95,14 @@ def predict(f: Fit, E_w: float, E_w2: float) -> float:
     return f.A * E_w + f.B * E_w2 + f.C
 
 
-def batch_moments(shapes: Sequence[tuple[int, int]], batch_rows: int) -> dict[str, float]:
-    """E[w], E[w^2] over micro-batches, each weighted by rows/batch_rows (the fit is for batch_rows
-    rows; a short last batch costs proportionally less)."""
-    r = np.array([s[0] for s in shapes], dtype=np.float64) / batch_rows
-    w = np.array([s[1] for s in shapes], dtype=np.float64)
-    return {"n": len(shapes), "E_w": float((r * w).mean()), "E_w2": float((r * w * w).mean()),
-            "mean_rows": float(r.mean() * batch_rows)}
+def batch_moments(batches: Sequence[Sequence[tuple[int, int]]], batch_rows: int) -> dict[str, float]:
+    """E[w], E[w^2] over micro-batches, each micro-batch a list of (rows, width) segments (one for a
+    padded batch, one per document when packed) weighted by rows/batch_rows: the fit is for
+    batch_rows rows of width w, so a segment of r rows costs r/batch_rows of t(w), less C."""
+    lin = np.array([sum(r * w for r, w in segs) for segs in batches], dtype=np.float64) / batch_rows
+    quad = np.array([sum(r * w * w for r, w in segs) for segs in batches], dtype=np.float64) / batch_rows
+    rows = np.array([sum(r for r, _ in segs) for segs in batches], dtype=np.float64)
+    return {"n": len(batches), "E_w": float(lin.mean()), "E_w2": float(quad.mean()), "mean_rows": float(rows.mean())}
 
 
 @dataclass
@@ -203,7 +204,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     import torch
 
     from align.probes.common import (LOSS_CAVEAT, Instrument, build_trainer, fixed_width_batch, length_moments,
-                                     model_summary, sampled_batch_shapes, sync, time_forward_backward, train_step,
+                                     model_summary, sampled_segments, sync, time_forward_backward, train_step,
                                      write_json)
     from align.telemetry.throughput import rates
 
@@ -240,8 +241,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         raise ConfigError("probe.scaling.lengths", f"only {len(ok)} lengths ran (others out of memory); a fit needs 3: "
                           "use shorter lengths or a smaller probe.scaling.batch_size", lengths)
 
-    shapes = sampled_batch_shapes(trainer)
-    sampled = batch_moments(shapes, rows)
+    sampled = batch_moments(sampled_segments(trainer), rows)
     rows_moments = length_moments(trainer.data.lengths)
     a = analyze([p["w"] for p in ok], [p["best_s"] for p in ok], pc.residual_tol, sampled)
     f = a.fit
@@ -253,7 +253,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     # Real steps on the real stream: one warm-up, then measure_steps with fwd+bwd and CE timed inside.
     batches = iter(trainer.stream)
     train_step(trainer, batches)
-    steps, fb, ce, shapes_seen = [], [], [], []
+    steps, fb, ce, seen = [], [], [], []
     with Instrument(trainer) as inst:
         for _ in range(pc.measure_steps):
             sync(device)
@@ -262,9 +262,10 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
             steps.append(m)
             fb += got["fwd_bwd_s"]
             ce.append(sum(got["ce_forward_s"]))
-            shapes_seen += got["shapes"]
+            seen += got["segments"]
     step_s = float(np.mean([m["step_time_s"] for m in steps]))
-    fb_pred_seen = float(sum(f.A * w * r / rows + f.B * w * w * r / rows + f.C for r, w in shapes_seen))
+    seen_m = batch_moments(seen, rows)
+    fb_pred_seen = len(seen) * predict(f, seen_m["E_w"], seen_m["E_w2"])
     measured = {
         "steps": pc.measure_steps,
         "step_s_mean": step_s,
@@ -275,7 +276,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         "ce_forward_s_per_step": float(np.mean(ce)),
         "ce_forward_fraction_of_step": float(np.mean(ce)) / step_s,
         "ce_caveat": LOSS_CAVEAT,
-        "shapes": shapes_seen,
+        "segments": seen,
         "throughput": rates(sum(m["tokens"] for m in steps), sum(m["real_tokens"] for m in steps),
                             sum(m["loss_tokens"] for m in steps), sum(m["model_flops"] for m in steps),
                             sum(m["step_time_s"] for m in steps),
@@ -350,7 +351,7 @@ def format_report(report: dict[str, Any], a: Analysis) -> str:
         f"E[w^2]/E[w]^2={pr['records']['E_w2_over_E_w_sq']:.3f}",
         f"fwd+bwd per micro-batch, as sampled (padded): {pr['fwd_bwd_per_micro_batch_s'] * 1e3:.3f} ms; "
         f"same rows unpadded: {pr['fwd_bwd_per_micro_batch_unpadded_s'] * 1e3:.3f} ms (padding tax {pr['padding_tax']:+.1%})",
-        f"measured on {len(me['shapes'])} real micro-batches: fwd+bwd {me['fwd_bwd_s_sum'] * 1e3:.3f} ms vs predicted "
+        f"measured on {len(me['segments'])} real micro-batches: fwd+bwd {me['fwd_bwd_s_sum'] * 1e3:.3f} ms vs predicted "
         f"{me['fwd_bwd_s_predicted_same_batches'] * 1e3:.3f} ms for the same shapes "
         f"(measured/predicted {me['fwd_bwd_measured_over_predicted']:.3f}; real batches with padding carry a mask, "
         f"the fit's batches do not)",

@@ -31,7 +31,7 @@ def test_scaling_probe_writes_table_json_and_png(compose, tmp_path, capsys):
     pr, me = r["prediction"], r["measured"]
     assert pr["records"]["E_w2"] >= pr["records"]["E_w"] ** 2
     assert pr["sampled_batches"]["n"] == 16  # 32 records / 2 rows
-    assert me["steps"] == 1 and len(me["shapes"]) == 1 and me["step_s_mean"] > 0
+    assert me["steps"] == 1 and len(me["segments"]) == 1 and me["step_s_mean"] > 0
     assert me["ce_caveat"].startswith("CE forward only") and 0 < me["ce_forward_fraction_of_step"] < 1
     assert me["throughput"]["mfu_measured"] is not None and me["throughput"]["mfu_datasheet"] is None
     assert r["model"]["attn_implementation_resolved"] == "sdpa"
@@ -49,7 +49,7 @@ def test_probe_leaves_the_trainer_uninstrumented(compose, tmp_path):
     with Instrument(trainer) as inst:
         trainer.forward_backward(batch, batch.loss_tokens)
         got = inst.take()
-    assert got["shapes"] == [(2, 24)] and len(got["fwd_bwd_s"]) == 1 and len(got["ce_forward_s"]) == 1
+    assert got["segments"] == [[(2, 24)]] and len(got["fwd_bwd_s"]) == 1 and len(got["ce_forward_s"]) == 1
     assert got["ce_forward_s"][0] < got["fwd_bwd_s"][0]
     assert trainer.loss_fn is loss_fn and trainer.forward_backward == fb and "forward_backward" not in vars(trainer)
     trainer.history.close()

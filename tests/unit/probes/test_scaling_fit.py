@@ -139,6 +139,16 @@ def test_prediction_weights_by_E_w2_never_E_w_squared():
 
 
 def test_batch_moments_weight_a_short_last_batch_by_its_rows():
-    m = batch_moments([(8, 100), (8, 200), (4, 300)], batch_rows=8)
+    m = batch_moments([[(8, 100)], [(8, 200)], [(4, 300)]], batch_rows=8)
     assert m["E_w"] == pytest.approx((100 + 200 + 0.5 * 300) / 3)
     assert m["E_w2"] == pytest.approx((100**2 + 200**2 + 0.5 * 300**2) / 3)
+    assert m["mean_rows"] == pytest.approx(20 / 3)
+
+
+def test_a_packed_batch_is_predicted_per_document_not_as_one_long_row():
+    f = fit(WS, A * WS + B * WS * WS)
+    docs = [(1, 2048), (1, 2048), (1, 4096)]  # one packed micro-batch of three documents
+    m = batch_moments([docs], batch_rows=2)
+    per_doc = sum(A * w + B * w * w for _, w in docs) / 2  # a row of the 2-row fit costs half of t(w)
+    assert predict(f, m["E_w"], m["E_w2"]) == pytest.approx(per_doc, rel=1e-6)
+    assert predict(f, m["E_w"], m["E_w2"]) < (A * 8192 + B * 8192**2) / 2  # not one 8,192-token row
