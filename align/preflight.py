@@ -385,7 +385,11 @@ def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     if tok_sha:
         yield Check("cache", "tokenizer + chat template hashes", Status.passed,
                     f"tokenizer {tok_sha[:16]}, template {tmpl_sha[:16] if tmpl_sha else 'none'}")
-    key = encode_cache_key(cfg)
+    try:
+        key = encode_cache_key(cfg)
+    except AlignError as e:  # a file the key covers is missing or unreadable
+        yield Check("cache", "encode cache key", Status.failed, f"cannot compute: {e}", getattr(e, "key", None))
+        return
     if key is None:
         yield Check("cache", "encode cache key", Status.na, "this build has no encode cache: every run encodes from scratch")
     else:

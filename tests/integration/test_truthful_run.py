@@ -56,7 +56,7 @@ def test_train_writes_a_complete_manifest_and_leaks_no_planted_secret(tmp_path):
     assert m["versions"]["torch"] and m["versions"]["transformers"] and m["config"]["hash"]
     assert m["data"]["sha256"] and m["data"]["tokenizer_sha256"] and m["data"]["chat_template_sha256"]
     assert m["throughput"]["steps"] == 2 and m["mask_probe"]["ok"] is True
-    assert m["sampler"]["stats"]["micro_batches_per_epoch"] == 4
+    assert any("pad" in k for k in m["sampler"]["stats"])  # padding waste of epoch 0, whoever computes it
     assert m["preflight"] and {c["item"] for c in m["preflight"]} >= {"tree", "kwargs", "config"}
     # planted secrets: names recorded as redacted, values nowhere (manifest, history, .hydra, W&B, console)
     assert m["env"]["ALIGN_PLANTED_API_KEY"] == REDACTED and m["env"]["HF_TOKEN"] == REDACTED
