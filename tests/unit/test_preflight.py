@@ -198,3 +198,17 @@ def test_preflight_cli_fails_a_broken_config_with_exit_2(capsys, tmp_path):
     assert "[!] cache key covers the change" in out  # a file that cannot be hashed is not a pass
     assert "[!] kwargs checked by NAME" in out and "sliding_windw" in out
     assert "preflight FAIL" in out
+
+
+def test_an_encode_cache_key_that_cannot_be_computed_is_a_fail_line(monkeypatch):
+    import sys
+    import types
+
+    def parts(data_cfg, model_cfg):
+        raise ConfigError("data.mask_files", "no such file: /gone/mask.json")
+
+    monkeypatch.setitem(sys.modules, "align.data.cache", types.SimpleNamespace(cache_key_parts=parts))
+    from align.preflight import check_cache
+
+    [key] = [c for c in check_cache(typed(), Context(root=Path("."), stop_on_fail=False)) if c.name == "encode cache key"]
+    assert key.status == Status.failed and key.key == "data.mask_files" and "/gone/mask.json" in key.detail
