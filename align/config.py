@@ -38,6 +38,9 @@ class Family(StrEnum):
     mistral = "mistral"
     olmoe = "olmoe"
     gemma4 = "gemma4"
+    """Gemma-4 text model, dense MLP (presets: tiny, small, full = gemma-4-31B)."""
+    gemma4_moe = "gemma4_moe"
+    """Gemma-4 text model with its MoE block (enable_moe_block; full = gemma-4-26B-A4B)."""
 
 
 class Preset(StrEnum):
@@ -62,6 +65,9 @@ class MoEConfig:
     apply it. What was applied is recorded in the manifest (LANDMINES 5)."""
     z_weight: float = 0.0
     """Router z-loss weight added to the training loss; 0 computes and logs it but does not apply it."""
+    telemetry: bool = True
+    """Router telemetry per MoE layer at every optimizer step (load, MaxVio, utilization, dead
+    experts, entropy, lb/z values) into history, W&B `moe/l{i}/...` and plots/moe_expert_load.png."""
 
     def __post_init__(self) -> None:
         _require(self.lb_weight >= 0, "model.moe.lb_weight", "must be >= 0", self.lb_weight)
@@ -79,11 +85,19 @@ class LoraConfig:
     dropout: float = 0.0
     """Dropout on the LoRA input."""
     gate_steps: int = 10
-    """After this many optimizer steps every `lora_B` must have moved from zero, else the run halts."""
+    """After this many optimizer steps every `lora_B` must have moved from zero, else the run halts
+    (the inert-adapter gate). 0 disables the gate (recorded in the manifest)."""
+    qlora: bool = False
+    """Quantize the frozen base to 4-bit NF4 with bitsandbytes while loading (QLoRA). Dense families
+    only (fused 3-D expert weights are not nn.Linear, so bitsandbytes would leave them full size);
+    needs `model.pretrained` (quantizing random weights measures nothing)."""
 
     def __post_init__(self) -> None:
         _require(self.r >= 1, "model.lora.r", "must be >= 1", self.r)
+        _require(self.alpha > 0, "model.lora.alpha", "must be > 0", self.alpha)
         _require(0 <= self.dropout < 1, "model.lora.dropout", "must be in [0, 1)", self.dropout)
+        _require(self.gate_steps >= 0, "model.lora.gate_steps", "must be >= 0 (0 disables the gate)", self.gate_steps)
+        _require(self.enabled or not self.qlora, "model.lora.qlora", "needs model.lora.enabled=true", self.qlora)
 
 
 @dataclass
@@ -103,6 +117,8 @@ class ModelConfig:
     """MoE options; ignored by dense families."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA options."""
+    allow_over_memory: bool = False
+    """Start even when preflight's training-memory estimate exceeds the memory of the visible device."""
 
     def __post_init__(self) -> None:
         _require(

@@ -460,6 +460,7 @@ CHECKS: list[Union[str, Callable[[TrainConfig, Context], Iterable[Check]]]] = [
     check_attention,
     check_device,
     check_kwargs_sites,
+    "align.models.checks:model_checks",
 ]
 
 

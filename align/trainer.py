@@ -24,6 +24,7 @@ from align.errors import EXIT_OK
 from align.loss import ce_sum
 from align.models import build_model
 from align.models.export import export_hf
+from align.models.runtime import ModelRuntime
 from align.optim import build_optimizer, build_scheduler
 from align.parallel.env import DistEnv, dist_env
 from align.telemetry.history import History
@@ -62,6 +63,8 @@ class Trainer:
     state: TrainState = field(default_factory=TrainState)
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ce_sum
     """The loss of one micro-batch (summed over loss tokens); the probes wrap it to time it."""
+    runtime: ModelRuntime = field(default_factory=ModelRuntime)
+    """Router losses/telemetry and the LoRA gate of the built model (align.models.runtime)."""
 
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None) -> "Trainer":
@@ -76,7 +79,7 @@ class Trainer:
         stream = BatchStream(data, sampler, tokenizer.pad_token_id, cfg.sampler.pad_to_multiple_of,
                              pin_memory=env.device.type == "cuda")
 
-        built = build_model(cfg.model, cfg.attention, tokenizer)
+        built = build_model(cfg.model, cfg.attention, tokenizer, env.device)
         model = built.model.to(env.device)
         if cfg.parallel.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -90,7 +93,7 @@ class Trainer:
         history = History(run_dir / "history.jsonl")
         throughput = Throughput.build(model, env.device, measure=env.is_main)
         return cls(cfg, run_dir, env, tokenizer, data, stream, model, built.info, optimizer, scheduler, logger, history,
-                   throughput)
+                   throughput, runtime=built.runtime)
 
     # ------------------------------------------------------------------------------------- loop
 
@@ -112,6 +115,7 @@ class Trainer:
                 progress.update(metrics["step"], metrics["loss"], metrics["tokens_per_s"])
         finally:
             progress.close()
+        self.model_info.update(self.runtime.finish(self.run_dir, self.env.is_main))
         if cfg.export and self.env.is_main:
             export_hf(self.model, self.tokenizer, self.run_dir / "export")
         self.logger.summary(self.summary())
@@ -119,12 +123,13 @@ class Trainer:
         self.logger.finish(EXIT_OK)
         return EXIT_OK
 
-    def forward_backward(self, b: Batch, denom: int) -> torch.Tensor:
-        """One micro-batch: forward, loss / `denom` (the window's loss tokens), backward. The probes time this."""
+    def forward_backward(self, b: Batch, denom: int, micro_batches: int = 1) -> torch.Tensor:
+        """One micro-batch: forward, loss / `denom` (the window's loss tokens), backward. The probes time this.
+        Router losses (MoE, when weighted) are added per micro-batch, averaged over the window's `micro_batches`."""
         with self.autocast():
             logits = self.model(**b.model_inputs()).logits
         loss = self.loss_fn(logits, b.labels) / denom
-        loss.backward()
+        (loss + self.runtime.aux_loss(scale=1 / micro_batches)).backward()
         return loss.detach()
 
     def train_step(self, batches: Iterator[Batch]) -> dict[str, Any]:
@@ -134,7 +139,7 @@ class Trainer:
         denom = max(loss_tokens, 1)
         loss_sum = torch.zeros((), device=self.env.device)
         for b in window:
-            loss_sum += self.forward_backward(b, denom)
+            loss_sum += self.forward_backward(b, denom, len(window))
 
         max_norm = self.cfg.optimizer.max_grad_norm
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -166,6 +171,7 @@ class Trainer:
             "real_tokens_per_s": real / dt,
             "epoch": self.stream.position.epoch,
             **self.throughput.step(window, dt),
+            **self.runtime.on_step(s.step),
         }
 
     def summary(self) -> dict[str, Any]:

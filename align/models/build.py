@@ -1,86 +1,194 @@
 """Build or load a model and record what it RESOLVED to (playbook 4.3).
 
 Kwargs for transformers are built as dicts first so preflight can check their names against the
-installed signatures before anything heavy runs.
+installed signatures before anything heavy runs (`align.models.checks`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from align.config import AttentionConfig, ModelConfig
-from align.models.registry import FAMILIES
+from align.errors import ConfigError
+from align.models.attention import AttentionChoice, resolve_attention
+from align.models.lora import LoraGate, apply_lora, bnb_config, qlora_refusal
+from align.models.memory import count_params
+from align.models.registry import FAMILIES, FamilySpec, MoEShape
+from align.models.runtime import ModelRuntime
+
+log = logging.getLogger("align")
 
 
 @dataclass
 class BuiltModel:
     model: torch.nn.Module
     info: dict[str, Any] = field(default_factory=dict)
-    """Requested and resolved backends, parameter counts, dtype: goes into the manifest."""
+    """Requested and resolved backends, parameter counts, dtype, router losses applied, LoRA targets:
+    goes into the manifest."""
+    runtime: ModelRuntime = field(default_factory=ModelRuntime)
+    """Router losses and telemetry, the LoRA gate: what the trainer calls per micro-step and per step."""
 
 
 def _dtype(cfg: ModelConfig) -> torch.dtype:
     return getattr(torch, cfg.dtype or "float32")
 
 
-def config_kwargs(cfg: ModelConfig, tokenizer) -> dict[str, Any]:
-    """Kwargs for the family's config class when building from a preset (random init)."""
+def _device_type(device: Optional[torch.device]) -> str:
+    if device is not None:
+        return torch.device(device).type
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def preset_kwargs(cfg: ModelConfig, vocab_size: Optional[int] = None, special: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Kwargs for the family's config class when building from a preset (random init).
+
+    `vocab_size` is the tokenizer's; a preset that names its own (the `full` presets) keeps it, and
+    it must hold the tokenizer."""
     spec = FAMILIES[cfg.family]
     if cfg.preset.value not in spec.presets:
-        from align.errors import ConfigError
-
         raise ConfigError("model.preset", f"{cfg.family.value} has presets: {', '.join(spec.presets)}", cfg.preset.value)
     kw = dict(spec.presets[cfg.preset.value])
-    kw.update(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
-    )
-    if cfg.family.value == "gemma4":
-        kw["vocab_size_per_layer_input"] = len(tokenizer)
+    kw.setdefault("tie_word_embeddings", False)
+    if vocab_size is not None:
+        preset_vocab = kw.get("vocab_size")
+        if preset_vocab is not None and preset_vocab < vocab_size:
+            raise ConfigError("model.preset", f"{cfg.family.value}/{cfg.preset.value} has {preset_vocab} embeddings, "
+                              f"fewer than the tokenizer's {vocab_size} tokens", cfg.preset.value)
+        kw["vocab_size"] = preset_vocab or vocab_size
+    kw.update(special or {})
+    if spec.extra_config_kwargs and "vocab_size" in kw:  # Gemma-4's per-layer-input table follows the vocab
+        kw["vocab_size_per_layer_input"] = kw["vocab_size"]
     kw.update(cfg.overrides)
     return kw
 
 
-def load_kwargs(cfg: ModelConfig, attention: AttentionConfig) -> dict[str, Any]:
-    """Kwargs for `from_pretrained` / `_from_config`: backends and dtype."""
-    kw: dict[str, Any] = {"attn_implementation": attention.implementation.hf_name, "dtype": _dtype(cfg)}
-    if FAMILIES[cfg.family].is_moe and cfg.moe.experts is not None:
+def config_kwargs(cfg: ModelConfig, tokenizer) -> dict[str, Any]:
+    special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                   eos_token_id=tokenizer.eos_token_id)
+    return preset_kwargs(cfg, len(tokenizer), special)
+
+
+def check_config_names(cfg: ModelConfig, kwargs: dict[str, Any], key: str) -> None:
+    from align.models.lora import check_names
+
+    spec = FAMILIES[cfg.family]
+    config_cls, _ = spec.classes()
+    check_names(config_cls, kwargs, key, extra=spec.extra_config_kwargs)
+
+
+def model_config(cfg: ModelConfig, tokenizer=None, vocab_size: Optional[int] = None, special: Optional[dict[str, Any]] = None):
+    """The transformers config object the model is built from (local files only)."""
+    spec = FAMILIES[cfg.family]
+    config_cls, _ = spec.classes()
+    if cfg.pretrained:
+        check_config_names(cfg, dict(cfg.overrides), "model.overrides")
+        return config_cls.from_pretrained(Path(cfg.pretrained), local_files_only=True, **cfg.overrides)
+    kw = config_kwargs(cfg, tokenizer) if tokenizer is not None else preset_kwargs(cfg, vocab_size, special)
+    check_config_names(cfg, kw, "model.overrides" if cfg.overrides else "model.preset")
+    return config_cls(**kw)
+
+
+def moe_shape_of(spec: FamilySpec, config) -> Optional[MoEShape]:
+    return spec.moe_shape(config)
+
+
+def check_router_losses(cfg: ModelConfig, moe: Optional[MoEShape]) -> None:
+    if moe is None:
+        for key, w in (("model.moe.lb_weight", cfg.moe.lb_weight), ("model.moe.z_weight", cfg.moe.z_weight)):
+            if w > 0:
+                raise ConfigError(key, f"{cfg.family.value} builds a dense model: there is no router to regularize", w)
+
+
+_FROM_FAMILY: Any = object()
+
+
+def load_kwargs(cfg: ModelConfig, attention: AttentionChoice | AttentionConfig,
+                moe: Optional[MoEShape] = _FROM_FAMILY) -> dict[str, Any]:
+    """Kwargs for `from_pretrained` / `_from_config`: backends and dtype. Preflight's kwargs site
+    passes the requested AttentionConfig and no `moe` (then the family's presets say MoE or not)."""
+    impl = attention.hf_name if isinstance(attention, AttentionChoice) else attention.implementation.hf_name
+    kw: dict[str, Any] = {"attn_implementation": impl, "dtype": _dtype(cfg)}
+    is_moe = FAMILIES[cfg.family].is_moe if moe is _FROM_FAMILY else moe is not None
+    if is_moe and cfg.moe.experts is not None:
         kw["experts_implementation"] = cfg.moe.experts.value
     return kw
 
 
-def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer) -> BuiltModel:
-    config_cls, model_cls = FAMILIES[cfg.family].classes()
-    kw = load_kwargs(cfg, attention)
+def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device: Optional[torch.device] = None) -> BuiltModel:
+    spec = FAMILIES[cfg.family]
+    attn = resolve_attention(cfg.family, attention, _device_type(device))
+    config = model_config(cfg, tokenizer)
+    moe = moe_shape_of(spec, config)
+    check_router_losses(cfg, moe)
+    refusal = qlora_refusal(cfg, moe is not None and spec.fused_experts)
+    if refusal:
+        raise ConfigError("model.lora.qlora", refusal, True)
+    _, model_cls = spec.classes()
+    kw = load_kwargs(cfg, attn, moe)
     if cfg.pretrained:
-        model = model_cls.from_pretrained(Path(cfg.pretrained), local_files_only=True, **kw)
+        # Tensors are read from the mmapped safetensors and cast one by one to `dtype`: an fp32
+        # checkpoint loaded as bf16 never holds an fp32 copy of the model.
+        if cfg.lora.qlora:
+            kw["quantization_config"] = bnb_config()
+        model = model_cls.from_pretrained(Path(cfg.pretrained), config=config, local_files_only=True, **kw)
     else:
-        model = model_cls._from_config(config_cls(**config_kwargs(cfg, tokenizer)), **kw)
-    info = describe_model(model, cfg, attention)
-    return BuiltModel(model=model, info=info)
+        model = model_cls._from_config(config, **kw)
+    lora_info = None
+    if cfg.lora.enabled:
+        model, lora_info = apply_lora(model, cfg)
+    runtime = ModelRuntime.build(model, cfg, spec, moe)
+    info = describe_model(model, cfg, attn, moe, lora_info)
+    return BuiltModel(model=model, info=info, runtime=runtime)
 
 
-def describe_model(model: torch.nn.Module, cfg: ModelConfig, attention: AttentionConfig) -> dict[str, Any]:
+def checkpoint_dtype(pretrained: Optional[str]) -> Optional[str]:
+    if not pretrained:
+        return None
+    try:
+        d = json.loads((Path(pretrained) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return d.get("dtype") or d.get("torch_dtype") or (d.get("text_config") or {}).get("dtype")
+
+
+def describe_model(model: torch.nn.Module, cfg: ModelConfig, attn: AttentionChoice, moe: Optional[MoEShape],
+                   lora_info: Optional[dict[str, Any]]) -> dict[str, Any]:
     """What the model resolved to, read back from the built object, never from the request."""
     mc = model.config
-    total = sum(p.numel() for p in model.parameters())
+    counts = count_params(model, moe)
+    resolved_attn = getattr(mc, "_attn_implementation", None)
+    if resolved_attn != attn.hf_name:
+        log.warning("attention: built with %s but the model resolved %s", attn.hf_name, resolved_attn)
     return {
         "family": cfg.family.value,
-        "model_class": type(model).__name__,
+        "model_class": type(model.get_base_model() if hasattr(model, "get_base_model") else model).__name__,
         "preset": None if cfg.pretrained else cfg.preset.value,
         "pretrained": cfg.pretrained,
-        "attn_implementation_requested": attention.implementation.hf_name,
-        "attn_implementation_resolved": getattr(mc, "_attn_implementation", None),
+        "checkpoint_dtype": checkpoint_dtype(cfg.pretrained),
+        "attn_implementation_requested": attn.requested.hf_name,
+        "attn_implementation_resolved": resolved_attn,
+        "attn_fallback_reason": attn.reason,
         "experts_implementation_requested": cfg.moe.experts.value if cfg.moe.experts else None,
-        "experts_implementation_resolved": getattr(mc, "_experts_implementation", None) if FAMILIES[cfg.family].is_moe else None,
+        "experts_implementation_resolved": getattr(mc, "_experts_implementation", None) if moe else None,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "params_total": total,
+        "params_total": counts.total,
+        "params_active": counts.active,
+        "params_trainable": counts.trainable,
         "vocab_size": mc.vocab_size,
+        "moe": None if moe is None else {
+            "num_experts": moe.num_experts, "top_k": moe.top_k,
+            "lb_weight_applied": cfg.moe.lb_weight, "z_weight_applied": cfg.moe.z_weight,
+            "telemetry": cfg.moe.telemetry,
+        },
+        "lora": lora_info,
     }
+
+
+__all__ = ["BuiltModel", "build_model", "describe_model", "load_kwargs", "config_kwargs", "preset_kwargs",
+           "model_config", "LoraGate"]

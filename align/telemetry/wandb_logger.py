@@ -47,10 +47,12 @@ class WandbLogger(Logger):
         self.run = wandb.init(**init_kwargs)
         self.run.define_metric("train/step")
         self.run.define_metric("train/*", step_metric="train/step")
+        self.run.define_metric("moe/*", step_metric="train/step")
         self.run_path = Path(self.run.dir).parent if self.run.dir else None
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        self.run.log({"train/step": step, **{f"train/{k}": v for k, v in metrics.items()}})
+        # Keys that carry their own namespace (moe/l{i}/...) keep it.
+        self.run.log({"train/step": step, **{k if "/" in k else f"train/{k}": v for k, v in metrics.items()}})
 
     def summary(self, values: dict[str, Any]) -> None:
         for k, v in values.items():

@@ -1,0 +1,68 @@
+"""Which attention backend a run gets, decided before anything heavy runs.
+
+A backend the family's transformers class does not support (OLMoE has no flex attention), or that
+this machine cannot run (flash attention needs the flash-attn package and CUDA), fails preflight
+with the reason, unless `attention.fallback=allow`: then the run uses sdpa, says so loudly, and the
+manifest records requested, resolved and why. The resolved backend is read back from the built model
+too (`config._attn_implementation`) and recorded as such (align.models.build.describe_model).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+from align.config import AttentionConfig, AttnImpl, Fallback, Family
+from align.errors import ConfigError
+
+log = logging.getLogger("align")
+
+FALLBACK = AttnImpl.sdpa
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    requested: AttnImpl
+    resolved: AttnImpl
+    reason: Optional[str] = None
+    """Why `resolved` differs from `requested` (None when it does not)."""
+
+    @property
+    def hf_name(self) -> str:
+        return self.resolved.hf_name
+
+
+def unsupported_reason(family: Family, impl: AttnImpl, device_type: str) -> Optional[str]:
+    """Why `impl` cannot run for `family` on `device_type`, or None when it can."""
+    from align.models.registry import FAMILIES
+
+    spec = FAMILIES[family]
+    if impl not in spec.attention:
+        ok = ", ".join(sorted(a.value for a in spec.attention))
+        return f"{family.value}'s transformers class does not support {impl.hf_name} (it supports: {ok})"
+    if impl == AttnImpl.flash:
+        if importlib.util.find_spec("flash_attn") is None:
+            return ("flash_attention_2 needs the flash-attn package, which is not installed (transformers raises "
+                    "ImportError; its hub-kernel fallback needs the `kernels` package and network)")
+        if device_type != "cuda":
+            return f"flash_attention_2 runs on CUDA only (device is {device_type})"
+    if impl == AttnImpl.flex and importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
+        return "flex_attention needs torch.nn.attention.flex_attention, absent from this torch"
+    return None
+
+
+def resolve_attention(family: Family, cfg: AttentionConfig, device_type: str) -> AttentionChoice:
+    """The backend to build with; ConfigError (exit 2) when refused."""
+    reason = unsupported_reason(family, cfg.implementation, device_type)
+    if reason is None:
+        return AttentionChoice(cfg.implementation, cfg.implementation)
+    if cfg.fallback == Fallback.refuse:
+        raise ConfigError("attention.implementation", f"{reason}; choose another backend or set "
+                          f"attention.fallback=allow to run on {FALLBACK.value}", cfg.implementation.value)
+    log.warning("!" * 100)
+    log.warning("ATTENTION FALLBACK: requested %s, running %s: %s (attention.fallback=allow)",
+                cfg.implementation.hf_name, FALLBACK.hf_name, reason)
+    log.warning("!" * 100)
+    return AttentionChoice(cfg.implementation, FALLBACK, reason)

@@ -1,0 +1,99 @@
+"""The model's preflight checks: everything about the model that can be decided before the tokenizer,
+the encode or any weight is touched. Registered in `align.preflight.CHECKS`; yields
+`align.preflight.Check` rows (a failure names the config key to change):
+
+- config kwargs (preset + overrides) accepted BY NAME by the installed config class
+- attention backend supported by the family and the machine (else refused, or fallback=allow)
+- router losses only on MoE models; QLoRA only on dense families, with a checkpoint
+- peft / bitsandbytes kwargs accepted by name
+- parameter count (total, active for MoE, trainable) and a training-memory estimate, refused when it
+  exceeds the visible device unless `model.allow_over_memory=true`
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+from align.config import TrainConfig
+from align.errors import ConfigError
+from align.models.attention import resolve_attention
+from align.models.build import check_router_losses
+from align.models.lora import bnb_kwargs, check_names, discover_targets, lora_kwargs, qlora_refusal
+from align.models.memory import estimate_memory, meta_model
+from align.models.registry import FAMILIES
+
+
+def _device(cfg: TrainConfig) -> torch.device:
+    from align.parallel.env import resolve_device
+
+    return resolve_device(cfg.trainer.device)
+
+
+def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator:
+    from align.preflight import Check, Status
+
+    def failed(item: str, name: str, e: ConfigError):
+        return Check(item, name, Status.failed, e.message + ("" if e.value is None else f" (got {e.value!r})"), e.key)
+
+    m = cfg.model
+    spec = FAMILIES[m.family]
+    device = _device(cfg)
+    try:
+        model, config = meta_model(m)  # preset + override names are checked while building it
+    except ConfigError as e:
+        yield failed("kwargs", "model config kwargs", e)
+        return
+    moe = spec.moe_shape(config)
+    yield Check("kwargs", "model config kwargs", Status.passed,
+                f"{type(config).__name__} accepts every preset/override name ({m.family.value}/{m.pretrained or m.preset.value})")
+
+    try:
+        attn = resolve_attention(m.family, cfg.attention, device.type)
+        yield Check("config", "attention resolution (align.models)", Status.passed if attn.reason is None else Status.warned,
+                    attn.hf_name if attn.reason is None else
+                    f"requested {attn.requested.hf_name}, runs {attn.hf_name}: {attn.reason}", "attention.implementation")
+    except ConfigError as e:
+        yield failed("config", "attention resolution (align.models)", e)
+
+    try:
+        check_router_losses(m, moe)
+        if moe is not None:
+            yield Check("config", "router losses", Status.passed,
+                        f"lb_weight={m.moe.lb_weight} z_weight={m.moe.z_weight} applied (E={moe.num_experts}, top-{moe.top_k}; "
+                        f"experts kernel requested: {m.moe.experts.value if m.moe.experts else 'library default'})")
+    except ConfigError as e:
+        yield failed("config", "router losses", e)
+
+    refusal = qlora_refusal(m, moe is not None and spec.fused_experts)
+    if refusal:
+        yield Check("config", "qlora", Status.failed, refusal, "model.lora.qlora")
+    if m.lora.enabled:
+        targets = discover_targets(model)
+        try:
+            from peft import LoraConfig as PeftLoraConfig
+
+            check_names(PeftLoraConfig, lora_kwargs(m.lora, targets), "model.lora")
+            if m.lora.qlora:
+                from transformers import BitsAndBytesConfig
+
+                check_names(BitsAndBytesConfig, bnb_kwargs(), "model.lora.qlora")
+            s = targets.summary()
+            yield Check("kwargs", "peft LoraConfig", Status.passed,
+                        f"{s['target_modules']} target modules {s['targets']}; not adapted: "
+                        f"{s['skipped_fused_expert_params'] + s['not_adapted_linears']}", "model.lora")
+        except ConfigError as e:
+            yield failed("kwargs", "peft LoraConfig", e)
+        except ImportError as e:
+            yield Check("config", "peft LoraConfig", Status.failed, f"model.lora.enabled needs peft: {e}", "model.lora.enabled")
+
+    est = estimate_memory(cfg, device, shards=shards)
+    if est.fits is False and not m.allow_over_memory:
+        yield Check("config", "params and memory", Status.failed,
+                    f"the training-memory estimate does not fit: {est.line()}; shrink the micro-batch/sequence, enable "
+                    "activation checkpointing, use LoRA, or set model.allow_over_memory=true", "model.allow_over_memory")
+    elif est.fits is False:
+        yield Check("config", "params and memory", Status.warned, est.line() + " (allowed by model.allow_over_memory)")
+    else:
+        yield Check("config", "params and memory", Status.passed, est.line())

@@ -1,0 +1,192 @@
+"""Parameter counts (total, active per token for MoE, trainable) and a training-memory estimate.
+
+Counts come from the model itself, built on the meta device (no weights, milliseconds), so they
+cannot drift from transformers. Memory is arithmetic on those counts plus an activation model:
+
+- weights: parameters x bytes of `model.dtype` (4-bit NF4 base linears for QLoRA: ~0.56 B/param)
+- grads: trainable parameters x their bytes (LoRA adapters are fp32 under a bf16 base, peft's default)
+- optimizer: AdamW keeps two states in the parameter dtype; 8-bit AdamW 2 bytes per parameter
+- activations at `sampler.micro_batch_size x data.max_seq_len` tokens (the padded worst case), saved
+  per decoder layer for backward (all layers, or block inputs plus one layer under activation
+  checkpointing), plus the logits and their fp32 cross-entropy copies.
+
+It is an estimate: the GPU smoke runs print it beside `torch.cuda.max_memory_allocated` to keep it
+honest (docs/models.md). The check refuses a config whose estimate exceeds the visible device's
+memory unless `model.allow_over_memory=true`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from align.config import ModelConfig, OptimizerName, TrainConfig
+from align.models.registry import FAMILIES, MoEShape
+
+GiB = 1024**3
+
+
+@dataclass
+class ParamCount:
+    total: int
+    active: int
+    """Parameters a token passes through: all but the (E - k) / E share of the expert weights."""
+    trainable: int
+    experts: int
+
+
+def count_params(model: torch.nn.Module, moe: Optional[MoEShape], trainable: Optional[int] = None) -> ParamCount:
+    total = experts = grad = 0
+    for name, p in model.named_parameters():
+        n = p.numel()
+        total += n
+        grad += n if p.requires_grad else 0
+        if moe is not None and ".experts." in f".{name}.":
+            experts += n
+    active = total if moe is None else total - round(experts * (moe.num_experts - moe.top_k) / moe.num_experts)
+    return ParamCount(total, active, grad if trainable is None else trainable, experts)
+
+
+def bundled_vocab() -> tuple[int, dict[str, int]]:
+    """Size and special-token ids of the bundled tokenizer, read from its JSON without loading it
+    (preflight runs before the tokenizer)."""
+    import json
+
+    from align.data.tokenizer import bundled_tokenizer_dir
+
+    d = json.loads((bundled_tokenizer_dir() / "tokenizer.json").read_text())
+    tc = json.loads((bundled_tokenizer_dir() / "tokenizer_config.json").read_text())
+    added = {t["content"]: t["id"] for t in d.get("added_tokens", [])}
+    ids = set(d["model"]["vocab"].values()) | set(added.values())
+    special = {f"{k}_token_id": added.get(tc.get(f"{k}_token")) for k in ("pad", "bos", "eos")}
+    return max(ids) + 1, special
+
+
+def meta_model(cfg: ModelConfig):
+    """The model on the meta device (shapes only) and its config."""
+    from align.models.build import model_config
+
+    spec = FAMILIES[cfg.family]
+    _, model_cls = spec.classes()
+    vocab, special = (None, None) if cfg.pretrained else bundled_vocab()
+    config = model_config(cfg, vocab_size=vocab, special=special)
+    with torch.device("meta"):
+        model = model_cls._from_config(config)
+    return model, config
+
+
+@dataclass
+class MemoryEstimate:
+    params: ParamCount
+    tokens_per_micro_batch: int
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+    device: str
+    device_bytes: Optional[int]
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.optimizer + self.activations
+
+    @property
+    def fits(self) -> Optional[bool]:
+        return None if self.device_bytes is None else self.total <= self.device_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total": self.total, "fits": self.fits}
+
+    def line(self) -> str:
+        p = self.params
+        act = f", {p.active / 1e9:.3f}B active" if p.active != p.total else ""
+        dev = "unknown" if self.device_bytes is None else f"{self.device_bytes / GiB:.1f} GiB"
+        return (f"params {p.total / 1e9:.3f}B{act}, {p.trainable / 1e9:.3f}B trainable; training memory ~"
+                f"{self.total / GiB:.1f} GiB (weights {self.weights / GiB:.1f}, grads {self.grads / GiB:.1f}, "
+                f"optimizer {self.optimizer / GiB:.1f}, activations {self.activations / GiB:.1f} at "
+                f"{self.tokens_per_micro_batch} tokens) vs {self.device} {dev}")
+
+
+def _nbytes(dtype: Optional[str]) -> int:
+    return {None: 4, "float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+
+
+def activation_elements_per_token(model: torch.nn.Module, moe: Optional[MoEShape]) -> int:
+    """Elements saved for backward per token, summed over decoder layers (an approximation read off
+    the module shapes, so heterogeneous layers such as Gemma-4's global ones count as they are):
+    every nn.Linear keeps its input and hands its output to an op that keeps it, norms and residuals
+    ~4 hidden vectors, and each routed slot of an MoE layer its gathered input, gate/up, activation,
+    product and down output. sdpa/flash keep no S x S matrix; eager attention would (not counted)."""
+    total = 0
+    layers = [m for n, m in model.named_modules() if re.fullmatch(r".*layers\.\d+", n)]
+    for layer in layers:
+        n = 0
+        hidden = None
+        for mod in layer.modules():
+            if isinstance(mod, torch.nn.Linear):
+                n += mod.in_features + mod.out_features
+                hidden = hidden or mod.in_features
+        for name, p in layer.named_parameters():
+            if p.dim() == 3 and moe is not None and name.endswith("down_proj"):
+                h, width = p.shape[1], p.shape[2]
+                n += moe.top_k * (2 * h + 4 * width) + 3 * moe.num_experts
+        total += n + 4 * (hidden or 0)
+    return total
+
+
+def device_memory(device: torch.device) -> Optional[int]:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device.index or 0).total_memory
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1) -> MemoryEstimate:
+    """`shards`: how many ranks share weights, grads and optimizer state (FSDP); 1 = replicated."""
+    from align.models.lora import discover_targets
+
+    spec = FAMILIES[cfg.model.family]
+    model, config = meta_model(cfg.model)
+    moe = spec.moe_shape(config)
+    wbytes = _nbytes(cfg.model.dtype)
+    lora = cfg.model.lora
+    if lora.enabled:
+        targets = discover_targets(model)
+        trainable = targets.lora_params(lora.r)
+        counts = count_params(model, moe, trainable=trainable)
+        if lora.qlora:
+            linear = sum(m.weight.numel() for n, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head"))
+            weights = int((counts.total - linear) * wbytes + linear * 0.5625)
+        else:
+            weights = counts.total * wbytes
+        grads, state_bytes = trainable * 4, 4
+    else:
+        counts = count_params(model, moe)
+        trainable = counts.trainable
+        weights = counts.total * wbytes
+        grads, state_bytes = trainable * wbytes, wbytes
+    optimizer = trainable * (2 if cfg.optimizer.name == OptimizerName.adamw8bit else 2 * state_bytes)
+
+    tokens = cfg.sampler.micro_batch_size * cfg.data.max_seq_len
+    compute_bytes = 2 if (device.type == "cuda" and cfg.trainer.precision.value != "fp32") else wbytes
+    layers = config.num_hidden_layers
+    all_layers = activation_elements_per_token(model, moe) * compute_bytes * tokens
+    if cfg.parallel.activation_checkpointing:  # block inputs, plus one block recomputed at a time
+        acts = layers * config.hidden_size * compute_bytes * tokens + all_layers // max(layers, 1)
+    else:
+        acts = all_layers
+    acts += tokens * config.vocab_size * (compute_bytes + 4 + 4 + 4)  # logits, fp32 copy, softmax, grad
+    s = max(1, shards)
+    return MemoryEstimate(counts, tokens, weights // s, grads // s, optimizer // s, acts, str(device),
+                          device_memory(device))

@@ -1,0 +1,255 @@
+"""Router telemetry and the router losses, read from the model's own routers through forward hooks.
+
+No model code is re-implemented: each MoE layer's router logits and the top-k ids it actually chose
+are read from transformers' router modules (`align.models.registry.RouterTap`). Per optimizer step
+(one accumulation window, summed over ranks with one all_reduce) and per layer we report:
+
+- `max_vio`: (max expert load - mean load) / mean load (0 = balanced)
+- `utilization`: sum_i min(f_i, 1/E), f_i the fraction of routed slots that went to expert i (1 = balanced)
+- `dead_frac`: fraction of experts whose load is below 0.1x the mean load
+- `entropy`: mean per-token entropy of the router's softmax (nats; log E = uniform)
+- `lb_loss`: the load-balancing loss value, transformers' definition (E * sum_i f_i P_i with f_i
+  counted per token, so a perfectly balanced router gives top_k), whether or not it is applied
+- `z_loss`: the router z-loss value, mean over tokens of logsumexp(logits)^2, whether or not applied
+
+Padding tokens (attention_mask == 0) are excluded from every statistic and from the applied losses.
+Hooks record only inside the outermost model's forward while it is in train mode: activation
+checkpointing re-runs the routers during backward, outside that forward, and is not counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("align")
+
+# One row of the per-layer window accumulator: [counts(E) | prob_sum(E) | tokens, entropy_sum, z_sum].
+_TOKENS, _ENT, _Z = 0, 1, 2
+
+
+def router_metrics(counts: np.ndarray, prob_sum: np.ndarray, tokens: float, entropy_sum: float, z_sum: float,
+                   top_k: int) -> dict[str, float]:
+    """Metrics of one layer over one window, from summed statistics (so ranks can be reduced first)."""
+    E = counts.shape[-1]
+    total = float(counts.sum())
+    if total <= 0 or tokens <= 0:
+        return {k: float("nan") for k in ("max_vio", "utilization", "dead_frac", "entropy", "lb_loss", "z_loss")}
+    mean = total / E
+    f = counts / total
+    return {
+        "max_vio": float((counts.max() - mean) / mean),
+        "utilization": float(np.minimum(f, 1.0 / E).sum()),
+        "dead_frac": float((counts < 0.1 * mean).mean()),
+        "entropy": float(entropy_sum / tokens),
+        "lb_loss": float(E * np.sum((counts / tokens) * (prob_sum / tokens))),
+        "z_loss": float(z_sum / tokens),
+    }
+
+
+def z_loss(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Router z-loss (ST-MoE): mean over (unmasked) tokens of logsumexp(logits)^2."""
+    z = torch.logsumexp(logits.float(), dim=-1).square()
+    if mask is None:
+        return z.mean()
+    m = mask.to(z.dtype)
+    return (z * m).sum() / m.sum().clamp_min(1)
+
+
+def lb_loss(logits: torch.Tensor, num_experts: int, top_k: int, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """transformers' load-balancing loss for one layer's logits [tokens, E] (padding excluded)."""
+    from transformers.models.olmoe.modeling_olmoe import load_balancing_loss_func
+
+    return load_balancing_loss_func((logits,), num_experts, top_k, attention_mask)
+
+
+class RouterTelemetry:
+    """Hooks on every router of `model`; window statistics, the applied router losses, the heatmap."""
+
+    def __init__(self, model: torch.nn.Module, taps: Sequence[Any], num_experts: int, top_k: int,
+                 lb_weight: float = 0.0, z_weight: float = 0.0, record: bool = True) -> None:
+        self.layers = [t.layer for t in taps]
+        self.E, self.k = num_experts, top_k
+        self.lb_weight, self.z_weight = float(lb_weight), float(z_weight)
+        self.record = record
+        self._row = {layer: i for i, layer in enumerate(self.layers)}
+        self._armed = False
+        self._mask: Optional[torch.Tensor] = None  # [B, S] as given to the model, or None
+        self._logits: dict[int, torch.Tensor] = {}
+        self._pending: list[tuple[torch.Tensor, Optional[torch.Tensor]]] = []  # (logits with graph, mask)
+        self._window: Optional[torch.Tensor] = None
+        self.loads: list[np.ndarray] = []  # per optimizer step: [L, E] expert loads (all ranks)
+        self.steps: list[int] = []
+        self._handles = [
+            model.register_forward_pre_hook(self._arm, with_kwargs=True),
+            model.register_forward_hook(self._disarm, always_call=True),
+        ]
+        for t in taps:
+            self._handles.append(t.logits_module.register_forward_hook(self._logits_hook(t)))
+            self._handles.append(t.index_module.register_forward_hook(self._index_hook(t)))
+
+    @property
+    def applies_loss(self) -> bool:
+        return self.lb_weight > 0 or self.z_weight > 0
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    # ------------------------------------------------------------------------------ hooks
+
+    def _arm(self, module, args, kwargs):
+        self._armed = module.training
+        mask = kwargs.get("attention_mask")
+        self._mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        self._logits.clear()
+
+    def _disarm(self, module, args, output):
+        self._armed = False
+        self._logits.clear()
+
+    def _flat_mask(self, n_tokens: int) -> Optional[torch.Tensor]:
+        if self._mask is None or self._mask.numel() != n_tokens:
+            return None
+        return self._mask.reshape(-1).bool()
+
+    def _logits_hook(self, tap):
+        def hook(module, args, output):
+            if self._armed:
+                self._logits[tap.layer] = tap.logits_of(output)
+        return hook
+
+    def _index_hook(self, tap):
+        def hook(module, args, output):
+            if not self._armed or tap.layer not in self._logits:
+                return
+            logits = self._logits.pop(tap.layer)
+            logits = logits.reshape(-1, logits.shape[-1])
+            idx = tap.index_of(output).reshape(logits.shape[0], -1)
+            mask = self._flat_mask(logits.shape[0])
+            if self.record:
+                self._accumulate(self._row[tap.layer], logits.detach(), idx.detach(), mask)
+            if self.applies_loss and torch.is_grad_enabled():
+                self._pending.append((logits, self._mask if mask is not None else None))
+        return hook
+
+    @torch.no_grad()
+    def _accumulate(self, row: int, logits: torch.Tensor, idx: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
+        E = self.E
+        lg = logits.float()
+        logp = F.log_softmax(lg, dim=-1)
+        p = logp.exp()
+        w = torch.ones(lg.shape[0], device=lg.device, dtype=torch.float32) if mask is None else mask.float()
+        # Padding goes to an extra bin that is dropped: no boolean indexing and, unlike bincount, no
+        # host sync. histc wants float on CPU and int on CUDA for determinism (as transformers does).
+        ids = idx if mask is None else torch.where(mask[:, None], idx, torch.full_like(idx, E))
+        ids = ids.reshape(-1).float() if ids.device.type in ("cpu", "mps") else ids.reshape(-1).int()
+        counts = torch.histc(ids, bins=E + 1, min=0, max=E + 1)[:E].to(torch.float64)
+        stats = torch.cat([
+            counts,
+            (p * w[:, None]).sum(0).double(),
+            torch.stack([w.sum(), (-(p * logp).sum(-1) * w).sum(), (torch.logsumexp(lg, -1).square() * w).sum()]).double(),
+        ])
+        if self._window is None:
+            self._window = torch.zeros(len(self.layers), 2 * E + 3, dtype=torch.float64, device=lg.device)
+        self._window[row] += stats
+
+    # ---------------------------------------------------------------------- loss and steps
+
+    def aux_loss(self, scale: float = 1.0):
+        """The router losses to add to this micro-batch's loss: lb_weight * mean-over-layers lb +
+        z_weight * mean-over-layers z, times `scale` (the trainer passes 1/micro-batches per window).
+        A Python 0.0 when both weights are 0 (nothing is kept for it then)."""
+        pending, self._pending = self._pending, []
+        if not self.applies_loss or not pending:
+            return 0.0
+        total = 0.0
+        if self.lb_weight > 0:
+            total = total + self.lb_weight * torch.stack([lb_loss(lg, self.E, self.k, m) for lg, m in pending]).mean()
+        if self.z_weight > 0:
+            total = total + self.z_weight * torch.stack(
+                [z_loss(lg, None if m is None else m.reshape(-1)) for lg, m in pending]).mean()
+        return scale * total
+
+    def on_step(self, step: int) -> dict[str, float]:
+        """Close the window of optimizer step `step`: reduce over ranks, return `moe/...` metrics."""
+        w, self._window = self._window, None
+        self._pending.clear()
+        if not self.record:
+            return {}
+        if w is None:  # no MoE forward in this window (all ranks still take part in the reduce)
+            w = torch.zeros(len(self.layers), 2 * self.E + 3, dtype=torch.float64, device=self._device_hint())
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(w, op=torch.distributed.ReduceOp.SUM)
+        a = w.cpu().numpy()
+        E = self.E
+        out: dict[str, float] = {}
+        per: dict[str, list[float]] = {}
+        for row, layer in enumerate(self.layers):
+            m = router_metrics(a[row, :E], a[row, E:2 * E], *a[row, 2 * E:], top_k=self.k)
+            for key, v in m.items():
+                out[f"moe/l{layer}/{key}"] = v
+                per.setdefault(key, []).append(v)
+        if per:
+            out["moe/max_vio_mean"] = float(np.mean(per["max_vio"]))
+            out["moe/max_vio_max"] = float(np.max(per["max_vio"]))
+            out["moe/utilization_min"] = float(np.min(per["utilization"]))
+            out["moe/dead_frac_max"] = float(np.max(per["dead_frac"]))
+            out["moe/entropy_mean"] = float(np.mean(per["entropy"]))
+            out["moe/lb_loss"] = float(np.mean(per["lb_loss"]))
+            out["moe/z_loss"] = float(np.mean(per["z_loss"]))
+            out["moe/aux_applied"] = self.lb_weight * out["moe/lb_loss"] + self.z_weight * out["moe/z_loss"]
+        self.loads.append(a[:, :E].copy())
+        self.steps.append(step)
+        return out
+
+    def _device_hint(self) -> torch.device:
+        if torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    # ------------------------------------------------------------------------------ plots
+
+    def save_heatmap(self, path: Path) -> Optional[Path]:
+        """One panel per MoE layer: expert (y) x optimizer step (x), colour = load / fair share."""
+        if not self.loads:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        loads = np.stack(self.loads)  # [steps, L, E]
+        mean = loads.sum(-1, keepdims=True) / self.E
+        rel = np.divide(loads, mean, out=np.zeros_like(loads), where=mean > 0)
+        L = loads.shape[1]
+        cols = min(4, L)
+        rows = -(-L // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows + 0.6), squeeze=False,
+                                 layout="constrained")
+        vmax = max(2.0, float(np.percentile(rel, 99)))
+        im = None
+        for i, ax in enumerate(axes.flat):
+            if i >= L:
+                ax.axis("off")
+                continue
+            im = ax.imshow(rel[:, i, :].T, aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=vmax,
+                           extent=(self.steps[0] - 0.5, self.steps[-1] + 0.5, -0.5, self.E - 0.5))
+            ax.set_title(f"layer {self.layers[i]}", fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+            ax.set_ylabel("expert", fontsize=8)
+        fig.colorbar(im, ax=axes.ravel().tolist(), label="load / fair share")
+        fig.suptitle(f"expert load per MoE layer (E={self.E}, top-{self.k})")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        np.savez_compressed(path.with_suffix(".npz"), loads=loads, steps=np.asarray(self.steps),
+                            layers=np.asarray(self.layers))
+        return path
