@@ -1,0 +1,60 @@
+"""Attention per family: unsupported backends are refused before anything heavy, or fall back loudly
+and are recorded when allowed."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import pytest
+
+from align.config import AttentionConfig, AttnImpl, Fallback, Family
+from align.errors import ConfigError
+from align.models.attention import resolve_attention
+
+
+def test_olmoe_flex_is_refused_with_the_reason():
+    with pytest.raises(ConfigError) as e:
+        resolve_attention(Family.olmoe, AttentionConfig(AttnImpl.flex), "cpu")
+    msg = str(e.value)
+    assert msg.startswith("attention.implementation:") and "does not support flex_attention" in msg
+    assert "attention.fallback=allow" in msg
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash-attn is installed here")
+def test_flash_without_flash_attn_is_refused_for_every_family():
+    for fam in Family:
+        with pytest.raises(ConfigError, match="flash-attn package"):
+            resolve_attention(fam, AttentionConfig(AttnImpl.flash), "cuda")
+
+
+def test_supported_backends_resolve_to_themselves():
+    for fam in Family:
+        for impl in (AttnImpl.sdpa, AttnImpl.eager):
+            c = resolve_attention(fam, AttentionConfig(impl), "cpu")
+            assert (c.requested, c.resolved, c.reason) == (impl, impl, None)
+    assert resolve_attention(Family.gemma4, AttentionConfig(AttnImpl.flex), "cpu").resolved == AttnImpl.flex
+
+
+def test_fallback_allow_logs_loudly_and_the_built_model_records_requested_resolved_and_why(build, caplog):
+    with caplog.at_level(logging.WARNING, logger="align"):
+        b = build(Family.olmoe, attention=AttentionConfig(AttnImpl.flex, Fallback.allow))
+    assert any("ATTENTION FALLBACK" in r.getMessage() for r in caplog.records)
+    i = b.info
+    assert i["attn_implementation_requested"] == "flex_attention"
+    assert i["attn_implementation_resolved"] == "sdpa" == b.model.config._attn_implementation
+    assert "does not support flex_attention" in i["attn_fallback_reason"]
+
+
+def test_preflight_lists_the_attention_check_and_refuses_before_any_model_load(compose, monkeypatch):
+    from align.config import to_typed
+    from align.preflight import run_preflight
+
+    import align.models.build as build_mod
+
+    monkeypatch.setattr(build_mod, "build_model", lambda *a, **k: pytest.fail("preflight must not build the model"))
+    with pytest.raises(ConfigError, match="attention.implementation"):
+        run_preflight(to_typed(compose(["model=olmoe", "attention=flex"])))
+    checks = run_preflight(to_typed(compose(["model=olmoe", "attention=flex", "attention.fallback=allow"])))
+    att = [c for c in checks if c.name == "attention backend"]
+    assert att and "FALLBACK to sdpa" in att[0].detail

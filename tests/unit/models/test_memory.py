@@ -1,0 +1,65 @@
+"""Parameter counts and the training-memory estimate; preflight refuses what cannot fit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from align.config import Family, to_typed
+from align.errors import ConfigError
+from align.models import memory
+from align.models.memory import count_params, estimate_memory
+
+
+def _cfg(compose, *ov):
+    return to_typed(compose(list(ov)))
+
+
+def test_active_params_drop_exactly_the_unrouted_expert_share(build):
+    b = build(Family.olmoe)
+    experts = sum(p.numel() for n, p in b.model.named_parameters() if ".experts." in n)
+    E, k = 8, 2
+    assert experts > 0
+    assert b.info["params_active"] == b.info["params_total"] - experts * (E - k) // E
+    dense = build(Family.mistral)
+    assert dense.info["params_active"] == dense.info["params_total"]
+
+
+def test_estimate_counts_match_the_built_model_including_peft_lora_params(build, compose):
+    full = estimate_memory(_cfg(compose, "model=olmoe"), torch.device("cpu"))
+    assert full.params.total == build(Family.olmoe).info["params_total"]
+    from align.config import LoraConfig
+
+    lora = estimate_memory(_cfg(compose, "model=olmoe", "model.lora.enabled=true", "model.lora.r=4"), torch.device("cpu"))
+    built = build(Family.olmoe, lora=LoraConfig(enabled=True, r=4))
+    assert lora.params.trainable == built.info["params_trainable"]  # arithmetic == what peft created
+
+
+def test_estimate_components_move_the_right_way(compose):
+    cpu = torch.device("cpu")
+    base = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full"), cpu)
+    assert base.weights == 7_248_023_552 * 4 and base.grads == base.weights and base.optimizer == 2 * base.weights
+    bf16 = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "model.dtype=bfloat16"), cpu)
+    assert bf16.weights == base.weights // 2
+    eight = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "optimizer=adamw8bit"), cpu)
+    assert eight.optimizer == 7_248_023_552 * 2
+    ckpt = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "parallel.activation_checkpointing=true"), cpu)
+    assert ckpt.activations < base.activations / 3
+    small_batch = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "sampler.micro_batch_size=1"), cpu)
+    assert small_batch.activations * 8 == base.activations
+    lora = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "model.lora.enabled=true"), cpu)
+    assert lora.grads < base.grads / 100 and lora.weights == base.weights
+
+
+def test_preflight_refuses_a_config_that_cannot_fit_unless_allowed(compose, monkeypatch):
+    from align.preflight import run_preflight
+
+    monkeypatch.setattr(memory, "device_memory", lambda device: 80 * 1024**3)  # an 80 GiB card
+    with pytest.raises(ConfigError, match=r"model.allow_over_memory: the training-memory estimate does not fit.*7.248B"):
+        run_preflight(_cfg(compose, "model=mistral", "model.preset=full"))
+    checks = run_preflight(_cfg(compose, "model=mistral", "model.preset=full", "model.allow_over_memory=true"))
+    assert any(c.name == "params and memory" and "allowed by model.allow_over_memory" in c.detail for c in checks)
+    fits = run_preflight(_cfg(compose, "model=olmoe", "model.preset=full", "model.dtype=bfloat16", "model.lora.enabled=true",
+                              "parallel.activation_checkpointing=true", "sampler.micro_batch_size=1"))
+    line = [c for c in fits if c.name == "params and memory"][0].detail
+    assert "6.919B" in line and "1.28" in line and "active" in line
