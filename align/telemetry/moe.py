@@ -221,12 +221,19 @@ class RouterTelemetry:
         """One panel per MoE layer: expert (y) x optimizer step (x), colour = load / fair share."""
         if not self.loads:
             return None
-        import matplotlib
+        loads = np.stack(self.loads)  # [steps, L, E]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(path.with_suffix(".npz"), loads=loads, steps=np.asarray(self.steps),
+                            layers=np.asarray(self.layers))
+        try:
+            import matplotlib
+        except ImportError:
+            log.warning("matplotlib is not installed: expert loads saved to %s, no heatmap", path.with_suffix(".npz"))
+            return None
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        loads = np.stack(self.loads)  # [steps, L, E]
         mean = loads.sum(-1, keepdims=True) / self.E
         rel = np.divide(loads, mean, out=np.zeros_like(loads), where=mean > 0)
         L = loads.shape[1]
@@ -247,9 +254,6 @@ class RouterTelemetry:
             ax.set_ylabel("expert", fontsize=8)
         fig.colorbar(im, ax=axes.ravel().tolist(), label="load / fair share")
         fig.suptitle(f"expert load per MoE layer (E={self.E}, top-{self.k})")
-        path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
         plt.close(fig)
-        np.savez_compressed(path.with_suffix(".npz"), loads=loads, steps=np.asarray(self.steps),
-                            layers=np.asarray(self.layers))
         return path
