@@ -126,3 +126,14 @@ def test_compare_fails_on_nan_and_on_a_router_flip_alone():
     nan = compare(type("O", (), {"logits": logits, "topk": {}})(),
                   type("O", (), {"logits": logits.clone().fill_(float("nan")), "topk": {}})())
     assert not nan.passed
+
+
+def test_a_drift_too_small_to_flip_any_token_still_fails_on_the_logit_bound(exported, tmp_path):
+    d, _, ref, model = exported[Family.mistral]
+
+    def nudge(w):
+        w["model.norm.weight"] = w["model.norm.weight"] * (1 + 1e-4)
+
+    got = outputs(load_export(_mutate(d, tmp_path / "nudged", nudge), Family.mistral, like=model), Family.mistral, _ids())
+    report = compare(ref, got)
+    assert report.top1_agreement == 1.0 and not report.passed and report.failures[0].startswith("max |dlogit|")
