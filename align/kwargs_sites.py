@@ -66,7 +66,10 @@ def model_config(cfg: TrainConfig) -> Optional[KwargsSite]:
     from align.models.registry import FAMILIES
 
     config_cls, _ = FAMILIES[cfg.model.family].classes()
-    return KwargsSite(config_cls, config_kwargs(cfg.model, TokenizerShape()), "model.overrides")
+    # A config class's own __post_init__ may consume names its signature lacks (Gemma4TextConfig:
+    # global_head_dim, num_global_key_value_heads): the names its installed source reads count too.
+    post = (config_cls.__post_init__,) if "__post_init__" in vars(config_cls) else ()
+    return KwargsSite(config_cls, config_kwargs(cfg.model, TokenizerShape()), "model.overrides", also=post)
 
 
 def model_load(cfg: TrainConfig) -> KwargsSite:

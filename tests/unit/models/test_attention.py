@@ -54,7 +54,12 @@ def test_preflight_lists_the_attention_check_and_refuses_before_any_model_load(c
 
     monkeypatch.setattr(build_mod, "build_model", lambda *a, **k: pytest.fail("preflight must not build the model"))
     with pytest.raises(ConfigError, match="attention.implementation"):
-        run_preflight(to_typed(compose(["model=olmoe", "attention=flex"])))
-    checks = run_preflight(to_typed(compose(["model=olmoe", "attention=flex", "attention.fallback=allow"])))
-    att = [c for c in checks if c.name == "attention backend"]
-    assert att and "FALLBACK to sdpa" in att[0].detail
+        run_preflight(to_typed(compose(["model=olmoe", "attention=flex", "allow_dirty=true"])))
+    checks = run_preflight(to_typed(compose(["model=olmoe", "attention=flex", "attention.fallback=allow", "allow_dirty=true"])))
+    att = [c for c in checks if c.name == "attention resolution (align.models)"]
+    assert att and att[0].status.value == "WARN" and "runs sdpa: olmoe's transformers class does not support" in att[0].detail
+
+    from align.models.checks import model_checks
+
+    refused = [c for c in model_checks(to_typed(compose(["model=olmoe", "attention=flex"]))) if not c.ok]
+    assert refused[0].key == "attention.implementation" and "does not support flex_attention" in refused[0].detail

@@ -12,7 +12,7 @@ from align.models.memory import count_params, estimate_memory
 
 
 def _cfg(compose, *ov):
-    return to_typed(compose(list(ov)))
+    return to_typed(compose(["allow_dirty=true", *ov]))
 
 
 def test_active_params_drop_exactly_the_unrouted_expert_share(build):
