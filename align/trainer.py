@@ -123,13 +123,13 @@ class Trainer:
         self.logger.finish(EXIT_OK)
         return EXIT_OK
 
-    def forward_backward(self, b: Batch, denom: int, micro_batches: int = 1) -> torch.Tensor:
+    def forward_backward(self, b: Batch, denom: int) -> torch.Tensor:
         """One micro-batch: forward, loss / `denom` (the window's loss tokens), backward. The probes time this.
-        Router losses (MoE, when weighted) are added per micro-batch, averaged over the window's `micro_batches`."""
+        Router losses (MoE, when weighted) weigh by the micro-batch's share of the window's loss tokens."""
         with self.autocast():
             logits = self.model(**b.model_inputs()).logits
         loss = self.loss_fn(logits, b.labels) / denom
-        (loss + self.runtime.aux_loss(scale=1 / micro_batches)).backward()
+        (loss + self.runtime.aux_loss(scale=b.loss_tokens / denom)).backward()
         return loss.detach()
 
     def train_step(self, batches: Iterator[Batch]) -> dict[str, Any]:
@@ -139,7 +139,7 @@ class Trainer:
         denom = max(loss_tokens, 1)
         loss_sum = torch.zeros((), device=self.env.device)
         for b in window:
-            loss_sum += self.forward_backward(b, denom, len(window))
+            loss_sum += self.forward_backward(b, denom)
 
         max_norm = self.cfg.optimizer.max_grad_norm
         params = [p for p in self.model.parameters() if p.grad is not None]

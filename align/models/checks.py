@@ -2,10 +2,10 @@
 the encode or any weight is touched. Registered in `align.preflight.CHECKS`; yields
 `align.preflight.Check` rows (a failure names the config key to change):
 
-- config kwargs (preset + overrides) accepted BY NAME by the installed config class
+- config kwargs (preset + overrides) accepted by the installed config class (also a kwargs site)
 - attention backend supported by the family and the machine (else refused, or fallback=allow)
 - router losses only on MoE models; QLoRA only on dense families, with a checkpoint
-- peft / bitsandbytes kwargs accepted by name
+- LoRA targets discovered (the peft / bitsandbytes kwargs are kwargs sites: `lora_site`, `qlora_site`)
 - parameter count (total, active for MoE, trainable) and a training-memory estimate, refused when it
   exceeds the visible device unless `model.allow_over_memory=true`
 """
@@ -20,7 +20,7 @@ from align.config import TrainConfig
 from align.errors import ConfigError
 from align.models.attention import resolve_attention
 from align.models.build import check_router_losses
-from align.models.lora import bnb_kwargs, check_names, discover_targets, lora_kwargs, qlora_refusal
+from align.models.lora import bnb_kwargs, discover_targets, lora_kwargs, qlora_refusal
 from align.models.memory import estimate_memory, meta_model
 from align.models.registry import FAMILIES
 
@@ -43,11 +43,9 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
     try:
         model, config = meta_model(m)  # preset + override names are checked while building it
     except ConfigError as e:
-        yield failed("kwargs", "model config kwargs", e)
+        yield failed("config", "model config (meta build)", e)
         return
     moe = spec.moe_shape(config)
-    yield Check("kwargs", "model config kwargs", Status.passed,
-                f"{type(config).__name__} accepts every preset/override name ({m.family.value}/{m.pretrained or m.preset.value})")
 
     try:
         attn = resolve_attention(m.family, cfg.attention, device.type)
@@ -70,23 +68,9 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
     if refusal:
         yield Check("config", "qlora", Status.failed, refusal, "model.lora.qlora")
     if m.lora.enabled:
-        targets = discover_targets(model)
-        try:
-            from peft import LoraConfig as PeftLoraConfig
-
-            check_names(PeftLoraConfig, lora_kwargs(m.lora, targets), "model.lora")
-            if m.lora.qlora:
-                from transformers import BitsAndBytesConfig
-
-                check_names(BitsAndBytesConfig, bnb_kwargs(), "model.lora.qlora")
-            s = targets.summary()
-            yield Check("kwargs", "peft LoraConfig", Status.passed,
-                        f"{s['target_modules']} target modules {s['targets']}; not adapted: "
-                        f"{s['skipped_fused_expert_params'] + s['not_adapted_linears']}", "model.lora")
-        except ConfigError as e:
-            yield failed("kwargs", "peft LoraConfig", e)
-        except ImportError as e:
-            yield Check("config", "peft LoraConfig", Status.failed, f"model.lora.enabled needs peft: {e}", "model.lora.enabled")
+        s = discover_targets(model).summary()
+        yield Check("config", "lora targets", Status.passed, f"{s['target_modules']} modules {s['targets']}; not adapted: "
+                    f"{s['skipped_fused_expert_params'] + s['not_adapted_linears']}", "model.lora")
 
     est = estimate_memory(cfg, device, shards=shards)
     if est.fits is False and not m.allow_over_memory:
@@ -97,3 +81,22 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
         yield Check("config", "params and memory", Status.warned, est.line() + " (allowed by model.allow_over_memory)")
     else:
         yield Check("config", "params and memory", Status.passed, est.line())
+
+
+def lora_site(cfg: TrainConfig):
+    """peft.LoraConfig's kwargs, as apply_lora builds them (align.preflight.KWARGS_SITES)."""
+    if not cfg.model.lora.enabled:
+        return None
+    from align.preflight import KwargsSite
+
+    model, _ = meta_model(cfg.model)
+    return KwargsSite("peft:LoraConfig", lora_kwargs(cfg.model.lora, discover_targets(model)), "model.lora")
+
+
+def qlora_site(cfg: TrainConfig):
+    """transformers.BitsAndBytesConfig's kwargs for a QLoRA base (align.preflight.KWARGS_SITES)."""
+    if not (cfg.model.lora.enabled and cfg.model.lora.qlora):
+        return None
+    from align.preflight import KwargsSite
+
+    return KwargsSite("transformers:BitsAndBytesConfig", bnb_kwargs(), "model.lora.qlora")

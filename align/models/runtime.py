@@ -2,7 +2,7 @@
 the LoRA gate per optimizer step, plots at the end. A dense full fine-tune gets a runtime whose calls
 do nothing, so the loop has no family branches.
 
-    loss = ce + runtime.aux_loss(scale=1 / micro_batches)   # per micro-batch, before backward
+    loss = ce + runtime.aux_loss(scale=loss_tokens / window_loss_tokens)  # per micro-batch
     metrics.update(runtime.on_step(step))                   # per optimizer step, every rank
     runtime.finish(run_dir)                                 # after the loop, rank 0 writes plots
 """

@@ -164,7 +164,8 @@ class RouterTelemetry:
 
     def aux_loss(self, scale: float = 1.0):
         """The router losses to add to this micro-batch's loss: lb_weight * mean-over-layers lb +
-        z_weight * mean-over-layers z, times `scale` (the trainer passes 1/micro-batches per window).
+        z_weight * mean-over-layers z, times `scale` (the trainer passes the micro-batch's share of the
+        window's loss tokens, so the window applies a token-weighted mean).
         A Python 0.0 when both weights are 0 (nothing is kept for it then)."""
         pending, self._pending = self._pending, []
         if not self.applies_loss or not pending:

@@ -27,7 +27,7 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 CASES = [
-    (["model=llama"], "model=llama", "accepted: gemma4, mistral, olmoe"),
+    (["model=llama"], "model=llama", "accepted: gemma4, gemma4_moe, mistral, olmoe"),
     (["trainer.max_steps=ten"], "trainer.max_steps", "Integer"),
     (["sampler.kind=sorted"], "sampler.kind", "shuffle"),
     (["trainer.max_step=10"], "trainer.max_step", "accepted keys:"),

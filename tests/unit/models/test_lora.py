@@ -104,3 +104,19 @@ def test_qlora_dense_trains_on_a_4bit_base_and_exports_merged_full_precision_wei
     expect = base.model.layers[0].self_attn.q_proj.weight.detach() + (8.0 / 4) * lora_b @ lora_a
     assert torch.allclose(w["model.layers.0.self_attn.q_proj.weight"].float(), expect, atol=1e-6)
     assert "quantization_config" not in (tmp_path / "export" / "config.json").read_text()
+
+
+def test_preflight_checks_the_peft_and_bnb_kwargs_by_name_before_any_model_load(compose, monkeypatch):
+    import align.models.checks as checks
+    from align.config import to_typed
+    from align.preflight import KwargsSite, Status, check_site
+
+    cfg = to_typed(compose(["model=mistral", "model.lora.enabled=true", "model.lora.qlora=true"]))
+    for site in (checks.lora_site(cfg), checks.qlora_site(cfg)):
+        assert check_site("x", site).status == Status.passed, site
+    real = checks.lora_kwargs
+    monkeypatch.setattr(checks, "lora_kwargs", lambda *a: {**real(*a), "lora_dropuot": 0.1})
+    bad = check_site("peft LoraConfig", checks.lora_site(cfg))
+    assert bad.status == Status.failed and "['lora_dropuot']" in bad.detail and bad.key == "model.lora"
+    assert checks.lora_site(to_typed(compose(["model=mistral"]))) is None
+    assert isinstance(checks.lora_site(cfg), KwargsSite)
