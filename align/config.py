@@ -164,41 +164,106 @@ class AttentionConfig:
 class Source(StrEnum):
     gsm8k = "gsm8k"
     jsonl = "jsonl"
+    parquet = "parquet"
 
 
 class Truncation(StrEnum):
     drop = "drop"
     truncate = "truncate"
+    fail = "fail"
+
+
+class OnBadRecord(StrEnum):
+    fail = "fail"
+    skip = "skip"
+
+
+@dataclass
+class SourceConfig:
+    """One source of a mixture (`data.mixture.<name>`). A null field inherits the same `data.*` field."""
+
+    kind: Source = Source.jsonl
+    """gsm8k: the bundled copy (`split`). jsonl/parquet: the local file `path`."""
+    path: Optional[str] = None
+    """Local file for kind=jsonl or kind=parquet."""
+    split: str = "train"
+    """Bundled GSM8K split for kind=gsm8k: train or test."""
+    weight: float = 1.0
+    """Epochs of this source per epoch of the mixture: 2.0 repeats every record twice, 0.5 draws a
+    fresh random half each epoch (deterministic from seed and epoch)."""
+    messages_field: Optional[str] = None
+    """Chat field; null: `data.messages_field`."""
+    prompt_field: Optional[str] = None
+    """Prompt field; null: `data.prompt_field`."""
+    response_field: Optional[str] = None
+    """Response field; null: `data.response_field`."""
+    root_field: Optional[str] = None
+    """Root field; null: `data.root_field`."""
+    id_field: Optional[str] = None
+    """Id field; null: `data.id_field`."""
+
+    def check(self, key: str) -> None:
+        _require(self.split in ("train", "test"), f"{key}.split", "must be one of: train, test", self.split)
+        _require(self.weight > 0, f"{key}.weight", "must be > 0", self.weight)
+        if self.kind != Source.gsm8k:
+            _require(bool(self.path), f"{key}.path", f"is required when {key}.kind={self.kind.value}", self.path)
 
 
 @dataclass
 class DataConfig:
     source: Source = Source.gsm8k
-    """gsm8k: the copy bundled in the package. jsonl: a local file given by `path`."""
+    """gsm8k: the copy bundled in the package. jsonl/parquet: a local file given by `path`.
+    Ignored when `mixture` is set."""
     path: Optional[str] = None
-    """Local data file for `source=jsonl` (one JSON object per line)."""
+    """Local data file for `source=jsonl` (one JSON object per line) or `source=parquet`."""
     split: str = "train"
     """Bundled GSM8K split: train or test."""
+    name: Optional[str] = None
+    """Source name used in record ids and roots; null: `gsm8k`, or the file's stem."""
     messages_field: str = "messages"
     """Field holding a chat (list of {role, content}); used when present in a record."""
     prompt_field: str = "question"
     """Field holding the prompt when a record has no `messages_field`."""
     response_field: str = "answer"
     """Field holding the response when a record has no `messages_field`."""
+    root_field: Optional[str] = None
+    """Record field that splits a source into roots (root = `<source>/<field>=<value>`); null: the
+    root is the source name. Bundled GSM8K derives `steps` (reasoning lines of the answer)."""
+    id_field: Optional[str] = None
+    """Record field holding a stable id (id = `<source>:<value>`); null: `<source>:<line number>`."""
+    mixture: dict[str, SourceConfig] = field(default_factory=dict)
+    """Several sources by name, each with a weight; when set, `source`/`path`/`split` are unused."""
+    mask_files: list[str] = field(default_factory=list)
+    """Auxiliary loss-mask files (JSONL lines {"id": <record id>, "turns": [message indices]}):
+    the named assistant turns get no loss. OR-merged with the prompt mask and with each other."""
     max_seq_len: int = 512
     """Longest encoded record in tokens (prompt + response + EOS)."""
     truncation: Truncation = Truncation.drop
-    """What to do with a record longer than `max_seq_len`: drop it, or truncate it from the right."""
+    """A record longer than `max_seq_len`: drop it, truncate it from the right, or fail (exit 2)."""
+    on_bad_record: OnBadRecord = OnBadRecord.fail
+    """A malformed line or a record without the configured fields: fail (exit 2, naming file:line)
+    or skip it (counted in the data report)."""
     max_records: Optional[int] = None
-    """Use only the first N records of the source (null: all)."""
+    """Use only the first N records of each source (null: all)."""
+    cache: bool = True
+    """Reuse encodings from `cache_dir`, keyed on everything that can change what they mean."""
+    cache_dir: str = ".cache/align/encode"
+    """Encode cache directory (relative to the working directory); one sub-directory per key."""
+    encode_workers: Optional[int] = None
+    """Worker processes that encode; 0 encodes in-process; null: in-process under 2,000 records,
+    else one per available core (at most 8)."""
 
     def __post_init__(self) -> None:
         _require(self.max_seq_len >= 8, "data.max_seq_len", "must be >= 8", self.max_seq_len)
         _require(self.split in ("train", "test"), "data.split", "must be one of: train, test", self.split)
-        if self.source == Source.jsonl:
-            _require(bool(self.path), "data.path", "is required when data.source=jsonl", self.path)
+        if self.source != Source.gsm8k and not self.mixture:
+            _require(bool(self.path), "data.path", f"is required when data.source={self.source.value}", self.path)
         if self.max_records is not None:
             _require(self.max_records >= 1, "data.max_records", "must be >= 1 or null", self.max_records)
+        if self.encode_workers is not None:
+            _require(self.encode_workers >= 0, "data.encode_workers", "must be >= 0 or null", self.encode_workers)
+        for name, src in self.mixture.items():
+            src.check(f"data.mixture.{name}")
 
 
 # --------------------------------------------------------------------------------------- sampler
@@ -207,24 +272,37 @@ class DataConfig:
 class SamplerKind(StrEnum):
     shuffle = "shuffle"
     bucket = "bucket"
+    budget = "budget"
 
 
 @dataclass
 class SamplerConfig:
     kind: SamplerKind = SamplerKind.shuffle
     """shuffle: random micro-batches. bucket: sort by length within buckets of `bucket_size`
-    records, cut micro-batches of neighbours, then shuffle the micro-batches globally."""
+    records, cut micro-batches of neighbours, then shuffle the micro-batches globally. budget: as
+    bucket, but each micro-batch takes as many rows as fit in `max_tokens`."""
     micro_batch_size: int = 8
-    """Rows per micro-batch."""
+    """Rows per micro-batch (shuffle, bucket; ignored by budget)."""
     bucket_size: int = 64
-    """Records per length bucket (bucket sampler). A bucket as large as the data is a full sort."""
+    """Records per length bucket (bucket, budget). A bucket as large as the data is a full sort; one no
+    larger than `micro_batch_size` pairs nothing (micro-batches keep `micro_batch_size` rows)."""
+    max_tokens: Optional[int] = None
+    """Token budget of a micro-batch (budget sampler): rows x padded length <= max_tokens (packed:
+    the sum of the padded row lengths). Must hold the longest record."""
     pad_to_multiple_of: int = 1
     """Round each micro-batch's padded length up to a multiple of this (bounds the set of shapes)."""
+    packed: bool = False
+    """Concatenate a micro-batch's rows into one padding-free row with restarting `position_ids`
+    (no attention mask, `use_cache=False`; documents never attend to each other)."""
 
     def __post_init__(self) -> None:
         _require(self.micro_batch_size >= 1, "sampler.micro_batch_size", "must be >= 1", self.micro_batch_size)
         _require(self.bucket_size >= 1, "sampler.bucket_size", "must be >= 1", self.bucket_size)
         _require(self.pad_to_multiple_of >= 1, "sampler.pad_to_multiple_of", "must be >= 1", self.pad_to_multiple_of)
+        if self.kind == SamplerKind.budget:
+            _require(self.max_tokens is not None, "sampler.max_tokens", "is required when sampler.kind=budget")
+        if self.max_tokens is not None:
+            _require(self.max_tokens >= 1, "sampler.max_tokens", "must be >= 1 or null", self.max_tokens)
 
 
 # ------------------------------------------------------------------------------------- optimizer
@@ -403,6 +481,19 @@ class MaskProbeConfig:
 
 
 @dataclass
+class PaddingProbeConfig:
+    bucket_sizes: list[int] = field(default_factory=lambda: [2, 8, 32, 128, 512, 0])
+    """Bucket sizes swept beside a pure shuffle; 0 means the whole data set (a full length sort)."""
+    window: Optional[int] = None
+    """Micro-batches per accumulation window for roots/window; null: trainer.grad_accum."""
+
+    def __post_init__(self) -> None:
+        _require(all(b >= 0 for b in self.bucket_sizes), "probe.padding.bucket_sizes", "must be >= 0 (0: all)", self.bucket_sizes)
+        if self.window is not None:
+            _require(self.window >= 1, "probe.padding.window", "must be >= 1 or null", self.window)
+
+
+@dataclass
 class ProbeConfig:
     """Options of `python -m align.probe probe=<name>`; `align.train` does not read them."""
 
@@ -414,6 +505,8 @@ class ProbeConfig:
     """`probe=kernels`: device-kernel table from torch.profiler (playbook 3.3, 3.4, 3.7)."""
     mask: MaskProbeConfig = field(default_factory=MaskProbeConfig)
     """`probe=mask`: attention-mask band structure per layer type (playbook 3.6)."""
+    padding: PaddingProbeConfig = field(default_factory=PaddingProbeConfig)
+    """`probe=padding`: the bucket sweep from the data alone (playbook 3.2)."""
 
 
 # ------------------------------------------------------------------------------------------ root

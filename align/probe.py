@@ -23,6 +23,7 @@ PROBES: dict[str, str] = {
     "scaling": "align.probes.scaling",
     "kernels": "align.probes.kernels",
     "mask": "align.probes.mask",
+    "padding": "align.probes.padding",
 }
 
 

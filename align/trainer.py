@@ -15,10 +15,9 @@ import torch
 
 from align.config import Precision, TrainConfig
 from align.data.collate import Batch
-from align.data.encode import EncodedDataset, encode_records
-from align.data.loader import BatchStream
-from align.data.samplers import build_sampler
-from align.data.sources import load_records
+from align.data.cache import load_dataset
+from align.data.encode import EncodedDataset
+from align.data.loader import BatchStream, build_stream
 from align.data.tokenizer import load_tokenizer
 from align.errors import EXIT_OK
 from align.loss import ce_sum
@@ -74,10 +73,8 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=False)
 
         tokenizer = load_tokenizer(cfg.model)
-        data = encode_records(load_records(cfg.data), tokenizer, cfg.data)
-        sampler = build_sampler(cfg.sampler, data.lengths, cfg.trainer.seed, env.rank, env.world)
-        stream = BatchStream(data, sampler, tokenizer.pad_token_id, cfg.sampler.pad_to_multiple_of,
-                             pin_memory=env.device.type == "cuda")
+        data = load_dataset(cfg.data, cfg.model, tokenizer)
+        stream = build_stream(cfg, data, tokenizer.pad_token_id, env.rank, env.world, pin_memory=env.device.type == "cuda")
 
         built = build_model(cfg.model, cfg.attention, tokenizer, env.device)
         model = built.model.to(env.device)
@@ -172,9 +169,11 @@ class Trainer:
             "epoch": self.stream.position.epoch,
             **self.throughput.step(window, dt),
             **self.runtime.on_step(s.step),
+            **self.stream.stats.step(window),
         }
 
     def summary(self) -> dict[str, Any]:
         s = self.state
         return {"steps": s.step, "tokens": s.tokens, "real_tokens": s.real_tokens, "loss_tokens": s.loss_tokens,
-                "clipped_steps": s.clipped_steps, **self.model_info, **self.throughput.summary()}
+                "clipped_steps": s.clipped_steps, **self.model_info, **self.throughput.summary(),
+                **self.stream.stats.summary()}

@@ -1,8 +1,15 @@
-"""Collate rows into a micro-batch: right-pad to the longest row (optionally rounded up), and shift
-labels here so the loss is one cross-entropy over aligned (logit, target) pairs.
+"""Collate rows into a micro-batch, and shift labels here so the loss is one cross-entropy over
+aligned (logit, target) pairs.
 
-A micro-batch without padding carries NO attention mask: an explicit mask takes SDPA off its
-is_causal fast path (LANDMINES 2, playbook 3.1).
+Padded: right-pad to the longest row, optionally rounded up to `pad_to_multiple_of` (bounds the set
+of shapes, LANDMINES 8). A micro-batch without padding carries NO attention mask: an explicit mask
+takes SDPA off its is_causal fast path (LANDMINES 2, playbook 3.1).
+
+Packed: the rows are concatenated into one row with `position_ids` restarting at 0 per document, and
+the forward gets no attention mask and `use_cache=False`: transformers then builds a block-diagonal
+mask from the position ids; with a mask, or with a cache (train mode makes one when
+`config.use_cache`), documents attend to each other (LANDMINES 1). A rounding tail is one more
+document of padding with its own positions, and no labels.
 """
 
 from __future__ import annotations
@@ -22,15 +29,24 @@ IGNORE = -100
 class Batch:
     input_ids: torch.Tensor  # [B, L]
     labels: torch.Tensor  # [B, L], already shifted: labels[b, t] is the target of logits[b, t]
-    attention_mask: Optional[torch.Tensor]  # [B, L] or None when no row is padded
+    attention_mask: Optional[torch.Tensor]  # [B, L] or None when no row is padded (always None when packed)
     rows: np.ndarray  # dataset indices
     tokens: int  # B * L, what the model computes on
     real_tokens: int  # non-padding tokens
     loss_tokens: int  # targets that count in the loss
+    position_ids: Optional[torch.Tensor] = None  # [1, L] when packed: restarts at 0 per document
+
+    @property
+    def packed(self) -> bool:
+        return self.position_ids is not None
 
     def model_inputs(self) -> dict:
         kw = {"input_ids": self.input_ids, "use_cache": False}
-        if self.attention_mask is not None:
+        if self.position_ids is not None:
+            # A mask beside packed position_ids makes transformers skip the block-diagonal mask.
+            assert self.attention_mask is None, "a packed batch must not carry an attention mask (LANDMINES 1)"
+            kw["position_ids"] = self.position_ids
+        elif self.attention_mask is not None:
             kw["attention_mask"] = self.attention_mask
         return kw
 
@@ -40,10 +56,19 @@ class Batch:
         self.labels = self.labels.to(device, non_blocking=nb)
         if self.attention_mask is not None:
             self.attention_mask = self.attention_mask.to(device, non_blocking=nb)
+        if self.position_ids is not None:
+            self.position_ids = self.position_ids.to(device, non_blocking=nb)
         return self
 
 
-def collate(data: EncodedDataset, rows: np.ndarray, pad_id: int, pad_to_multiple_of: int = 1) -> Batch:
+def _targets(t: np.ndarray, m: np.ndarray) -> np.ndarray:
+    # target of position p is token p+1, when token p+1 is a loss token
+    return np.where(m[1:], t[1:], IGNORE)
+
+
+def collate(data: EncodedDataset, rows: np.ndarray, pad_id: int, pad_to_multiple_of: int = 1, packed: bool = False) -> Batch:
+    if packed:
+        return collate_packed(data, rows, pad_id, pad_to_multiple_of)
     lens = data.lengths[rows]
     width = int(lens.max())
     width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
@@ -53,13 +78,10 @@ def collate(data: EncodedDataset, rows: np.ndarray, pad_id: int, pad_to_multiple
         t, m = data.row(int(r))
         n = len(t)
         ids[b, :n] = t
-        # target of position p is token p+1, when token p+1 is a loss token
-        tgt = np.where(m[1:], t[1:], IGNORE)
-        labels[b, : n - 1] = tgt
+        labels[b, : n - 1] = _targets(t, m)
     real = int(lens.sum())
-    padded = real != ids.size
     mask = None
-    if padded:
+    if real != ids.size:
         mask = torch.from_numpy((np.arange(width)[None, :] < lens[:, None]).astype(np.int64))
     return Batch(
         input_ids=torch.from_numpy(ids),
@@ -69,4 +91,32 @@ def collate(data: EncodedDataset, rows: np.ndarray, pad_id: int, pad_to_multiple
         tokens=ids.size,
         real_tokens=real,
         loss_tokens=int((labels != IGNORE).sum()),
+    )
+
+
+def collate_packed(data: EncodedDataset, rows: np.ndarray, pad_id: int, pad_to_multiple_of: int = 1) -> Batch:
+    lens = data.lengths[rows]
+    real = int(lens.sum())
+    width = -(-real // pad_to_multiple_of) * pad_to_multiple_of
+    ids = np.full(width, pad_id, dtype=np.int64)
+    labels = np.full(width, IGNORE, dtype=np.int64)
+    pos = np.zeros(width, dtype=np.int64)
+    o = 0
+    for r in rows:
+        t, m = data.row(int(r))
+        n = len(t)
+        ids[o : o + n] = t
+        labels[o : o + n - 1] = _targets(t, m)  # the last token of a document predicts nothing
+        pos[o : o + n] = np.arange(n)
+        o += n
+    pos[o:] = np.arange(width - o)
+    return Batch(
+        input_ids=torch.from_numpy(ids)[None],
+        labels=torch.from_numpy(labels)[None],
+        attention_mask=None,
+        rows=np.asarray(rows),
+        tokens=width,
+        real_tokens=real,
+        loss_tokens=int((labels != IGNORE).sum()),
+        position_ids=torch.from_numpy(pos)[None],
     )

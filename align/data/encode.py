@@ -2,19 +2,27 @@
 
 A token is trained on only when it belongs to an assistant turn: for assistant turn i the tokens
 between render(messages[:i], add_generation_prompt=True) and render(messages[:i+1]) are the answer,
-and EOS closes it. Prompt tokens, role markers and system turns get no loss.
+and EOS closes it. Prompt tokens, role markers and system turns get no loss, nor do the turns that
+an auxiliary mask file excludes (align.data.masks). Records are encoded in worker processes; the
+result is identical to encoding in-process (tested), so the worker count is not part of the cache key.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Sequence
+from multiprocessing import get_context
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from align.config import DataConfig, Truncation
+from align.config import DataConfig, ModelConfig, Truncation
 from align.data.sources import Record
 from align.errors import ConfigError
+
+AUTO_INPROCESS_BELOW = 2000  # records: under this, starting worker processes costs more than it saves
 
 
 @dataclass
@@ -27,6 +35,16 @@ class EncodedDataset:
     ids: list[str]
     roots: list[str]
     stats: dict = field(default_factory=dict)
+    """Counts of the encode: records in/kept, truncation report, skipped bad records, tokens."""
+    source_index: Optional[np.ndarray] = None
+    """int32 per record: index of its source in `source_specs(cfg)` (mixture weights apply per source)."""
+    meta: dict = field(default_factory=dict)
+    """Provenance for the manifest: encode_cache_key, content sha256 of every input, ENCODE_VERSION,
+    cache_hit, fingerprint (see align.data.cache.load_dataset)."""
+
+    def __post_init__(self) -> None:
+        if self.source_index is None:
+            self.source_index = np.zeros(len(self.ids), dtype=np.int32)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -40,12 +58,26 @@ class EncodedDataset:
         return self.tokens[a:b], self.loss_mask[a:b]
 
 
+def dataset_fingerprint(data: EncodedDataset) -> str:
+    """sha256 of what the sampler and collate read (tokens, masks, boundaries, ids, roots, sources):
+    a resume refuses to continue on a data set whose fingerprint differs (LANDMINES 21)."""
+    fp = data.meta.get("fingerprint")
+    if fp:
+        return fp
+    h = hashlib.sha256()
+    for a in (data.tokens, data.loss_mask, data.offsets, data.source_index):
+        h.update(str(a.dtype).encode() + b"|" + np.ascontiguousarray(a).tobytes())
+    h.update("\n".join(data.ids).encode() + b"\0" + "\n".join(data.roots).encode())
+    data.meta["fingerprint"] = h.hexdigest()
+    return data.meta["fingerprint"]
+
+
 def _render(tok, messages, **kw) -> str:
     return tok.apply_chat_template(messages, tokenize=False, **kw)
 
 
-def encode_one(tok, record: Record) -> tuple[list[int], list[bool]]:
-    """Token ids and loss mask of one record (unbounded length)."""
+def encode_one(tok, record: Record, exclude: frozenset[int] | set[int] = frozenset()) -> tuple[list[int], list[bool]]:
+    """Token ids and loss mask of one record (unbounded length); turns in `exclude` get no loss."""
     msgs = record.messages
     ids = tok(_render(tok, msgs), add_special_tokens=False)["input_ids"]
     mask = [False] * len(ids)
@@ -58,51 +90,120 @@ def encode_one(tok, record: Record) -> tuple[list[int], list[bool]]:
         end = len(tok(_render(tok, msgs[: i + 1]), add_special_tokens=False)["input_ids"])
         if end > len(ids) or start >= end:
             raise ConfigError(record.id, "chat template is not prefix-stable: a rendered turn is not a token prefix of the whole chat")
-        for t in range(start, end):
-            mask[t] = True
         if eos not in ids[start:end] and i == len(msgs) - 1:
             # The template leaves the answer open: close it so the model learns to stop.
             ids.append(eos)
-            mask.append(True)
+            mask.append(False)
+            end += 1
+        if i in exclude:
+            continue
+        for t in range(start, end):
+            mask[t] = True
     return ids, mask
 
 
-def encode_records(records: Sequence[Record], tok, cfg: DataConfig) -> EncodedDataset:
+# ------------------------------------------------------------------------------- worker processes
+
+_WORKER_TOK = None
+
+
+def _worker_init(model_cfg: ModelConfig) -> None:
+    global _WORKER_TOK
+    from align.data.tokenizer import load_tokenizer
+
+    _WORKER_TOK = load_tokenizer(model_cfg)
+
+
+def _encode_chunk(chunk: list[tuple[Record, frozenset[int]]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [_pack(*encode_one(_WORKER_TOK, r, ex)) for r, ex in chunk]
+
+
+def _pack(t: list[int], m: list[bool]) -> tuple[np.ndarray, np.ndarray]:
+    return np.asarray(t, dtype=np.int32), np.asarray(m, dtype=bool)
+
+
+def resolve_workers(requested: Optional[int], n_records: int) -> int:
+    if requested is not None:
+        return requested
+    if n_records < AUTO_INPROCESS_BELOW:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # Under torchrun every local rank may encode at once: share the cores.
+    per_rank = max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    return min(8, per_rank)
+
+
+def encode_all(records: Sequence[Record], tok, model_cfg: ModelConfig, excluded: dict[str, set[int]],
+               workers: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Encode every record, in order, in `workers` processes (0: in-process)."""
+    items = [(r, frozenset(excluded.get(r.id, ()))) for r in records]
+    if workers <= 0:
+        return [_pack(*encode_one(tok, r, ex)) for r, ex in items]
+    n_chunks = workers * 4
+    size = -(-len(items) // n_chunks)
+    chunks = [items[i : i + size] for i in range(0, len(items), size)]
+    # spawn: a forked child inherits the tokenizer's Rust thread pool and torch's threads mid-state.
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
+                             initargs=(model_cfg,)) as pool:
+        return [x for part in pool.map(_encode_chunk, chunks) for x in part]
+
+
+def encode_records(records: Sequence[Record], tok, cfg: DataConfig, model_cfg: Optional[ModelConfig] = None,
+                   excluded: Optional[dict[str, set[int]]] = None, workers: Optional[int] = 0) -> EncodedDataset:
+    """Encode, then apply the truncation policy; the truncation report goes into `stats`."""
+    excluded = excluded or {}
+    n_workers = resolve_workers(workers, len(records))
+    if n_workers > 0 and model_cfg is None:
+        raise ValueError("encoding in worker processes needs the ModelConfig to load the tokenizer there")
+    encoded = encode_all(records, tok, model_cfg or ModelConfig(), excluded, n_workers)
+
     tokens: list[np.ndarray] = []
     masks: list[np.ndarray] = []
     ids: list[str] = []
     roots: list[str] = []
+    sources: list[int] = []
     dropped: list[str] = []
     truncated: list[str] = []
-    for r in records:
-        t, m = encode_one(tok, r)
+    no_loss: list[str] = []
+    for r, (t, m) in zip(records, encoded):
         if len(t) > cfg.max_seq_len:
+            if cfg.truncation == Truncation.fail:
+                raise ConfigError("data.max_seq_len", f"record {r.id} has {len(t)} tokens, more than {cfg.max_seq_len} "
+                                  "(data.truncation=fail; accepted: drop, truncate, or a larger data.max_seq_len)")
             if cfg.truncation == Truncation.drop:
                 dropped.append(r.id)
                 continue
             t, m = t[: cfg.max_seq_len], m[: cfg.max_seq_len]
-            if not any(m):
-                dropped.append(r.id)
-                continue
             truncated.append(r.id)
-        tokens.append(np.asarray(t, dtype=np.int32))
-        masks.append(np.asarray(m, dtype=bool))
+        if not m.any():
+            no_loss.append(r.id)  # fully masked, or truncated before its answer: costs compute, teaches nothing
+            continue
+        tokens.append(t)
+        masks.append(m)
         ids.append(r.id)
         roots.append(r.root)
+        sources.append(r.source)
     if not ids:
-        raise ConfigError("data.max_seq_len", f"every record is longer than {cfg.max_seq_len} tokens; nothing to train on")
+        raise ConfigError("data.max_seq_len", f"no record is left to train on: {len(dropped)} longer than {cfg.max_seq_len} "
+                          f"tokens (data.truncation={cfg.truncation.value}), {len(no_loss)} without loss tokens")
     lengths = np.array([len(t) for t in tokens], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    stats = {
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    stats: dict[str, Any] = {
         "records_in": len(records),
         "records_kept": len(ids),
+        "truncation_policy": cfg.truncation.value,
+        "max_seq_len": cfg.max_seq_len,
         "dropped_too_long": len(dropped),
         "truncated": len(truncated),
+        "dropped_no_loss": len(no_loss),
         "dropped_ids": dropped[:100],
         "truncated_ids": truncated[:100],
-        "loss_tokens": int(sum(m.sum() for m in masks)),
+        "no_loss_ids": no_loss[:100],
+        "masked_turns": sum(len(v) for v in excluded.values()),
+        "loss_tokens": int(sum(int(m.sum()) for m in masks)),
         "tokens": int(lengths.sum()),
     }
     return EncodedDataset(
-        tokens=np.concatenate(tokens), loss_mask=np.concatenate(masks), offsets=offsets, ids=ids, roots=roots, stats=stats
+        tokens=np.concatenate(tokens), loss_mask=np.concatenate(masks), offsets=offsets, ids=ids, roots=roots,
+        stats=stats, source_index=np.asarray(sources, dtype=np.int32),
     )

@@ -1,33 +1,39 @@
 """The stream of micro-batches the trainer consumes, resumable at the exact next micro-batch.
 
-The sampler decides the rows; a DataLoader collates ahead in worker processes. Each item carries its
-(epoch, index), and the trainer records the position of the last micro-batch it CONSUMED, so the
-checkpointed position is right however far the loader prefetched.
+The sampler decides the rows; a DataLoader collates ahead (in worker processes when asked). The
+stream's `position` is advanced only when a micro-batch is handed to the consumer, so a checkpoint
+taken between steps holds the next micro-batch to CONSUME however far the loader prefetched.
+
+`state_dict()` also carries the data set's fingerprint, the sampler's fingerprint and the world
+size; `load_state_dict()` refuses a state saved under different ones (LANDMINES 21): the same
+position in a different order is the silent-wrong-result resume.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, Dataset
 
 from align.data.collate import Batch, collate
-from align.data.encode import EncodedDataset
-from align.data.samplers import MicroBatchSampler
+from align.data.encode import EncodedDataset, dataset_fingerprint
+from align.data.samplers import MicroBatchSampler, build_sampler
+from align.data.stats import DataStats, plan_stats, root_codes
+from align.errors import ConfigError
 
 
 class _EpochBatches(Dataset):
-    def __init__(self, data: EncodedDataset, batches: list[np.ndarray], pad_id: int, pad_to_multiple_of: int) -> None:
-        self.data, self.batches, self.pad_id, self.mult = data, batches, pad_id, pad_to_multiple_of
+    def __init__(self, data: EncodedDataset, batches: list[np.ndarray], pad_id: int, pad_to_multiple_of: int,
+                 packed: bool) -> None:
+        self.data, self.batches, self.pad_id, self.mult, self.packed = data, batches, pad_id, pad_to_multiple_of, packed
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> Batch:
-        return collate(self.data, self.batches[i], self.pad_id, self.mult)
+        return collate(self.data, self.batches[i], self.pad_id, self.mult, self.packed)
 
 
 def _identity(x: Any) -> Any:
@@ -53,25 +59,46 @@ class BatchStream:
     """Infinite micro-batch stream over epochs; `position` is the next micro-batch to consume."""
 
     def __init__(self, data: EncodedDataset, sampler: MicroBatchSampler, pad_id: int, pad_to_multiple_of: int = 1,
-                 num_workers: int = 0, pin_memory: bool = False) -> None:
+                 num_workers: int = 0, pin_memory: bool = False, packed: Optional[bool] = None,
+                 stats: Optional[DataStats] = None) -> None:
         self.data, self.sampler = data, sampler
         self.pad_id, self.mult = pad_id, pad_to_multiple_of
+        self.packed = sampler.packed if packed is None else packed
         self.kwargs = loader_kwargs(num_workers, pin_memory)
         self.position = Position()
+        self.stats = stats
 
     def __iter__(self) -> Iterator[Batch]:
         while True:
             epoch, start = self.position.epoch, self.position.index
             batches = self.sampler.rank_batches(epoch)[start:]
-            loader = DataLoader(_EpochBatches(self.data, batches, self.pad_id, self.mult), **self.kwargs)
+            loader = DataLoader(_EpochBatches(self.data, batches, self.pad_id, self.mult, self.packed), **self.kwargs)
             for i, batch in enumerate(loader):
                 self.position = Position(epoch, start + i + 1)
                 yield batch
             self.position = Position(epoch + 1, 0)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.position.epoch, "index": self.position.index, **{
-            k: v for k, v in self.sampler.state_dict().items() if k not in ("epoch", "index")}}
+        return {"epoch": self.position.epoch, "index": self.position.index, "seed": self.sampler.seed,
+                "world": self.sampler.world, "rank": self.sampler.rank, "sampler": self.sampler.fingerprint(),
+                "dataset": dataset_fingerprint(self.data)}
 
     def load_state_dict(self, state: dict) -> None:
+        mine = self.state_dict()
+        for k, what in (("world", "world size"), ("dataset", "data set fingerprint"), ("sampler", "sampler settings")):
+            if k in state and state[k] != mine[k]:
+                raise ConfigError("resume", f"the checkpoint's data position was saved under another {what} "
+                                            f"({state[k]!r} != {mine[k]!r}); it would not resume at the next micro-batch")
         self.position = Position(int(state["epoch"]), int(state["index"]))
+
+
+def build_stream(cfg, data: EncodedDataset, pad_id: int, rank: int = 0, world: int = 1, pin_memory: bool = False) -> BatchStream:
+    """The trainer's one call: sampler (with mixture weights), stream and its stats, from a TrainConfig."""
+    from align.data.sources import source_specs
+
+    weights = [s.weight for s in source_specs(cfg.data)]
+    sampler = build_sampler(cfg.sampler, data.lengths, cfg.trainer.seed, rank, world, mixture=(data.source_index, weights))
+    plan = plan_stats(sampler, root_codes(data.roots), cfg.trainer.grad_accum * world)
+    stats = DataStats(data, plan)
+    return BatchStream(data, sampler, pad_id, cfg.sampler.pad_to_multiple_of, packed=cfg.sampler.packed,
+                       pin_memory=pin_memory, stats=stats)

@@ -1,31 +1,71 @@
 """Micro-batch samplers: which rows form each micro-batch, deterministic from (seed, epoch).
 
-Each sampler builds the GLOBAL list of micro-batches for an epoch, then rank r takes every world-th
-one (after trimming to a multiple of world): ranks draw disjoint rows and the same number of
-micro-batches. Iteration is resumable to the exact next micro-batch via state_dict().
+Each sampler builds the GLOBAL list of micro-batches of an epoch from one generator seeded with
+(seed, epoch), then rank r takes every world-th one after trimming the list to a multiple of world:
+ranks draw disjoint rows and the same number of micro-batches. A sampler holds no position: the
+position (epoch, index) lives in the BatchStream, which checkpoints it (align.data.loader).
+
+- shuffle: a random permutation cut into micro-batches (the baseline for padding and diversity).
+- bucket: bucket to PAIR, shuffle to MIX (playbook 3.2): sort within buckets of `bucket_size`
+  records, cut micro-batches of neighbours, then shuffle the micro-batches globally.
+- budget: as bucket, but each micro-batch takes as many rows as fit `max_tokens`.
+
+With a mixture, the epoch's pool holds each source `weight` times (the fractional part a fresh
+random subset each epoch): a record can then appear twice in an epoch, and "disjoint" is per draw.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import hashlib
+import json
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
 from align.config import SamplerConfig, SamplerKind
+from align.errors import ConfigError
+
+
+def padded_len(n: np.ndarray | int, multiple: int) -> np.ndarray | int:
+    return -(-n // multiple) * multiple
 
 
 class MicroBatchSampler:
-    def __init__(self, lengths: np.ndarray, micro_batch_size: int, seed: int, rank: int = 0, world: int = 1) -> None:
-        self.lengths = np.asarray(lengths)
+    kind = "base"
+
+    def __init__(self, lengths: np.ndarray, micro_batch_size: int, seed: int, rank: int = 0, world: int = 1, *,
+                 pad_to_multiple_of: int = 1, packed: bool = False,
+                 mixture: Optional[tuple[np.ndarray, Sequence[float]]] = None) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.int64)
         self.micro_batch_size = micro_batch_size
         self.seed = seed
         self.rank = rank
         self.world = world
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.packed = packed
+        self.mixture = None
+        if mixture is not None and any(w != 1.0 for w in mixture[1]):
+            src, weights = mixture
+            self.mixture = ([np.flatnonzero(np.asarray(src) == i) for i in range(len(weights))], [float(w) for w in weights])
+        # Kept for callers of the pre-BatchStream iteration API.
         self.epoch = 0
-        self.index = 0  # next micro-batch of this rank within the epoch
+        self.index = 0
 
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, epoch])
+
+    def epoch_pool(self, rng: np.random.Generator) -> np.ndarray:
+        """The rows of one epoch in random order (each source `weight` times under a mixture)."""
+        if self.mixture is None:
+            return rng.permutation(len(self.lengths))
+        parts = []
+        for rows, w in zip(*self.mixture):
+            whole, frac = int(w), w - int(w)
+            parts.extend([rows] * whole)
+            if frac > 0:
+                parts.append(rng.choice(rows, size=int(round(frac * len(rows))), replace=False))
+        pool = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return pool[rng.permutation(len(pool))]
 
     def global_batches(self, epoch: int) -> list[np.ndarray]:
         raise NotImplementedError
@@ -34,9 +74,21 @@ class MicroBatchSampler:
         g = self.global_batches(epoch)
         usable = len(g) // self.world * self.world
         if usable == 0:
-            raise ValueError(f"{len(g)} micro-batches cannot be split over {self.world} ranks")
+            raise ConfigError("sampler.micro_batch_size", f"{len(g)} micro-batches per epoch cannot be split over {self.world} ranks")
         return g[self.rank : usable : self.world]
 
+    def fingerprint(self) -> str:
+        """What decides the batches besides the data: a resume with a different one would not land
+        on the next micro-batch of the same order."""
+        state = {"kind": self.kind, "mbs": self.micro_batch_size, "seed": self.seed, "world": self.world,
+                 "mult": self.pad_to_multiple_of, "packed": self.packed, **self._extra(),
+                 "mixture": None if self.mixture is None else self.mixture[1]}
+        return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+
+    def _extra(self) -> dict:
+        return {}
+
+    # Pre-BatchStream iteration API (the stream is what the trainer checkpoints).
     def __iter__(self) -> Iterator[np.ndarray]:
         while True:
             batches = self.rank_batches(self.epoch)
@@ -55,41 +107,89 @@ class MicroBatchSampler:
         self.index = int(state["index"])
 
 
+def _cut(rows: np.ndarray, size: int) -> list[np.ndarray]:
+    return np.split(rows, np.arange(size, len(rows), size)) if len(rows) else []
+
+
 class ShuffleSampler(MicroBatchSampler):
     """A random permutation cut into micro-batches: the baseline for padding and diversity."""
 
+    kind = "shuffle"
+
     def global_batches(self, epoch: int) -> list[np.ndarray]:
-        perm = self._rng(epoch).permutation(len(self.lengths))
-        m = self.micro_batch_size
-        return [perm[i : i + m] for i in range(0, len(perm), m)]
+        return _cut(self.epoch_pool(self._rng(epoch)), self.micro_batch_size)
 
 
 class BucketSampler(MicroBatchSampler):
     """Bucket to pair, shuffle to mix (playbook 3.2).
 
-    A random permutation is cut into buckets of `bucket_size` records; each bucket is sorted by
+    The epoch's random order is cut into buckets of `bucket_size` records; each bucket is sorted by
     length and cut into micro-batches of neighbours (tight pairing, little padding); then all
     micro-batches are shuffled globally, which restores source diversity per accumulation window.
     """
 
-    def __init__(self, lengths, micro_batch_size, seed, bucket_size: int, rank: int = 0, world: int = 1) -> None:
-        super().__init__(lengths, micro_batch_size, seed, rank, world)
+    kind = "bucket"
+
+    def __init__(self, lengths, micro_batch_size, seed, bucket_size: int, rank: int = 0, world: int = 1, **kw) -> None:
+        super().__init__(lengths, micro_batch_size, seed, rank, world, **kw)
         self.bucket_size = bucket_size
+
+    def _extra(self) -> dict:
+        return {"bucket_size": self.bucket_size}
+
+    def sorted_buckets(self, rng: np.random.Generator) -> np.ndarray:
+        """The epoch's pool, sorted by length within consecutive buckets of `bucket_size` records."""
+        pool = self.epoch_pool(rng)
+        bucket_of = np.arange(len(pool)) // self.bucket_size
+        return pool[np.lexsort((self.lengths[pool], bucket_of))]  # stable: ties keep the random order
+
+    def cut(self, rows: np.ndarray) -> list[np.ndarray]:
+        # Every micro-batch has micro_batch_size rows whatever the bucket size (a sampler knob must
+        # not change the batch size); one may straddle two buckets when they are not a multiple of it.
+        return _cut(rows, self.micro_batch_size)
 
     def global_batches(self, epoch: int) -> list[np.ndarray]:
         rng = self._rng(epoch)
-        perm = rng.permutation(len(self.lengths))
-        m = self.micro_batch_size
-        batches: list[np.ndarray] = []
-        for b in range(0, len(perm), self.bucket_size):
-            bucket = perm[b : b + self.bucket_size]
-            bucket = bucket[np.argsort(self.lengths[bucket], kind="stable")]
-            batches.extend(bucket[i : i + m] for i in range(0, len(bucket), m))
-        order = rng.permutation(len(batches))
-        return [batches[i] for i in order]
+        batches = self.cut(self.sorted_buckets(rng))
+        return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def build_sampler(cfg: SamplerConfig, lengths: np.ndarray, seed: int, rank: int = 0, world: int = 1) -> MicroBatchSampler:
+class BudgetSampler(BucketSampler):
+    """Bucket to pair with a token budget: walking the length-sorted buckets, a micro-batch takes rows
+    while rows x padded length (packed: the sum of padded lengths) stays <= `max_tokens`."""
+
+    kind = "budget"
+
+    def __init__(self, lengths, seed, bucket_size: int, max_tokens: int, rank: int = 0, world: int = 1, **kw) -> None:
+        super().__init__(lengths, 1, seed, bucket_size, rank, world, **kw)
+        self.max_tokens = max_tokens
+        longest = int(padded_len(int(self.lengths.max()), self.pad_to_multiple_of)) if len(self.lengths) else 0
+        if longest > max_tokens:
+            raise ConfigError("sampler.max_tokens", f"must hold the longest record ({longest} tokens after padding "
+                                                    f"to a multiple of {self.pad_to_multiple_of})", max_tokens)
+
+    def _extra(self) -> dict:
+        return {"bucket_size": self.bucket_size, "max_tokens": self.max_tokens}
+
+    def cut(self, rows: np.ndarray) -> list[np.ndarray]:
+        plen = padded_len(self.lengths[rows], self.pad_to_multiple_of).tolist()
+        cuts: list[int] = []
+        n_rows, width, total = 0, 0, 0
+        for i, n in enumerate(plen):
+            w, t = max(width, n), total + n
+            if n_rows and (t if self.packed else w * (n_rows + 1)) > self.max_tokens:
+                cuts.append(i)
+                n_rows, w, t = 0, n, n
+            n_rows, width, total = n_rows + 1, w, t
+        return np.split(rows, cuts) if len(rows) else []
+
+
+def build_sampler(cfg: SamplerConfig, lengths: np.ndarray, seed: int, rank: int = 0, world: int = 1,
+                  mixture: Optional[tuple[np.ndarray, Sequence[float]]] = None) -> MicroBatchSampler:
+    kw = dict(pad_to_multiple_of=cfg.pad_to_multiple_of, packed=cfg.packed, mixture=mixture)
+    if cfg.kind == SamplerKind.budget:
+        assert cfg.max_tokens is not None
+        return BudgetSampler(lengths, seed, cfg.bucket_size, cfg.max_tokens, rank, world, **kw)
     if cfg.kind == SamplerKind.bucket:
-        return BucketSampler(lengths, cfg.micro_batch_size, seed, cfg.bucket_size, rank, world)
-    return ShuffleSampler(lengths, cfg.micro_batch_size, seed, rank, world)
+        return BucketSampler(lengths, cfg.micro_batch_size, seed, cfg.bucket_size, rank, world, **kw)
+    return ShuffleSampler(lengths, cfg.micro_batch_size, seed, rank, world, **kw)

@@ -1,24 +1,67 @@
-"""Record sources. Every record keeps its root (the source it came from): diversity is measured in roots."""
+"""Record sources: bundled GSM8K, local JSONL or Parquet, or a weighted mixture of them.
+
+Every record keeps its root: the source it came from, optionally split further by a record field
+(`data.root_field`). Diversity is measured in roots (roots per accumulation window, playbook 3.2).
+GSM8K has no source field, so the bundled source derives `steps` (the number of reasoning lines of
+the reference answer) for conf/data/gsm8k.yaml to use as its root field: it correlates with length
+the way real sources do, which is exactly what makes length bucketing a diversity hazard.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+import logging
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any, Iterator, Optional
 
-from align.config import DataConfig, Source
+from align.config import DataConfig, OnBadRecord, Source
 from align.errors import ConfigError
+
+log = logging.getLogger("align")
 
 
 @dataclass(frozen=True)
 class Record:
     id: str
-    """Stable id: `<source>:<line number>`."""
+    """Stable id: `<source>:<line number>` (or `<source>:<id_field value>`)."""
     root: str
-    """Source id of the record."""
+    """Source id of the record: `<source>` or `<source>/<root_field>=<value>`."""
     messages: list[dict[str, str]]
     """The chat: [{role, content}, ...]; assistant turns are trained on."""
+    source: int = 0
+    """Index of the record's source in `source_specs(cfg)`."""
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One resolved source: the mixture entry (or the single `data.*` source) with inherited fields."""
+
+    name: str
+    kind: Source
+    path: Path
+    split: str
+    weight: float
+    messages_field: str
+    prompt_field: str
+    response_field: str
+    root_field: Optional[str]
+    id_field: Optional[str]
+    key: str
+    """The config key to name in errors (`data` or `data.mixture.<name>`)."""
+
+    def meaning(self) -> dict[str, Any]:
+        """What of this spec changes the encoding (the cache key adds the file's CONTENT hash).
+        Not the path (a path is stable across an edit) and not the weight (a sampler matter)."""
+        d = asdict(self)
+        for k in ("path", "weight", "key"):
+            d.pop(k)
+        d["kind"] = self.kind.value
+        if self.kind != Source.gsm8k:
+            d.pop("split")
+        return d
 
 
 def bundled_gsm8k(split: str) -> Path:
@@ -26,43 +69,139 @@ def bundled_gsm8k(split: str) -> Path:
 
 
 def source_path(cfg: DataConfig) -> Path:
-    return bundled_gsm8k(cfg.split) if cfg.source == Source.gsm8k else Path(cfg.path or "")
+    """The single source's file (kept for callers that predate mixtures)."""
+    return source_specs(cfg)[0].path
 
 
-def to_messages(row: dict, cfg: DataConfig, where: str) -> list[dict[str, str]]:
-    if cfg.messages_field in row:
-        msgs = row[cfg.messages_field]
+def source_specs(cfg: DataConfig) -> list[SourceSpec]:
+    """The sources of `cfg` in order: the mixture entries, or the one source of `data.*`."""
+
+    def spec(name: Optional[str], kind: Source, path: Optional[str], split: str, weight: float, key: str, over=None) -> SourceSpec:
+        p = bundled_gsm8k(split) if kind == Source.gsm8k else Path(path or "")
+        pick = lambda f: getattr(over, f) if over is not None and getattr(over, f) is not None else getattr(cfg, f)  # noqa: E731
+        return SourceSpec(
+            name=name or ("gsm8k" if kind == Source.gsm8k else p.stem), kind=kind, path=p, split=split, weight=weight,
+            messages_field=pick("messages_field"), prompt_field=pick("prompt_field"), response_field=pick("response_field"),
+            root_field=pick("root_field"), id_field=pick("id_field"), key=key,
+        )
+
+    if not cfg.mixture:
+        return [spec(cfg.name, cfg.source, cfg.path, cfg.split, 1.0, "data")]
+    return [spec(n, s.kind, s.path, s.split, s.weight, f"data.mixture.{n}", s) for n, s in cfg.mixture.items()]
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class BadRecord(Exception):
+    pass
+
+
+def _rows(spec: SourceSpec) -> Iterator[tuple[int, Any]]:
+    """(line or row number, parsed row or BadRecord) for every non-blank record of the file."""
+    if not spec.path.is_file():
+        raise ConfigError(f"{spec.key}.path", f"no such file: {spec.path}")
+    if spec.kind == Source.parquet:
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(spec.path)
+        except Exception as e:  # pyarrow raises several types for a file that is not Parquet
+            raise ConfigError(f"{spec.key}.path", f"not a readable Parquet file: {spec.path} ({type(e).__name__}: {e})") from None
+        for i, row in enumerate(table.to_pylist(), 1):
+            yield i, row
+        return
+    with spec.path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                yield lineno, BadRecord(f"malformed JSON ({getattr(e, 'msg', e)})")
+                continue
+            yield lineno, row if isinstance(row, dict) else BadRecord(f"a record must be a JSON object, got {type(row).__name__}")
+
+
+def to_messages(row: dict, spec: SourceSpec) -> list[dict[str, str]]:
+    if spec.messages_field in row:
+        msgs = row[spec.messages_field]
         if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
-            raise ConfigError(where, f"field '{cfg.messages_field}' must be a list of {{role, content}}")
-        return [{"role": m["role"], "content": m["content"]} for m in msgs]
-    if cfg.prompt_field in row and cfg.response_field in row:
+            raise BadRecord(f"field '{spec.messages_field}' must be a list of {{role, content}}")
+        return [{"role": str(m["role"]), "content": str(m["content"])} for m in msgs]
+    if spec.prompt_field in row and spec.response_field in row:
         return [
-            {"role": "user", "content": str(row[cfg.prompt_field])},
-            {"role": "assistant", "content": str(row[cfg.response_field])},
+            {"role": "user", "content": str(row[spec.prompt_field])},
+            {"role": "assistant", "content": str(row[spec.response_field])},
         ]
-    raise ConfigError(
-        where,
-        f"record has neither '{cfg.messages_field}' nor '{cfg.prompt_field}'+'{cfg.response_field}' "
-        f"(set data.messages_field / data.prompt_field / data.response_field); keys: {sorted(row)}",
+    raise BadRecord(
+        f"record has neither '{spec.messages_field}' nor '{spec.prompt_field}'+'{spec.response_field}' "
+        f"(set data.messages_field / data.prompt_field / data.response_field); keys: {sorted(row)}"
     )
 
 
-def load_records(cfg: DataConfig) -> list[Record]:
-    path = source_path(cfg)
-    root = "gsm8k" if cfg.source == Source.gsm8k else path.stem
+def _gsm8k_fields(row: dict) -> dict:
+    # Reasoning lines of the reference answer, without the final "#### <number>" line.
+    if "steps" not in row and isinstance(row.get("answer"), str):
+        row = {**row, "steps": sum(1 for ln in row["answer"].splitlines() if ln.strip() and not ln.startswith("####"))}
+    return row
+
+
+def _record(row: dict, lineno: int, spec: SourceSpec, index: int) -> Record:
+    if spec.kind == Source.gsm8k:
+        row = _gsm8k_fields(row)
+    msgs = to_messages(row, spec)
+    if not any(m["role"] == "assistant" for m in msgs):
+        raise BadRecord("record has no assistant turn to train on")
+    if spec.id_field is not None:
+        if spec.id_field not in row:
+            raise BadRecord(f"record has no id field '{spec.id_field}' (data.id_field)")
+        rid = f"{spec.name}:{row[spec.id_field]}"
+    else:
+        rid = f"{spec.name}:{lineno}"
+    root = spec.name
+    if spec.root_field is not None:
+        if spec.root_field not in row:
+            raise BadRecord(f"record has no root field '{spec.root_field}' (data.root_field)")
+        root = f"{spec.name}/{spec.root_field}={row[spec.root_field]}"
+    return Record(id=rid, root=root, messages=msgs, source=index)
+
+
+def load_records(cfg: DataConfig, report: Optional[dict] = None) -> list[Record]:
+    """Every record of every source, in order. Bad records fail or are skipped per
+    `data.on_bad_record`; skips are counted in `report` (skipped_bad, skipped_where)."""
+    report = {} if report is None else report
+    skipped: list[str] = []
     records: list[Record] = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
+    seen: set[str] = set()
+    for index, spec in enumerate(source_specs(cfg)):
+        n = 0
+        for lineno, row in _rows(spec):
+            where = f"{spec.path}:{lineno}"
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(where, f"malformed JSON ({e.msg})") from None
-            records.append(Record(id=f"{root}:{lineno}", root=root, messages=to_messages(row, cfg, where)))
-            if cfg.max_records is not None and len(records) >= cfg.max_records:
+                if isinstance(row, BadRecord):
+                    raise row
+                rec = _record(row, lineno, spec, index)
+                if rec.id in seen:
+                    raise BadRecord(f"duplicate record id {rec.id!r}")
+            except BadRecord as e:
+                if cfg.on_bad_record == OnBadRecord.fail:
+                    raise ConfigError(where, f"{e} (set data.on_bad_record=skip to skip such records)") from None
+                skipped.append(f"{where}: {e}")
+                continue
+            seen.add(rec.id)
+            records.append(rec)
+            n += 1
+            if cfg.max_records is not None and n >= cfg.max_records:
                 break
-    if not records:
-        raise ConfigError(str(path), "no records")
+        if n == 0:
+            raise ConfigError(f"{spec.key}", f"no usable records in {spec.path}" + (f" ({len(skipped)} skipped as bad)" if skipped else ""))
+    if skipped:
+        log.warning("data: skipped %d bad record(s), first: %s", len(skipped), skipped[0])
+    report.update(skipped_bad=len(skipped), skipped_where=skipped[:100])
     return records

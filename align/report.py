@@ -1,0 +1,132 @@
+"""`python -m align.report DIR`: one row per job of a multirun (or one run) dir, printed and plotted.
+
+Per job: the overrides that differ between jobs, real (unpadded) tokens/s, padding waste, the
+fraction of zero-pad micro-batches, roots per accumulation window and the final loss, all read from
+the job's `.hydra/overrides.yaml` and `history.jsonl`. Tokens/s leaves out step 1 (it carries
+one-time costs: allocator warm-up, first-call dispatch). Writes report.json and report.png into DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from align.errors import EXIT_CONFIG
+
+
+def job_dirs(root: Path) -> list[Path]:
+    """The run dirs under `root` (a multirun dir), or `root` itself when it is a run dir."""
+    if (root / "history.jsonl").is_file() or (root / ".hydra").is_dir():
+        return [root]
+    jobs = [p for p in root.iterdir() if p.is_dir() and ((p / ".hydra").is_dir() or (p / "history.jsonl").is_file())]
+    return sorted(jobs, key=lambda p: (0, int(p.name)) if p.name.isdigit() else (1, p.name))
+
+
+def _overrides(job: Path) -> list[str]:
+    f = job / ".hydra" / "overrides.yaml"
+    if not f.is_file():
+        return []
+    from omegaconf import OmegaConf
+
+    return [str(x) for x in OmegaConf.load(f)]
+
+
+def _history(job: Path) -> list[dict[str, Any]]:
+    f = job / "history.jsonl"
+    if not f.is_file():
+        return []
+    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+
+
+def _num(x: Any) -> Optional[float]:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(float(x)) else None
+
+
+def job_row(job: Path) -> dict[str, Any]:
+    rows = _history(job)
+    out: dict[str, Any] = {"job": job.name, "overrides": _overrides(job), "steps": len(rows)}
+    if not rows:
+        return {**out, "status": "no history"}
+    timed = rows[1:] or rows
+    time_s = sum(r.get("step_time_s", 0.0) for r in timed)
+    tokens = sum(r.get("tokens", 0) for r in rows)
+    real = sum(r.get("real_tokens", 0) for r in rows)
+    with_stats = [r for r in rows if "pad_waste" in r]
+    out.update(
+        status="ok",
+        real_tokens_per_s=sum(r.get("real_tokens", 0) for r in timed) / time_s if time_s else None,
+        tokens_per_s=sum(r.get("tokens", 0) for r in timed) / time_s if time_s else None,
+        pad_waste=1.0 - real / tokens if tokens else None,
+        zero_pad_frac=sum(r["zero_pad_frac"] for r in with_stats) / len(with_stats) if with_stats else None,
+        roots_per_window=sum(r["roots_in_window"] for r in with_stats) / len(with_stats) if with_stats else None,
+        final_loss=_num(rows[-1].get("loss")),
+    )
+    return out
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    common = set.intersection(*[set(r["overrides"]) for r in rows]) if rows else set()
+    lines = [f"jobs: {len(rows)}; shared overrides: {' '.join(sorted(common)) or '-'}"]
+    head = f"{'job':>4}  {'overrides':<44} {'steps':>5} {'real tok/s':>10} {'pad waste':>9} {'zero-pad':>8} {'roots/win':>9} {'final loss':>10}"
+    lines.append(head)
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    for r in rows:
+        ov = " ".join(o for o in r["overrides"] if o not in common) or "-"
+        if r["status"] != "ok":
+            lines.append(f"{r['job']:>4}  {ov:<44} {r['steps']:>5} {r['status']}")
+            continue
+        lines.append(f"{r['job']:>4}  {ov:<44} {r['steps']:>5} {fmt(r['real_tokens_per_s'], ',.0f'):>10} "
+                     f"{pct(r['pad_waste']):>9} {pct(r['zero_pad_frac']):>8} "
+                     f"{fmt(r['roots_per_window'], '.2f'):>9} {fmt(r['final_loss'], '.4f'):>10}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    common = set.intersection(*[set(r["overrides"]) for r in rows]) if rows else set()
+    labels = ["\n".join(o for o in r["overrides"] if o not in common) or r["job"] for r in ok]
+    fig, axes = plt.subplots(1, 3, figsize=(max(9, 1.6 * len(ok) * 3), 4))
+    for ax, key, title, scale in ((axes[0], "real_tokens_per_s", "real tokens/s", 1), (axes[1], "pad_waste", "padding waste %", 100),
+                                  (axes[2], "final_loss", "final loss", 1)):
+        ax.bar(range(len(ok)), [(r[key] or 0) * scale for r in ok])
+        ax.set_xticks(range(len(ok)), labels, fontsize=6)
+        ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m align.report", description=__doc__.splitlines()[0])
+    ap.add_argument("dir", type=Path, help="a multirun dir (multirun/<sweep>) or one run dir")
+    ap.add_argument("--out", type=Path, default=None, help="where report.json and report.png go (default: DIR)")
+    args = ap.parse_args(argv)
+    if not args.dir.is_dir():
+        print(f"align: error: {args.dir}: no such directory", file=sys.stderr)
+        return EXIT_CONFIG
+    jobs = job_dirs(args.dir)
+    if not jobs:
+        print(f"align: error: {args.dir}: no job dirs (expected <dir>/<n>/.hydra or history.jsonl)", file=sys.stderr)
+        return EXIT_CONFIG
+    rows = [job_row(j) for j in jobs]
+    print(format_table(rows), flush=True)
+    out = args.out or args.dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(rows, indent=2))
+    plot(rows, out / "report.png")
+    print(f"wrote {out / 'report.json'} and {out / 'report.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
