@@ -68,8 +68,14 @@ def job_row(job: Path) -> dict[str, Any]:
     return out
 
 
+def shared_overrides(rows: list[dict[str, Any]]) -> set[str]:
+    """Overrides every job (that recorded any) shares: printed once, not per row."""
+    sets = [set(r["overrides"]) for r in rows if r["overrides"]]
+    return set.intersection(*sets) if len(sets) > 1 else set()
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    common = set.intersection(*[set(r["overrides"]) for r in rows]) if rows else set()
+    common = shared_overrides(rows)
     lines = [f"jobs: {len(rows)}; shared overrides: {' '.join(sorted(common)) or '-'}"]
     head = f"{'job':>4}  {'overrides':<44} {'steps':>5} {'real tok/s':>10} {'pad waste':>9} {'zero-pad':>8} {'roots/win':>9} {'final loss':>10}"
     lines.append(head)
@@ -93,7 +99,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r["status"] == "ok"]
-    common = set.intersection(*[set(r["overrides"]) for r in rows]) if rows else set()
+    common = shared_overrides(rows)
     labels = ["\n".join(o for o in r["overrides"] if o not in common) or r["job"] for r in ok]
     fig, axes = plt.subplots(1, 3, figsize=(max(9, 1.6 * len(ok) * 3), 4))
     for ax, key, title, scale in ((axes[0], "real_tokens_per_s", "real tokens/s", 1), (axes[1], "pad_waste", "padding waste %", 100),

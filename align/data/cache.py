@@ -199,7 +199,7 @@ def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer) -> Enc
         report: dict[str, Any] = {}
         records = load_records(data_cfg, report)
         excluded = load_mask_files(data_cfg.mask_files, records)
-        data = encode_records(records, tokenizer, data_cfg, model_cfg, excluded, data_cfg.encode_workers)
+        data = encode_records(records, tokenizer, data_cfg, excluded, data_cfg.encode_workers)
         data.stats.update(report)
         per_source = np.bincount(data.source_index, minlength=len(parts["sources"]))
         data.meta = {

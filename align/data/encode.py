@@ -13,12 +13,12 @@ import hashlib
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
+from multiprocessing import get_all_start_methods, get_context
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from align.config import DataConfig, ModelConfig, Truncation
+from align.config import DataConfig, Truncation
 from align.data.sources import Record
 from align.errors import ConfigError
 
@@ -79,15 +79,22 @@ def _render(tok, messages, **kw) -> str:
 def encode_one(tok, record: Record, exclude: frozenset[int] | set[int] = frozenset()) -> tuple[list[int], list[bool]]:
     """Token ids and loss mask of one record (unbounded length); turns in `exclude` get no loss."""
     msgs = record.messages
-    ids = tok(_render(tok, msgs), add_special_tokens=False)["input_ids"]
+    memo: dict[str, list[int]] = {}
+
+    def ids_of(text: str) -> list[int]:
+        if text not in memo:
+            memo[text] = tok(text, add_special_tokens=False)["input_ids"]
+        return memo[text]
+
+    ids = list(ids_of(_render(tok, msgs)))
     mask = [False] * len(ids)
     eos = tok.eos_token_id
     turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     if not turns:
         raise ConfigError(record.id, "record has no assistant turn to train on")
     for i in turns:
-        start = len(tok(_render(tok, msgs[:i], add_generation_prompt=True), add_special_tokens=False)["input_ids"])
-        end = len(tok(_render(tok, msgs[: i + 1]), add_special_tokens=False)["input_ids"])
+        start = len(ids_of(_render(tok, msgs[:i], add_generation_prompt=True)))
+        end = len(ids_of(_render(tok, msgs[: i + 1])))  # the last turn renders the whole chat again: memoised
         if end > len(ids) or start >= end:
             raise ConfigError(record.id, "chat template is not prefix-stable: a rendered turn is not a token prefix of the whole chat")
         if eos not in ids[start:end] and i == len(msgs) - 1:
@@ -107,11 +114,9 @@ def encode_one(tok, record: Record, exclude: frozenset[int] | set[int] = frozens
 _WORKER_TOK = None
 
 
-def _worker_init(model_cfg: ModelConfig) -> None:
+def _worker_init(tok) -> None:
     global _WORKER_TOK
-    from align.data.tokenizer import load_tokenizer
-
-    _WORKER_TOK = load_tokenizer(model_cfg)
+    _WORKER_TOK = tok
 
 
 def _encode_chunk(chunk: list[tuple[Record, frozenset[int]]]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -133,8 +138,7 @@ def resolve_workers(requested: Optional[int], n_records: int) -> int:
     return min(8, per_rank)
 
 
-def encode_all(records: Sequence[Record], tok, model_cfg: ModelConfig, excluded: dict[str, set[int]],
-               workers: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def encode_all(records: Sequence[Record], tok, excluded: dict[str, set[int]], workers: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Encode every record, in order, in `workers` processes (0: in-process)."""
     items = [(r, frozenset(excluded.get(r.id, ()))) for r in records]
     if workers <= 0:
@@ -142,20 +146,20 @@ def encode_all(records: Sequence[Record], tok, model_cfg: ModelConfig, excluded:
     n_chunks = workers * 4
     size = -(-len(items) // n_chunks)
     chunks = [items[i : i + size] for i in range(0, len(items), size)]
-    # spawn: a forked child inherits the tokenizer's Rust thread pool and torch's threads mid-state.
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init,
-                             initargs=(model_cfg,)) as pool:
+    # fork: the workers inherit the loaded tokenizer (spawn would re-import transformers and reload
+    # it in each worker, seconds on 2 cores). They run no torch op and no tokenizer batch (the Rust
+    # thread pool, which tokenizers itself disables after a fork), so no thread state is at risk.
+    # Where fork is missing, spawn pickles the tokenizer (slower, same result).
+    ctx = get_context("fork" if "fork" in get_all_start_methods() else "spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(tok,)) as pool:
         return [x for part in pool.map(_encode_chunk, chunks) for x in part]
 
 
-def encode_records(records: Sequence[Record], tok, cfg: DataConfig, model_cfg: Optional[ModelConfig] = None,
+def encode_records(records: Sequence[Record], tok, cfg: DataConfig,
                    excluded: Optional[dict[str, set[int]]] = None, workers: Optional[int] = 0) -> EncodedDataset:
     """Encode, then apply the truncation policy; the truncation report goes into `stats`."""
     excluded = excluded or {}
-    n_workers = resolve_workers(workers, len(records))
-    if n_workers > 0 and model_cfg is None:
-        raise ValueError("encoding in worker processes needs the ModelConfig to load the tokenizer there")
-    encoded = encode_all(records, tok, model_cfg or ModelConfig(), excluded, n_workers)
+    encoded = encode_all(records, tok, excluded, resolve_workers(workers, len(records)))
 
     tokens: list[np.ndarray] = []
     masks: list[np.ndarray] = []

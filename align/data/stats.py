@@ -26,16 +26,15 @@ def length_moments(lengths: np.ndarray) -> dict[str, float]:
 def batch_shapes(batches: Sequence[np.ndarray], lengths: np.ndarray, pad_to_multiple_of: int = 1,
                  packed: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(tokens computed, real tokens) of each micro-batch, as collate would build it."""
-    lengths = np.asarray(lengths)
-    n = len(batches)
-    real = np.zeros(n, dtype=np.int64)
-    computed = np.zeros(n, dtype=np.int64)
-    for i, rows in enumerate(batches):
-        lens = lengths[rows]
-        real[i] = lens.sum()
-        computed[i] = padded_len(int(real[i]), pad_to_multiple_of) if packed else \
-            len(rows) * padded_len(int(lens.max()), pad_to_multiple_of)
-    return computed, real
+    if not len(batches):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
+    lens = np.asarray(lengths, dtype=np.int64)[np.concatenate(list(batches))]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    real = np.add.reduceat(lens, starts)
+    if packed:
+        return padded_len(real, pad_to_multiple_of), real
+    return sizes * padded_len(np.maximum.reduceat(lens, starts), pad_to_multiple_of), real
 
 
 def padding_stats(batches: Sequence[np.ndarray], lengths: np.ndarray, pad_to_multiple_of: int = 1,
