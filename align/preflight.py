@@ -341,10 +341,15 @@ def check_tests(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
 def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     yield Check("config", "values", Status.passed, "every group type- and value-checked by its dataclass")
-    if cfg.data.source == Source.jsonl:
-        p = Path(cfg.data.path or "")
-        ok = p.is_file()
-        yield Check("config", "data file", Status.passed if ok else Status.failed, f"{p}" if ok else f"no such file: {p}", "data.path")
+    from align.data.sources import source_specs  # stdlib + config only: no torch, no tokenizer
+
+    for spec in source_specs(cfg.data):  # every source of a mixture, JSONL or Parquet
+        ok = spec.path.is_file()
+        yield Check("config", "data file", Status.passed if ok else Status.failed, f"{spec.path}" if ok else f"no such file: {spec.path}",
+                    f"{spec.key}.path")
+    for m in cfg.data.mask_files:
+        ok = Path(m).is_file()
+        yield Check("config", "mask file", Status.passed if ok else Status.failed, m if ok else f"no such file: {m}", "data.mask_files")
     if cfg.model.pretrained:
         d = Path(cfg.model.pretrained)
         ok = d.is_dir() and (d / "config.json").is_file()

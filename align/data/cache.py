@@ -146,6 +146,11 @@ def cache_key_parts(data_cfg: DataConfig, model_cfg: ModelConfig) -> dict[str, A
     return parts
 
 
+def encode_cache_key_for(cfg) -> str:
+    """The encode cache key of a TrainConfig, from files alone (preflight shows it before any load)."""
+    return cache_key_parts(cfg.data, cfg.model)["key"]
+
+
 # ----------------------------------------------------------------------------------- read / write
 
 

@@ -49,6 +49,19 @@ class EncodedDataset:
     def __len__(self) -> int:
         return len(self.ids)
 
+    # Provenance by attribute, for the manifest (align.recording reads these names).
+    @property
+    def cache_key(self) -> Optional[str]:
+        return self.meta.get("encode_cache_key")
+
+    @property
+    def tokenizer_sha256(self) -> Optional[str]:
+        return self.meta.get("tokenizer_sha256")
+
+    @property
+    def chat_template_sha256(self) -> Optional[str]:
+        return self.meta.get("chat_template_sha256")
+
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)

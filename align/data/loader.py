@@ -99,6 +99,7 @@ def build_stream(cfg, data: EncodedDataset, pad_id: int, rank: int = 0, world: i
     weights = [s.weight for s in source_specs(cfg.data)]
     sampler = build_sampler(cfg.sampler, data.lengths, cfg.trainer.seed, rank, world, mixture=(data.source_index, weights))
     plan = plan_stats(sampler, root_codes(data.roots), cfg.trainer.grad_accum * world)
+    sampler.plan = plan
     stats = DataStats(data, plan)
     return BatchStream(data, sampler, pad_id, cfg.sampler.pad_to_multiple_of, packed=cfg.sampler.packed,
                        pin_memory=pin_memory, stats=stats)

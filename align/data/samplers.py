@@ -88,6 +88,18 @@ class MicroBatchSampler:
     def _extra(self) -> dict:
         return {}
 
+    plan: Optional[dict] = None
+    """Epoch-0 plan stats with roots per window, set by `build_stream` (align.data.stats.plan_stats)."""
+
+    def stats(self) -> dict:
+        """What this sampler does over epoch 0 (the manifest's sampler.stats): padding waste, zero-pad
+        micro-batches, largest micro-batch, and roots per window beside a pure shuffle when known."""
+        if self.plan is None:
+            from align.data.stats import padding_stats
+
+            self.plan = padding_stats(self.global_batches(0), self.lengths, self.pad_to_multiple_of, self.packed)
+        return {"kind": self.kind, **self.plan}
+
     # Pre-BatchStream iteration API (the stream is what the trainer checkpoints).
     def __iter__(self) -> Iterator[np.ndarray]:
         while True:
