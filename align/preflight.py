@@ -340,9 +340,9 @@ def check_tests(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
 
 def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
-    yield Check("config", "values", Status.passed, "every group type- and value-checked by its dataclass")
     from align.data.sources import source_specs  # stdlib + config only: no torch, no tokenizer
 
+    yield Check("config", "values", Status.passed, "every group type- and value-checked by its dataclass")
     for spec in source_specs(cfg.data):  # every source of a mixture, JSONL or Parquet
         ok = spec.path.is_file()
         yield Check("config", "data file", Status.passed if ok else Status.failed, f"{spec.path}" if ok else f"no such file: {spec.path}",

@@ -94,11 +94,15 @@ class MicroBatchSampler:
     def stats(self) -> dict:
         """What this sampler does over epoch 0 (the manifest's sampler.stats): padding waste, zero-pad
         micro-batches, largest micro-batch, and roots per window beside a pure shuffle when known."""
-        if self.plan is None:
-            from align.data.stats import padding_stats
+        from align.data.stats import padding_stats
 
+        if self.plan is None:
             self.plan = padding_stats(self.global_batches(0), self.lengths, self.pad_to_multiple_of, self.packed)
-        return {"kind": self.kind, **self.plan}
+        mine = padding_stats(self.rank_batches(0), self.lengths, self.pad_to_multiple_of, self.packed)
+        # This rank's share of epoch 0 under the manifest's names, then the global plan.
+        return {"kind": self.kind, "micro_batches_per_epoch": mine["micro_batches"],
+                "padding_waste_epoch0": mine["pad_waste"], "zero_pad_fraction_epoch0": mine["zero_pad_frac"],
+                "global": dict(self.plan)}
 
     # Pre-BatchStream iteration API (the stream is what the trainer checkpoints).
     def __iter__(self) -> Iterator[np.ndarray]:

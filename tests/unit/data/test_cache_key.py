@@ -139,3 +139,11 @@ def test_a_tokenizer_whose_template_differs_from_its_files_is_refused(corpus, tm
             load_dataset(data_cfg(corpus, tmp_path), ModelConfig(), tok)
     finally:
         tok.chat_template = original
+
+
+def test_preflight_key_is_the_key_the_run_uses(corpus, tmp_path, tok):
+    from align.config import TrainConfig
+    from align.data.cache import encode_cache_key_for
+
+    cfg = TrainConfig(data=data_cfg(corpus, tmp_path))
+    assert encode_cache_key_for(cfg) == load_dataset(cfg.data, cfg.model, tok).meta["encode_cache_key"]

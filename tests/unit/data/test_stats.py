@@ -60,3 +60,16 @@ def test_data_stats_step_and_summary():
     s = ds.summary()
     assert s["pad_waste"] == row["pad_waste"] and s["plan_pad_waste"] == 0.1 and s["shuffle_roots_per_window"] == 3.0
     assert s["truncated"] == 2 and s["dropped_too_long"] == 1 and "w2_ratio" in s and "E_w" in s
+
+
+def test_sampler_stats_for_the_manifest_are_this_ranks_epoch_0_plus_the_global_plan():
+    from align.config import SamplerConfig, SamplerKind
+    from align.data.samplers import build_sampler
+
+    data = synthetic(203)
+    s = build_sampler(SamplerConfig(kind=SamplerKind.bucket, micro_batch_size=4, bucket_size=32), data.lengths, 0, 1, 2)
+    s.plan = plan_stats(s, root_codes(data.roots), window=2)
+    st = s.stats()
+    assert st["kind"] == "bucket" and st["micro_batches_per_epoch"] == len(s.rank_batches(0)) == 25
+    assert st["global"]["micro_batches"] == 51 and st["global"]["dropped_by_rank_trim"] == 1
+    assert 0 <= st["padding_waste_epoch0"] < 1 and "shuffle_roots_per_window" in st["global"]
