@@ -24,7 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
-from align.config import Source, TrainConfig
+from align.config import TrainConfig
 from align.errors import EXIT_CONFIG, AlignError, ConfigError
 
 # ------------------------------------------------------------------------------------ results
