@@ -316,7 +316,9 @@ class OptimizerName(StrEnum):
 @dataclass
 class OptimizerConfig:
     name: OptimizerName = OptimizerName.adamw
-    """adamw: torch.optim.AdamW (fused on CUDA). adamw8bit: 8-bit AdamW (bitsandbytes)."""
+    """adamw: torch.optim.AdamW (fused on CUDA). adamw8bit: 8-bit AdamW, bitsandbytes on plain
+    tensors, torchao under parallel=fsdp/ep (bitsandbytes fails on DTensor parameters); the one that
+    ran is recorded as `optimizer_impl`."""
     lr: float = 1e-3
     """Peak learning rate."""
     weight_decay: float = 0.0
@@ -342,14 +344,47 @@ class OptimizerConfig:
 
 class ParallelKind(StrEnum):
     single = "single"
+    fsdp = "fsdp"
+    ep = "ep"
+
+
+class ParamDtype(StrEnum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
 
 
 @dataclass
 class ParallelConfig:
     kind: ParallelKind = ParallelKind.single
-    """single: one process, one device."""
+    """single: one process, one device. fsdp: FSDP2 `fully_shard` per decoder block and at the root
+    over every rank (launch with launchers/torchrun.sh). ep: experts sharded on dim 0 over an EP mesh
+    dimension with tokens exchanged by all-to-all (transformers' expert parallel), dense parameters
+    under FSDP2; MoE families only."""
     activation_checkpointing: bool = False
     """Recompute each decoder block in backward (transformers' activation checkpointing)."""
+    param_dtype: ParamDtype = ParamDtype.auto
+    """Dtype FSDP2 gathers parameters in for compute (MixedPrecisionPolicy); gradients are always
+    reduced in float32. auto: bfloat16 on CUDA, float32 on CPU."""
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward (re-gather in backward): less memory,
+    one more all-gather per block."""
+    ep_size: Optional[int] = None
+    """Ranks that hold distinct experts (parallel=ep); null: all ranks. Must divide the world size
+    and the number of experts; the remaining factor shards each expert with FSDP."""
+    pg_timeout_s: int = 600
+    """Process-group timeout: a collective that waits longer fails (with a flight-recorder dump on
+    NCCL when `flight_recorder_entries` > 0) instead of hanging the job."""
+    flight_recorder_entries: int = 2000
+    """NCCL flight recorder ring size (TORCH_FR_BUFFER_SIZE); 0 disables it. On a collective
+    timeout each rank dumps its recent collectives under <run_dir>/rank<r>/flight_recorder/."""
+
+    def __post_init__(self) -> None:
+        if self.ep_size is not None:
+            _require(self.ep_size >= 1, "parallel.ep_size", "must be >= 1 or null", self.ep_size)
+        _require(self.pg_timeout_s >= 1, "parallel.pg_timeout_s", "must be >= 1", self.pg_timeout_s)
+        _require(self.flight_recorder_entries >= 0, "parallel.flight_recorder_entries", "must be >= 0",
+                 self.flight_recorder_entries)
 
 
 # ---------------------------------------------------------------------------------------- logger
@@ -394,6 +429,12 @@ class Device(StrEnum):
     cuda = "cuda"
 
 
+class ResumePolicy(StrEnum):
+    auto = "auto"
+    never = "never"
+    must = "must"
+
+
 @dataclass
 class TrainerConfig:
     max_steps: int = 150
@@ -412,9 +453,30 @@ class TrainerConfig:
     """Console log line every N optimizer steps when stderr is not a TTY (history gets every step)."""
     export: bool = True
     """Write the trained model in HF layout (safetensors, config, tokenizer) to `export/` at the end."""
+    save_every: int = 0
+    """Write a checkpoint (torch.distributed.checkpoint) every N optimizer steps; 0: only at a
+    coordinated stop. A checkpoint counts only when complete (see docs/distributed.md)."""
+    keep_last: int = 2
+    """Complete checkpoints kept on disk (older ones are deleted, including those a previous attempt
+    of this run left); 0 keeps all."""
+    resume: ResumePolicy = ResumePolicy.auto
+    """auto: resume from the newest complete checkpoint under <run_dir>/checkpoints when there is
+    one. never: start fresh (existing checkpoints are left alone). must: refuse to start without one."""
+    resume_from: Optional[str] = None
+    """An explicit checkpoint directory to resume from (overrides the automatic pick)."""
+    resume_despite_mismatch: bool = False
+    """Resume even though world size, dataset fingerprint, sampler or model shape differ from the
+    checkpoint's (refused by default, with the reason)."""
+    max_consecutive_skipped_steps: int = 3
+    """Optimizer steps with a non-finite loss or gradient norm (on any rank) are skipped on all
+    ranks; more than this many in a row halt the run (exit 81, HALT.json)."""
 
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, "trainer.max_steps", "must be >= 1", self.max_steps)
+        _require(self.save_every >= 0, "trainer.save_every", "must be >= 0", self.save_every)
+        _require(self.keep_last >= 0, "trainer.keep_last", "must be >= 0", self.keep_last)
+        _require(self.max_consecutive_skipped_steps >= 0, "trainer.max_consecutive_skipped_steps", "must be >= 0",
+                 self.max_consecutive_skipped_steps)
         _require(self.grad_accum >= 1, "trainer.grad_accum", "must be >= 1", self.grad_accum)
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1", self.log_every)
 

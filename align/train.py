@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from align.cli import CONF_DIR, die, validate_command_line, wants_hydra_only
 from align.config import to_typed
 from align.errors import AlignError
+from align.parallel.launch import rank_overrides, record_exit
 
 
 def run(cfg: DictConfig) -> int:
@@ -39,7 +40,9 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         code = run(cfg)
     except AlignError as e:  # Hydra would print a traceback and exit 1; ours are one line and a code
+        record_exit(e.exit_code)
         die(str(e), e.exit_code)
+    record_exit(code)
     if code:
         raise SystemExit(code)
 
@@ -57,6 +60,7 @@ def main() -> None:
                 run_preflight(typed)
             except AlignError as e:
                 die(str(e), e.exit_code)
+    sys.argv += rank_overrides()  # under torchrun, ranks > 0 write no .hydra/ (LANDMINES 10)
     _hydra_main()
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import torch
 
@@ -19,13 +18,23 @@ from align.data.cache import load_dataset
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream, build_stream
 from align.data.tokenizer import load_tokenizer
-from align.errors import EXIT_OK
+from align.control.boundary import Verdict, agree
+from align.control.checkpoint import load_checkpoint, read_meta, remove_stale_tmp, save_checkpoint
+from align.control.ckpt_index import checkpoint_root
+from align.control.nonfinite import SkipStats, halt_message, write_halt
+from align.control.nonfinite import inject as inject_nan
+from align.control.resume import check_resumable, find_resume_point, run_identity, trim_history
+from align.control.signals import StopSignals
+from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, NonFiniteHalt
 from align.loss import ce_sum
 from align.models import build_model
-from align.models.export import export_hf
 from align.models.runtime import ModelRuntime
-from align.optim import build_optimizer, build_scheduler
-from align.parallel.env import DistEnv, dist_env
+from align.optim import build_optimizer, build_scheduler, optimizer_impl
+from align.parallel.env import DistEnv, init_distributed
+from align.parallel.export import export_model
+from align.parallel.grad import clip_grad_norm_
+from align.parallel.launch import log_rank_to_file
+from align.parallel.wrap import parallelize
 from align.telemetry.history import History
 from align.telemetry.progress import Progress
 from align.telemetry.throughput import Throughput
@@ -37,11 +46,19 @@ log = logging.getLogger("align")
 @dataclass
 class TrainState:
     step: int = 0
-    """Optimizer steps taken."""
+    """Optimizer boundaries passed (a skipped non-finite step counts: its data was consumed)."""
     clipped_steps: int = 0
     tokens: int = 0
     real_tokens: int = 0
     loss_tokens: int = 0
+    skips: SkipStats = field(default_factory=SkipStats)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainState":
+        return cls(**{**d, "skips": SkipStats(**d["skips"])})
 
 
 @dataclass
@@ -54,12 +71,17 @@ class Trainer:
     stream: BatchStream
     model: torch.nn.Module
     model_info: dict[str, Any]
+    """Resolved model, parallel layout and optimizer implementation: goes into the manifest."""
     optimizer: torch.optim.Optimizer
     scheduler: Any
     logger: Logger
-    history: History
+    history: Optional[History]
+    """history.jsonl on rank 0 (rows hold values reduced over ranks); None on the other ranks."""
     throughput: Throughput
+    identity: dict[str, Any]
+    """What a checkpoint of this run records and a resume must match (align.control.resume)."""
     state: TrainState = field(default_factory=TrainState)
+    stop: StopSignals = field(default_factory=StopSignals)
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ce_sum
     """The loss of one micro-batch (summed over loss tokens); the probes wrap it to time it."""
     runtime: ModelRuntime = field(default_factory=ModelRuntime)
@@ -67,7 +89,8 @@ class Trainer:
 
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None) -> "Trainer":
-        env = dist_env(cfg.trainer.device)
+        env = init_distributed(cfg.parallel, cfg.trainer.device, run_dir)
+        log_rank_to_file(env, run_dir)
         torch.manual_seed(cfg.trainer.seed)
         if cfg.trainer.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=False)
@@ -77,20 +100,53 @@ class Trainer:
         stream = build_stream(cfg, data, tokenizer.pad_token_id, env.rank, env.world, pin_memory=env.device.type == "cuda")
 
         built = build_model(cfg.model, cfg.attention, tokenizer, env.device)
+        identity = run_identity(cfg, env.world, data, built.model)
+        resume = find_resume_point(cfg, run_dir)
+        if resume is not None:  # refuse a checkpoint of another run before any sharding or loading
+            check_resumable(resume, read_meta(resume), identity, cfg.trainer.resume_despite_mismatch)
         model = built.model.to(env.device)
-        if cfg.parallel.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        parallel = parallelize(model, cfg.parallel, env)
         model.train()
 
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
+        info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer)}
 
         name = cfg.name or run_dir.name
         logger = build_logger(cfg.logger, env.is_main, wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {}))
-        history = History(run_dir / "history.jsonl")
+        if resume is not None and env.is_main:
+            trim_history(run_dir / "history.jsonl", read_meta(resume)["step"])
+        history = History(run_dir / "history.jsonl") if env.is_main else None
         throughput = Throughput.build(model, env.device, measure=env.is_main)
-        return cls(cfg, run_dir, env, tokenizer, data, stream, model, built.info, optimizer, scheduler, logger, history,
-                   throughput, runtime=built.runtime)
+        trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, scheduler, logger, history,
+                      throughput, identity, runtime=built.runtime)
+        if resume is not None:
+            trainer.restore(resume)
+        return trainer
+
+    # ------------------------------------------------------------------------------- checkpoints
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return checkpoint_root(self.run_dir)
+
+    def save_checkpoint(self, reason: str) -> Path:
+        meta = {"reason": reason, "identity": self.identity, "state": self.state.to_dict(),
+                "scheduler": self.scheduler.state_dict(), "optimizer_impl": self.model_info["optimizer_impl"]}
+        path = save_checkpoint(self.checkpoint_root, self.state.step, self.model, self.optimizer, self.env, meta,
+                               {"stream": self.stream.state_dict()}, self.cfg.trainer.keep_last)
+        log.info("checkpoint %s (%s)", path, reason)
+        return path
+
+    def restore(self, path: Path) -> None:
+        if self.env.is_main:
+            remove_stale_tmp(self.checkpoint_root)
+        meta, mine = load_checkpoint(path, self.model, self.optimizer, self.env)
+        self.scheduler.load_state_dict(meta["scheduler"])
+        self.state = TrainState.from_dict(meta["state"])
+        self.stream.load_state_dict(mine["stream"])
+        self.model_info["resumed_from"] = {"path": str(path), "step": self.state.step}
+        log.info("resumed from %s at step %d", path, self.state.step)
 
     # ------------------------------------------------------------------------------------- loop
 
@@ -101,79 +157,114 @@ class Trainer:
         return contextlib.nullcontext()
 
     def fit(self) -> int:
+        """Train to `trainer.max_steps`. Returns 0, or 143 after a coordinated stop (checkpoint
+        written); raises NonFiniteHalt (exit 81, HALT.json) after too many non-finite steps in a row."""
         cfg = self.cfg.trainer
         batches = iter(self.stream)
         progress = Progress(cfg.max_steps, self.state.step, self.env.is_main, cfg.log_every)
-        try:
+        with self.stop, contextlib.closing(progress):  # a signal only flags a stop; the boundary acts on it
             while self.state.step < cfg.max_steps:
-                metrics = self.train_step(batches)
-                self.history.append(metrics)
-                self.logger.log({k: v for k, v in metrics.items() if k != "step"}, step=metrics["step"])
+                metrics, verdict = self.train_step(batches)
+                self.log(metrics)
                 progress.update(metrics["step"], metrics["loss"], metrics["tokens_per_s"])
-        finally:
-            progress.close()
+                if self.state.skips.over(cfg.max_consecutive_skipped_steps):
+                    self.halt()
+                if verdict.stop or (cfg.save_every and self.state.step % cfg.save_every == 0):
+                    self.save_checkpoint("stop" if verdict.stop else "cadence")
+                if verdict.stop:
+                    return self.finish(EXIT_SIGNAL)
         self.model_info.update(self.runtime.finish(self.run_dir, self.env.is_main))
-        if cfg.export and self.env.is_main:
-            export_hf(self.model, self.tokenizer, self.run_dir / "export")
-        self.logger.summary(self.summary())
-        self.history.close()
-        self.logger.finish(EXIT_OK)
-        return EXIT_OK
+        if cfg.export:
+            export_model(self.model, self.tokenizer, self.run_dir / "export", self.env)
+        return self.finish(EXIT_OK)
 
-    def forward_backward(self, b: Batch, denom: int) -> torch.Tensor:
-        """One micro-batch: forward, loss / `denom` (the window's loss tokens), backward. The probes time this.
+    def forward_backward(self, b: Batch, denom: float) -> torch.Tensor:
+        """One micro-batch: forward, loss / `denom`, backward. The probes time this.
         Router losses (MoE, when weighted) weigh by the micro-batch's share of the window's loss tokens."""
         with self.autocast():
             logits = self.model(**b.model_inputs()).logits
-        loss = self.loss_fn(logits, b.labels) / denom
+        loss = inject_nan(self.loss_fn(logits, b.labels) / denom, self.env.rank, self.state.step + 1)  # test-only hook
         (loss + self.runtime.aux_loss(scale=b.loss_tokens / denom)).backward()
         return loss.detach()
 
-    def train_step(self, batches: Iterator[Batch]) -> dict[str, Any]:
+    def train_step(self, batches: Iterator[Batch]) -> tuple[dict[str, Any], Verdict]:
         t0 = time.perf_counter()
         window = [next(batches).to(self.env.device) for _ in range(self.cfg.trainer.grad_accum)]
-        loss_tokens = sum(b.loss_tokens for b in window)
-        denom = max(loss_tokens, 1)
+        # Every target token of the window weighs the same on every rank: divide by the GLOBAL count;
+        # grad_scale (the world size under FSDP) undoes FSDP2's mean of gradients over ranks.
+        loss_tokens = int(self.env.all_reduce_sum(torch.tensor(sum(b.loss_tokens for b in window), device=self.env.device)))
+        grad_scale = self.model_info["parallel"]["grad_scale"]
+        denom = max(loss_tokens, 1) / grad_scale
         loss_sum = torch.zeros((), device=self.env.device)
         for b in window:
             loss_sum += self.forward_backward(b, denom)
 
         max_norm = self.cfg.optimizer.max_grad_norm
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf))
-        clipped = max_norm > 0 and grad_norm > max_norm
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
+        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)
+        # The one boundary collective: stop flags, non-finite flags and the logged sums, all ranks.
+        v = agree(self.env, self.stop.requested, loss_sum / grad_scale, grad_norm,
+                  sum(b.tokens for b in window), sum(b.real_tokens for b in window))
+        skip = v.skip_cause
+        if skip is None:
+            self.optimizer.step()
+        lr = float(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
         dt = time.perf_counter() - t0
         s = self.state
         s.step += 1
+        s.skips.record(skip)
+        clipped = skip is None and max_norm > 0 and grad_norm > max_norm
         s.clipped_steps += int(clipped)
-        tokens, real = sum(b.tokens for b in window), sum(b.real_tokens for b in window)
-        s.tokens, s.real_tokens, s.loss_tokens = s.tokens + tokens, s.real_tokens + real, s.loss_tokens + loss_tokens
+        s.tokens, s.real_tokens, s.loss_tokens = s.tokens + v.tokens, s.real_tokens + v.real_tokens, s.loss_tokens + loss_tokens
         return {
             "step": s.step,
-            "loss": float(loss_sum),
+            "loss": v.loss,
             "lr": lr,
             "grad_norm": grad_norm,
             "clipped": clipped,
             "clip_fraction": s.clipped_steps / s.step,
-            "tokens": tokens,
-            "real_tokens": real,
+            "skipped": skip is not None,
+            "skip_cause": skip,
+            "skipped_steps": s.skips.total,
+            "tokens": v.tokens,
+            "real_tokens": v.real_tokens,
             "loss_tokens": loss_tokens,
             "step_time_s": dt,
-            "tokens_per_s": tokens / dt,
-            "real_tokens_per_s": real / dt,
+            "tokens_per_s": v.tokens / dt,
+            "real_tokens_per_s": v.real_tokens / dt,
             "epoch": self.stream.position.epoch,
             **self.throughput.step(window, dt),
             **self.runtime.on_step(s.step),
             **self.stream.stats.step(window),
-        }
+        }, v
+
+    # ---------------------------------------------------------------------------------- endings
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        if self.history is not None:
+            self.history.append(metrics)
+        self.logger.log({k: v for k, v in metrics.items() if k != "step"}, step=metrics["step"])
+
+    def halt(self) -> NoReturn:
+        """Every rank gets here at the same step with the same statistics, hence the same message."""
+        message = halt_message(self.state.skips, self.cfg.trainer.max_consecutive_skipped_steps)
+        if self.env.is_main:
+            write_halt(self.run_dir, message, self.state.step, self.state.skips)
+        log.error(message)
+        self.finish(EXIT_NONFINITE)
+        raise NonFiniteHalt(message)
+
+    def finish(self, code: int) -> int:
+        self.logger.summary(self.summary())
+        if self.history is not None:
+            self.history.close()
+        self.logger.finish(code)
+        return code
 
     def summary(self) -> dict[str, Any]:
         s = self.state
         return {"steps": s.step, "tokens": s.tokens, "real_tokens": s.real_tokens, "loss_tokens": s.loss_tokens,
-                "clipped_steps": s.clipped_steps, **self.model_info, **self.throughput.summary(),
+                "clipped_steps": s.clipped_steps, "skipped_steps": s.skips.total, **self.model_info, **self.throughput.summary(),
                 **self.stream.stats.summary()}

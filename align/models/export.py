@@ -57,11 +57,12 @@ def _merge_onto_full_precision_base(model: torch.nn.Module) -> torch.nn.Module:
         return PeftModel.from_pretrained(full, adapter).merge_and_unload()
 
 
-def export_hf(model: torch.nn.Module, tokenizer, out: Path) -> Path:
+def export_hf(model: torch.nn.Module, tokenizer, out: Path, state_dict: dict | None = None) -> Path:
+    """`state_dict`: full (unsharded) tensors to write instead of the model's own, for a sharded model."""
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    merged(model).save_pretrained(tmp)
+    merged(model).save_pretrained(tmp, **({} if state_dict is None else {"state_dict": state_dict}))
     tokenizer.save_pretrained(tmp)
     if out.exists():
         shutil.rmtree(out)

@@ -9,12 +9,23 @@ import torch
 from align.config import OptimizerConfig, OptimizerName
 
 
-def optimizer_class(cfg: OptimizerConfig) -> Callable[..., torch.optim.Optimizer]:
+def optimizer_class(cfg: OptimizerConfig, sharded: bool = False) -> Callable[..., torch.optim.Optimizer]:
+    """`sharded`: the parameters are DTensors (parallel=fsdp/ep). bitsandbytes' AdamW8bit fails there
+    ("mixed torch.Tensor and DTensor"); torchao's works with FSDP2 and DCP (LANDMINES 17)."""
     if cfg.name == OptimizerName.adamw8bit:
+        if sharded:
+            from torchao.optim import AdamW8bit
+
+            return AdamW8bit
         import bitsandbytes as bnb
 
         return bnb.optim.AdamW8bit
     return torch.optim.AdamW
+
+
+def optimizer_impl(opt: torch.optim.Optimizer) -> str:
+    """The class that actually runs, for the manifest: e.g. torchao.optim.adam.AdamW8bit."""
+    return f"{type(opt).__module__}.{type(opt).__qualname__}"
 
 
 def optimizer_kwargs(cfg: OptimizerConfig, device: torch.device) -> dict[str, Any]:
@@ -30,7 +41,11 @@ def scheduler_kwargs(cfg: OptimizerConfig, max_steps: int) -> dict[str, Any]:
 
 
 def build_optimizer(cfg: OptimizerConfig, params, device: torch.device) -> torch.optim.Optimizer:
-    return optimizer_class(cfg)(params, **optimizer_kwargs(cfg, device))
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
+    sharded = any(isinstance(p, DTensor) for p in params)
+    return optimizer_class(cfg, sharded)(params, **optimizer_kwargs(cfg, device))
 
 
 def scheduler_factory():

@@ -1,0 +1,102 @@
+"""Resume: which checkpoint, and whether this run may continue it.
+
+The silent-wrong-result bug of every peer is resuming with another data position (LANDMINES 21):
+a checkpoint records what the run WAS (world size and layout, dataset fingerprint, sampler, model
+shape); a resume that differs in any of them is refused with the reason, unless the user says
+`trainer.resume_despite_mismatch=true`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from align.config import ResumePolicy, TrainConfig
+from align.control.ckpt_index import checkpoint_root, newest, problem
+from align.data.encode import dataset_fingerprint
+from align.errors import ConfigError
+
+
+def model_shape(model: torch.nn.Module) -> dict[str, Any]:
+    """Class, parameter count and a hash of every (name, shape, dtype) of the UNSHARDED model."""
+    h = hashlib.sha256()
+    n = 0
+    for name, p in model.named_parameters():
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+        n += p.numel()
+    return {"class": type(model).__name__, "params": n, "sha256": h.hexdigest()}
+
+
+def run_identity(cfg: TrainConfig, world: int, data, model: torch.nn.Module) -> dict[str, Any]:
+    """What a checkpoint must agree with to be continued by this run."""
+    sampler = {**{k: (v.value if hasattr(v, "value") else v) for k, v in dataclasses.asdict(cfg.sampler).items()},
+               "seed": cfg.trainer.seed, "grad_accum": cfg.trainer.grad_accum}
+    return {
+        "world_size": world,
+        "parallel": {"kind": cfg.parallel.kind.value, "ep_size": cfg.parallel.ep_size},
+        "dataset_fingerprint": dataset_fingerprint(data),
+        "sampler": sampler,
+        "model_shape": model_shape(model),
+    }
+
+
+def mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Human-readable differences between a checkpoint's identity and this run's."""
+    out = []
+    for key in ("world_size", "parallel", "dataset_fingerprint", "sampler", "model_shape"):
+        a, b = saved.get(key), current.get(key)
+        if a != b:
+            out.append(f"{key} was {json.dumps(a)}, now {json.dumps(b)}")
+    return out
+
+
+def find_resume_point(cfg: TrainConfig, run_dir: Path) -> Optional[Path]:
+    """The checkpoint this run continues, or None. Raises ConfigError (exit 2) when the policy
+    cannot be met."""
+    t = cfg.trainer
+    if t.resume_from:
+        why = problem(Path(t.resume_from))
+        if why:
+            raise ConfigError("trainer.resume_from", f"not a complete checkpoint: {why}", t.resume_from)
+        return Path(t.resume_from)
+    if t.resume == ResumePolicy.never:
+        return None
+    found = newest(checkpoint_root(run_dir))
+    if found is None and t.resume == ResumePolicy.must:
+        raise ConfigError("trainer.resume", f"must resume, and {checkpoint_root(run_dir)} holds no complete checkpoint", "must")
+    return found[1] if found else None
+
+
+def check_resumable(path: Path, saved: dict[str, Any], current: dict[str, Any], force: bool) -> list[str]:
+    """Refuse (ConfigError, exit 2) a checkpoint written by a different run, unless forced; the
+    differences are returned either way, for the log and the manifest."""
+    diff = mismatches(saved.get("identity", {}), current)
+    if diff and not force:
+        raise ConfigError("trainer.resume", f"refusing to resume from {path}: " + "; ".join(diff)
+                          + " (set trainer.resume_despite_mismatch=true to resume anyway)")
+    return diff
+
+
+def trim_history(path: Path, step: int) -> int:
+    """Rows a killed attempt logged past the checkpoint will be recomputed: move them from
+    history.jsonl to history.superseded.jsonl so the history has one row per step. Returns how many."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    keep, drop = [], []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            (drop if json.loads(line).get("step", 0) > step else keep).append(line)
+    if drop:
+        with open(path.with_name("history.superseded.jsonl"), "a") as f:
+            f.write("\n".join(drop) + "\n")
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
+    return len(drop)

@@ -1,0 +1,51 @@
+"""Stop requests. SIGTERM, SIGINT or SIGUSR2 on ANY rank only sets a flag here; the flag travels in
+the optimizer-boundary all-reduce (align.control.boundary), so every rank stops after the same
+optimizer step, writes the stop checkpoint and exits 143 (LANDMINES 19: torchrun forwards SIGTERM to
+every worker; submitit sends SIGUSR2 to rank 0 only)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any, Optional
+
+log = logging.getLogger("align")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+
+
+class StopSignals:
+    """While entered, the stop signals set `reason` instead of killing the process. A second SIGINT
+    raises KeyboardInterrupt (a human pressing Ctrl-C twice means now)."""
+
+    def __init__(self) -> None:
+        self.reason: Optional[str] = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.reason is not None
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            log.warning("stop requested (%s): finishing this optimizer step, then checkpoint and exit 143", reason)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.reason is not None:
+            raise KeyboardInterrupt
+        self.request(signal.Signals(signum).name)
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for s in STOP_SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        else:
+            log.warning("not the main thread: stop signals are not intercepted")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+        self._previous.clear()

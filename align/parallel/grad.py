@@ -1,0 +1,45 @@
+"""The global gradient norm and clipping over parameters that may be DTensors on different meshes
+(FSDP shards of dense weights on one mesh, expert shards on another under parallel=ep).
+
+`torch.nn.utils.clip_grad_norm_` stacks all norms together and fails on mixed meshes, so norms are
+taken per mesh (each a full reduction over that mesh), combined, and every rank scales its local
+shards by the same coefficient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Iterable
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip to `max_norm` (<= 0: do not clip) and return the pre-clip global L2 norm (maybe nan/inf)."""
+    groups: dict = defaultdict(list)
+    for p in params:
+        if p.grad is not None:
+            groups[p.grad.device_mesh if isinstance(p.grad, DTensor) else None].append(p.grad)
+    if not groups:
+        return 0.0
+    sq = 0.0
+    for grads in groups.values():
+        # fp64 accumulation: torch's fp32 norm of large tensors is off by ~1e-5 relative (measured on
+        # CPU), enough to make the same gradients report different norms under different shardings.
+        n = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, 2.0, dtype=torch.float64) for g in grads]), 2.0)
+        n = n.full_tensor() if isinstance(n, DTensor) else n
+        sq += float(n) ** 2
+    total = math.sqrt(sq)
+    if max_norm > 0 and math.isfinite(total) and total > max_norm:
+        coef = max_norm / (total + 1e-6)
+        with torch.no_grad():
+            for grads in groups.values():
+                for g in grads:
+                    _local(g).mul_(coef)
+    return total
