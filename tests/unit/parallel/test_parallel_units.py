@@ -115,7 +115,8 @@ def test_a_slurm_task_under_submitit_gets_torchrun_style_rank_variables(monkeypa
     from align.parallel.env import dist_env, export_submitit_env
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"):
-        monkeypatch.delenv(k, raising=False)  # restored (removed) after the test
+        monkeypatch.setenv(k, "")  # (setenv records the original state, so the export is undone after the test)
+        monkeypatch.delenv(k)
     slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "123", "SLURM_NTASKS": "16", "SLURM_JOB_NUM_NODES": "2",
              "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[3-4]", "SLURM_PROCID": "9", "SLURM_LOCALID": "1"}
     for k, v in slurm.items():
@@ -126,3 +127,9 @@ def test_a_slurm_task_under_submitit_gets_torchrun_style_rank_variables(monkeypa
     import os
 
     assert os.environ["MASTER_ADDR"] == "gpu3" and "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_the_submitit_export_did_not_leak_into_later_tests():
+    import os
+
+    assert "RANK" not in os.environ or os.environ["RANK"] != "9"
