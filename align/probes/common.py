@@ -164,16 +164,6 @@ def time_forward_backward(trainer: Trainer, batch: Batch, warmup: int, repeats: 
     return {"best_s": times[best], "all_s": times, "ce_forward_s": ce[best]}
 
 
-def length_moments(lengths: np.ndarray) -> dict[str, float]:
-    """E[w], E[w^2] of per-record lengths, and E[w^2]/E[w]^2 (never replace E[w^2] by E[w]^2, playbook 1.2).
-
-    TODO(data): switch to the data engineer's pure moment functions once they land on main.
-    """
-    w = np.asarray(lengths, dtype=np.float64)
-    ew, ew2 = float(w.mean()), float((w * w).mean())
-    return {"n": int(w.size), "E_w": ew, "E_w2": ew2, "E_w2_over_E_w_sq": ew2 / (ew * ew)}
-
-
 def batch_segments(b: Batch) -> list[tuple[int, int]]:
     """The (rows, width) pieces attention runs over in a micro-batch: the whole padded batch, or each
     document of a packed one (its `position_ids` restart at 0 per document)."""

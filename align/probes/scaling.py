@@ -203,7 +203,8 @@ def analyze(ws: Sequence[float], ts: Sequence[float], tol: float = 0.01,
 def run(cfg: TrainConfig, out_dir: Path) -> int:
     import torch
 
-    from align.probes.common import (LOSS_CAVEAT, Instrument, build_trainer, fixed_width_batch, length_moments,
+    from align.data.stats import length_moments
+    from align.probes.common import (LOSS_CAVEAT, Instrument, build_trainer, fixed_width_batch,
                                      model_summary, sampled_segments, sync, time_forward_backward, train_step,
                                      write_json)
     from align.telemetry.throughput import rates
@@ -348,8 +349,8 @@ def format_report(report: dict[str, Any], a: Analysis) -> str:
         "",
         "## prediction from the data's length distribution: E[t] = A*E[w] + B*E[w^2] (+ C)",
         f"records: E[w]={pr['records']['E_w']:.1f}, E[w^2]={pr['records']['E_w2']:.1f}, "
-        f"E[w^2]/E[w]^2={pr['records']['E_w2_over_E_w_sq']:.3f}",
-        f"fwd+bwd per micro-batch, as sampled (padded): {pr['fwd_bwd_per_micro_batch_s'] * 1e3:.3f} ms; "
+        f"E[w^2]/E[w]^2={pr['records']['w2_ratio']:.3f}",
+        f"fwd+bwd per micro-batch, as sampled (padded rows or packed documents): {pr['fwd_bwd_per_micro_batch_s'] * 1e3:.3f} ms; "
         f"same rows unpadded: {pr['fwd_bwd_per_micro_batch_unpadded_s'] * 1e3:.3f} ms (padding tax {pr['padding_tax']:+.1%})",
         f"measured on {len(me['segments'])} real micro-batches: fwd+bwd {me['fwd_bwd_s_sum'] * 1e3:.3f} ms vs predicted "
         f"{me['fwd_bwd_s_predicted_same_batches'] * 1e3:.3f} ms for the same shapes "
