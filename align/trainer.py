@@ -234,6 +234,7 @@ class Trainer:
             "step_time_s": dt,
             "tokens_per_s": v.tokens / dt,
             "real_tokens_per_s": v.real_tokens / dt,
+            "loss_tokens_per_s": loss_tokens / dt,
             "epoch": self.stream.position.epoch,
             **self.throughput.step(window, dt),
             **self.runtime.on_step(s.step),

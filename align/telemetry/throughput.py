@@ -271,8 +271,8 @@ class Throughput:
             for k, v in dict(tokens=tokens, real_tokens=real, loss_tokens=loss, flops=flops, seconds=seconds).items():
                 self._totals[k] += v
         out = rates(tokens, real, loss, flops, seconds, self.ceiling.tflops if self.ceiling else None, self.datasheet_tflops)
-        out.pop("tokens_per_s")  # the trainer already reports it
-        out.pop("real_tokens_per_s")
+        for k in ("tokens_per_s", "real_tokens_per_s", "loss_tokens_per_s"):
+            out.pop(k)  # the trainer reports token rates over all ranks; FLOPs and MFU here are this device's
         out["model_flops"] = flops
         return out
 
@@ -287,6 +287,7 @@ class Throughput:
         return {
             **{f"throughput/{k}": v for k, v in r.items()},
             "throughput/steps_counted": counted,
+            "throughput/scope": "per device: this rank's micro-batches over its step time (rank 0 in the manifest)",
             "throughput/flops_convention": self.flops.convention,
             "throughput/params_active": self.flops.params_active,
             "throughput/params_active_trainable": self.flops.params_active_trainable,
