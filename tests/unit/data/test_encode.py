@@ -3,6 +3,8 @@ parallel == in-process, and nothing written into the cache on bad input."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -134,3 +136,35 @@ def test_a_failed_cache_write_leaves_no_entry_and_no_temporary(tmp_path, tok, mo
     with pytest.raises(OSError, match="disk full"):
         load_dataset(data_cfg(f, tmp_path), ModelConfig(), tok)
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+def _die_mid_write(cfg, tok):
+    from align.data import cache as cache_mod
+
+    real_save, calls = np.save, []
+
+    def save_then_die(path, arr):
+        real_save(path, arr)
+        calls.append(path)
+        if len(calls) == 2:
+            os._exit(3)  # a hard kill: no finally, no cleanup
+
+    cache_mod.np.save = save_then_die
+    load_dataset(cfg, ModelConfig(), tok)
+
+
+def test_a_writer_killed_mid_write_leaves_no_entry_a_reader_could_take(tmp_path, tok):
+    import multiprocessing
+
+    f = write_jsonl(tmp_path / "c.jsonl", [chat("q", "a"), chat("q2", "b")])
+    cfg = data_cfg(f, tmp_path)
+    p = multiprocessing.get_context("fork").Process(target=_die_mid_write, args=(cfg, tok))
+    p.start()
+    p.join(120)
+    assert p.exitcode == 3
+    entries = [d.name for d in (tmp_path / "cache").iterdir() if not d.name.startswith(".")]
+    assert entries == [], f"a partial entry is visible: {entries}"
+    first = load_dataset(cfg, ModelConfig(), tok)
+    again = load_dataset(cfg, ModelConfig(), tok)
+    assert (first.meta["cache_hit"], again.meta["cache_hit"]) == (False, True)
+    assert np.array_equal(first.tokens, again.tokens)
