@@ -100,13 +100,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     ok = [r for r in rows if r["status"] == "ok"]
     common = shared_overrides(rows)
-    labels = ["\n".join(o for o in r["overrides"] if o not in common) or r["job"] for r in ok]
-    fig, axes = plt.subplots(1, 3, figsize=(max(9, 1.6 * len(ok) * 3), 4))
+    labels = [" ".join(o for o in r["overrides"] if o not in common) or r["job"] for r in ok]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 1.5 + 0.4 * len(ok)), sharey=True)
+    y = list(range(len(ok)))[::-1]  # job 0 on top, as in the printed table
     for ax, key, title, scale in ((axes[0], "real_tokens_per_s", "real tokens/s", 1), (axes[1], "pad_waste", "padding waste %", 100),
                                   (axes[2], "final_loss", "final loss", 1)):
-        ax.bar(range(len(ok)), [(r[key] or 0) * scale for r in ok])
-        ax.set_xticks(range(len(ok)), labels, fontsize=6)
+        ax.barh(y, [(r[key] or 0) * scale for r in ok])
         ax.set_title(title)
+    axes[0].set_yticks(y, labels, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

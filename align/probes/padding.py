@@ -73,7 +73,9 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     a.legend(fontsize=7)
     b.plot(x, [r["roots_per_window"] for r in buckets], "o-", label="bucket")
     b.axhline(shuffle["roots_per_window"], ls="--", c="k", label="shuffle")
-    b.set(xticks=list(x), xticklabels=labels, xlabel="bucket size (records)", ylabel="distinct roots", title="roots per window")
+    # From zero: a zoomed axis would make a 0.1-root difference look like a collapse.
+    b.set(xticks=list(x), xticklabels=labels, xlabel="bucket size (records)", ylabel="distinct roots", title="roots per window",
+          ylim=(0, 1.15 * max(r["roots_per_window"] for r in rows)))
     b.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
