@@ -144,7 +144,7 @@ class Trainer:
         meta, mine = load_checkpoint(path, self.model, self.optimizer, self.env)
         self.scheduler.load_state_dict(meta["scheduler"])
         self.state = TrainState.from_dict(meta["state"])
-        self.stream.load_state_dict(mine["stream"])
+        self.stream.load_state_dict(mine["stream"], strict=not self.cfg.trainer.resume_despite_mismatch)
         self.model_info["resumed_from"] = {"path": str(path), "step": self.state.step}
         log.info("resumed from %s at step %d", path, self.state.step)
 

@@ -11,6 +11,7 @@ position in a different order is the silent-wrong-result resume.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
@@ -22,6 +23,8 @@ from align.data.encode import EncodedDataset, dataset_fingerprint
 from align.data.samplers import MicroBatchSampler, build_sampler
 from align.data.stats import DataStats, plan_stats, root_codes
 from align.errors import ConfigError
+
+log = logging.getLogger("align")
 
 
 class _EpochBatches(Dataset):
@@ -83,12 +86,18 @@ class BatchStream:
                 "world": self.sampler.world, "rank": self.sampler.rank, "sampler": self.sampler.fingerprint(),
                 "dataset": dataset_fingerprint(self.data)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Continue at the saved position. `strict=False` (trainer.resume_despite_mismatch) loads it
+        even under another world size, data set or sampler, with a warning: the position then
+        indexes a different order, and the run says so."""
         mine = self.state_dict()
         for k, what in (("world", "world size"), ("dataset", "data set fingerprint"), ("sampler", "sampler settings")):
             if k in state and state[k] != mine[k]:
-                raise ConfigError("resume", f"the checkpoint's data position was saved under another {what} "
-                                            f"({state[k]!r} != {mine[k]!r}); it would not resume at the next micro-batch")
+                msg = (f"the checkpoint's data position was saved under another {what} ({state[k]!r} != {mine[k]!r}); "
+                       "it would not resume at the next micro-batch")
+                if strict:
+                    raise ConfigError("resume", msg)
+                log.warning("resume despite mismatch: %s", msg)
         self.position = Position(int(state["epoch"]), int(state["index"]))
 
 

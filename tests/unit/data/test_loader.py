@@ -89,3 +89,5 @@ def test_resume_under_other_settings_is_refused(change):
     with pytest.raises(ConfigError, match="resume"):
         other.load_state_dict(state)
     stream(data, world=2).load_state_dict(state)  # the same settings resume
+    other.load_state_dict(state, strict=False)  # trainer.resume_despite_mismatch: loaded, with a warning
+    assert (other.position.epoch, other.position.index) == (state["epoch"], state["index"])
