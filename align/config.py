@@ -165,6 +165,7 @@ class Source(StrEnum):
     gsm8k = "gsm8k"
     jsonl = "jsonl"
     parquet = "parquet"
+    tokens = "tokens"
 
 
 class Truncation(StrEnum):
@@ -183,7 +184,8 @@ class SourceConfig:
     """One source of a mixture (`data.mixture.<name>`). A null field inherits the same `data.*` field."""
 
     kind: Source = Source.jsonl
-    """gsm8k: the bundled copy (`split`). jsonl/parquet: the local file `path`."""
+    """gsm8k: the bundled copy (`split`). jsonl/parquet: the local file `path`. tokens: a local JSONL
+    file of pre-tokenized rows (`tokens_field`)."""
     path: Optional[str] = None
     """Local file for kind=jsonl or kind=parquet."""
     split: str = "train"
@@ -201,6 +203,8 @@ class SourceConfig:
     """Root field; null: `data.root_field`."""
     id_field: Optional[str] = None
     """Id field; null: `data.id_field`."""
+    tokens_field: Optional[str] = None
+    """Token-id field of a tokens source; null: `data.tokens_field`."""
 
     def check(self, key: str) -> None:
         _require(self.split in ("train", "test"), f"{key}.split", "must be one of: train, test", self.split)
@@ -212,8 +216,9 @@ class SourceConfig:
 @dataclass
 class DataConfig:
     source: Source = Source.gsm8k
-    """gsm8k: the copy bundled in the package. jsonl/parquet: a local file given by `path`.
-    Ignored when `mixture` is set."""
+    """gsm8k: the copy bundled in the package. jsonl/parquet: a local file given by `path`. tokens:
+    a local JSONL file of pre-tokenized rows (no chat template; every token after the first is a
+    target unless the row has a `loss_mask`). Ignored when `mixture` is set."""
     path: Optional[str] = None
     """Local data file for `source=jsonl` (one JSON object per line) or `source=parquet`."""
     split: str = "train"
@@ -231,6 +236,9 @@ class DataConfig:
     root is the source name. Bundled GSM8K derives `steps` (reasoning lines of the answer)."""
     id_field: Optional[str] = None
     """Record field holding a stable id (id = `<source>:<value>`); null: `<source>:<line number>`."""
+    tokens_field: str = "input_ids"
+    """Field holding the token ids of a row of a `tokens` source (an optional `loss_mask` field of 0/1
+    per token marks the targets; position 0 is never a target)."""
     mixture: dict[str, SourceConfig] = field(default_factory=dict)
     """Several sources by name, each with a weight; when set, `source`/`path`/`split` are unused."""
     mask_files: list[str] = field(default_factory=list)

@@ -91,6 +91,9 @@ def _render(tok, messages, **kw) -> str:
 
 def encode_one(tok, record: Record, exclude: frozenset[int] | set[int] = frozenset()) -> tuple[list[int], list[bool]]:
     """Token ids and loss mask of one record (unbounded length); turns in `exclude` get no loss."""
+    if record.tokens is not None:  # pre-tokenized: as given; position 0 has no previous token to predict it
+        mask = list(record.loss_mask) if record.loss_mask is not None else [True] * len(record.tokens)
+        return list(record.tokens), [False] + mask[1:]
     msgs = record.messages
     memo: dict[str, list[int]] = {}
 

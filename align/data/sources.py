@@ -33,6 +33,10 @@ class Record:
     """The chat: [{role, content}, ...]; assistant turns are trained on."""
     source: int = 0
     """Index of the record's source in `source_specs(cfg)`."""
+    tokens: Optional[tuple[int, ...]] = None
+    """Pre-tokenized rows (`data.source=tokens`): the ids, encoded as they are."""
+    loss_mask: Optional[tuple[bool, ...]] = None
+    """Targets of a pre-tokenized row; null: every token."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class SourceSpec:
     response_field: str
     root_field: Optional[str]
     id_field: Optional[str]
+    tokens_field: str
     key: str
     """The config key to name in errors (`data` or `data.mixture.<name>`)."""
 
@@ -82,7 +87,7 @@ def source_specs(cfg: DataConfig) -> list[SourceSpec]:
         return SourceSpec(
             name=name or ("gsm8k" if kind == Source.gsm8k else p.stem), kind=kind, path=p, split=split, weight=weight,
             messages_field=pick("messages_field"), prompt_field=pick("prompt_field"), response_field=pick("response_field"),
-            root_field=pick("root_field"), id_field=pick("id_field"), key=key,
+            root_field=pick("root_field"), id_field=pick("id_field"), tokens_field=pick("tokens_field"), key=key,
         )
 
     if not cfg.mixture:
@@ -152,12 +157,27 @@ def _gsm8k_fields(row: dict) -> dict:
     return row
 
 
+def _token_row(row: dict, spec: SourceSpec) -> tuple[tuple[int, ...], Optional[tuple[bool, ...]]]:
+    ids = row.get(spec.tokens_field)
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+        raise BadRecord(f"field '{spec.tokens_field}' must be a non-empty list of token ids >= 0 (data.tokens_field)")
+    mask = row.get("loss_mask")
+    if mask is not None and (not isinstance(mask, list) or len(mask) != len(ids)):
+        raise BadRecord(f"field 'loss_mask' must be a list of 0/1 as long as '{spec.tokens_field}'")
+    return tuple(ids), None if mask is None else tuple(bool(m) for m in mask)
+
+
 def _record(row: dict, lineno: int, spec: SourceSpec, index: int) -> Record:
-    if spec.kind == Source.gsm8k:
-        row = _gsm8k_fields(row)
-    msgs = to_messages(row, spec)
-    if not any(m["role"] == "assistant" for m in msgs):
-        raise BadRecord("record has no assistant turn to train on")
+    tokens = mask = None
+    if spec.kind == Source.tokens:
+        tokens, mask = _token_row(row, spec)
+        msgs: list[dict[str, str]] = []
+    else:
+        if spec.kind == Source.gsm8k:
+            row = _gsm8k_fields(row)
+        msgs = to_messages(row, spec)
+        if not any(m["role"] == "assistant" for m in msgs):
+            raise BadRecord("record has no assistant turn to train on")
     if spec.id_field is not None:
         if spec.id_field not in row:
             raise BadRecord(f"record has no id field '{spec.id_field}' (data.id_field)")
@@ -169,7 +189,7 @@ def _record(row: dict, lineno: int, spec: SourceSpec, index: int) -> Record:
         if spec.root_field not in row:
             raise BadRecord(f"record has no root field '{spec.root_field}' (data.root_field)")
         root = f"{spec.name}/{spec.root_field}={row[spec.root_field]}"
-    return Record(id=rid, root=root, messages=msgs, source=index)
+    return Record(id=rid, root=root, messages=msgs, source=index, tokens=tokens, loss_mask=mask)
 
 
 def load_records(cfg: DataConfig, report: Optional[dict] = None) -> list[Record]:
