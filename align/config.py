@@ -475,6 +475,13 @@ class TrainerConfig:
     resume_despite_mismatch: bool = False
     """Resume even though world size, dataset fingerprint, sampler or model shape differ from the
     checkpoint's (refused by default, with the reason)."""
+    compile: bool = False
+    """torch.compile each decoder block (dynamic shapes after the first recompile; bound the set of
+    shapes with sampler.pad_to_multiple_of). Recompiles and graph breaks are in the manifest's dynamo
+    counters."""
+    loss_chunk_tokens: int = 0
+    """> 0: compute the LM head and cross-entropy over this many target tokens at a time (recomputed
+    in backward), so logits memory stays bounded for large vocabularies; 0: all logits at once."""
     max_consecutive_skipped_steps: int = 3
     """Optimizer steps with a non-finite loss or gradient norm (on any rank) are skipped on all
     ranks; more than this many in a row halt the run (exit 81, HALT.json)."""
@@ -487,6 +494,7 @@ class TrainerConfig:
                  self.max_consecutive_skipped_steps)
         _require(self.grad_accum >= 1, "trainer.grad_accum", "must be >= 1", self.grad_accum)
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1", self.log_every)
+        _require(self.loss_chunk_tokens >= 0, "trainer.loss_chunk_tokens", "must be >= 0", self.loss_chunk_tokens)
 
 
 # ----------------------------------------------------------------------------------------- probe

@@ -26,7 +26,8 @@ from align.control.nonfinite import inject as inject_nan
 from align.control.resume import check_resumable, find_resume_point, run_identity, trim_history
 from align.control.signals import StopSignals
 from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, NonFiniteHalt
-from align.loss import ce_sum
+from align.errors import ConfigError
+from align.loss import ChunkedCE, bypass_lm_head, ce_sum
 from align.models import build_model
 from align.models.runtime import ModelRuntime
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
@@ -34,6 +35,7 @@ from align.parallel.env import DistEnv, init_distributed
 from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
 from align.parallel.launch import log_rank_to_file
+from align.parallel.compile import compile_blocks
 from align.parallel.wrap import parallelize
 from align.telemetry.history import History
 from align.telemetry.progress import Progress
@@ -86,6 +88,8 @@ class Trainer:
     """The loss of one micro-batch (summed over loss tokens); the probes wrap it to time it."""
     runtime: ModelRuntime = field(default_factory=ModelRuntime)
     """Router losses/telemetry and the LoRA gate of the built model (align.models.runtime)."""
+    t_start: float = 0.0
+    """perf_counter() when fit() started: history's `elapsed_s` counts from here."""
 
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None) -> "Trainer":
@@ -105,12 +109,15 @@ class Trainer:
         if resume is not None:  # refuse a checkpoint of another run before any sharding or loading
             check_resumable(resume, read_meta(resume), identity, cfg.trainer.resume_despite_mismatch)
         model = built.model.to(env.device)
+        check_token_ids(data, model)
+        compiled = compile_blocks(model) if cfg.trainer.compile else None
         parallel = parallelize(model, cfg.parallel, env)
         model.train()
 
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
-        info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer)}
+        info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
+                "loss": loss_info(cfg.trainer.loss_chunk_tokens, model)}
 
         name = cfg.name or run_dir.name
         logger = build_logger(cfg.logger, env.is_main, wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {}))
@@ -119,7 +126,7 @@ class Trainer:
         history = History(run_dir / "history.jsonl") if env.is_main else None
         throughput = Throughput.build(model, env.device, measure=env.is_main)
         trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, scheduler, logger, history,
-                      throughput, identity, runtime=built.runtime)
+                      throughput, identity, runtime=built.runtime, loss_fn=build_loss(cfg.trainer.loss_chunk_tokens, model))
         if resume is not None:
             trainer.restore(resume)
         return trainer
@@ -161,6 +168,7 @@ class Trainer:
         written); raises NonFiniteHalt (exit 81, HALT.json) after too many non-finite steps in a row."""
         cfg = self.cfg.trainer
         batches = iter(self.stream)
+        self.t_start = time.perf_counter()
         progress = Progress(cfg.max_steps, self.state.step, self.env.is_main, cfg.log_every)
         with self.stop, contextlib.closing(progress):  # a signal only flags a stop; the boundary acts on it
             while self.state.step < cfg.max_steps:
@@ -181,9 +189,10 @@ class Trainer:
     def forward_backward(self, b: Batch, denom: float) -> torch.Tensor:
         """One micro-batch: forward, loss / `denom`, backward. The probes time this.
         Router losses (MoE, when weighted) weigh by the micro-batch's share of the window's loss tokens."""
-        with self.autocast():
-            logits = self.model(**b.model_inputs()).logits
-        loss = inject_nan(self.loss_fn(logits, b.labels) / denom, self.env.rank, self.state.step + 1)  # test-only hook
+        bypass = bypass_lm_head(self.model) if self.cfg.trainer.loss_chunk_tokens else contextlib.nullcontext()
+        with self.autocast(), bypass:  # chunked CE: the model returns hidden states, loss_fn applies the head
+            out = self.model(**b.model_inputs()).logits
+        loss = inject_nan(self.loss_fn(out, b.labels) / denom, self.env.rank, self.state.step + 1)  # test-only hook
         (loss + self.runtime.aux_loss(scale=b.loss_tokens / denom)).backward()
         return loss.detach()
 
@@ -236,6 +245,8 @@ class Trainer:
             "real_tokens_per_s": v.real_tokens / dt,
             "loss_tokens_per_s": loss_tokens / dt,
             "epoch": self.stream.position.epoch,
+            "elapsed_s": time.perf_counter() - self.t_start,
+            "mem_peak_gib": torch.cuda.max_memory_allocated(self.env.device) / 2**30 if self.env.device.type == "cuda" else None,
             **self.throughput.step(window, dt),
             **self.runtime.on_step(s.step),
             **self.stream.stats.step(window),
@@ -269,3 +280,28 @@ class Trainer:
         return {"steps": s.step, "tokens": s.tokens, "real_tokens": s.real_tokens, "loss_tokens": s.loss_tokens,
                 "clipped_steps": s.clipped_steps, "skipped_steps": s.skips.total, **self.model_info, **self.throughput.summary(),
                 **self.stream.stats.summary()}
+
+
+# ------------------------------------------------------------------------------------ build helpers
+
+
+def build_loss(chunk_tokens: int, model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if not chunk_tokens:
+        return ce_sum
+    return ChunkedCE(model.get_output_embeddings(), chunk_tokens, getattr(model.config, "final_logit_softcapping", None))
+
+
+def loss_info(chunk_tokens: int, model: torch.nn.Module) -> dict[str, Any]:
+    return {"kind": "chunked_ce" if chunk_tokens else "ce", "chunk_tokens": chunk_tokens or None,
+            "vocab_size": model.get_output_embeddings().weight.shape[0],
+            "final_logit_softcapping": getattr(model.config, "final_logit_softcapping", None)}
+
+
+def check_token_ids(data: EncodedDataset, model: torch.nn.Module) -> None:
+    """A pre-tokenized source can hold ids the model has no embedding for: refuse before step 1
+    (on CUDA an out-of-range id is a device-side assert, not an error message)."""
+    vocab = model.get_input_embeddings().num_embeddings
+    top = int(data.tokens.max()) if len(data.tokens) else -1
+    if top >= vocab:
+        raise ConfigError("data", f"token id {top} is out of the model's vocabulary (size {vocab}); "
+                          "set model.overrides.vocab_size or use matching data")
