@@ -1,14 +1,18 @@
-"""Shared by every benchmark arm: the model shape, the data, the matmul ceiling, the measurement.
+"""Shared by every benchmark arm: the model shape, the data, the FLOPs convention, the measurement.
 
-Every arm trains the same model (Mistral architecture, random init) on the same token rows for the
-same number of optimizer steps; throughput is measured over the steps after `warmup`, in REAL
-(unpadded) tokens per second, with CUDA synchronised at each step boundary.
+Every arm trains the same model (Mistral architecture, random init, fp32 weights under bf16
+autocast, fused AdamW, clip 1.0, constant lr) on token rows drawn from the same bimodal length
+distribution, for a fixed number of optimizer steps. Throughput is measured over the steps after
+`warmup`, in REAL (unpadded) tokens per second, between step boundaries with CUDA synchronised.
+
+MFU here is "useful" MFU: model FLOPs of the real tokens (align.telemetry.throughput's convention:
+6N plus attention over each row's own length, full square) per second, over a bf16 matmul ceiling
+measured in the same command. Padding therefore earns nothing, and every arm is counted alike.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,30 +44,40 @@ def token_rows(lengths: np.ndarray, vocab: int, seed: int = 0) -> list[np.ndarra
     return [rng.integers(3, vocab, size=int(n), dtype=np.int64) for n in lengths]
 
 
-def matmul_ceiling_tflops(device: torch.device, n: int = 8192, iters: int = 20) -> float:
-    """bf16 dense GEMM throughput on this device, measured now (the MFU denominator)."""
-    if device.type != "cuda":
+def write_rows(path: Path, rows: list[np.ndarray]) -> None:
+    with path.open("w") as f:
+        for r in rows:
+            f.write(json.dumps({"input_ids": r.tolist()}) + "\n")
+
+
+def read_rows(path: Path) -> list[np.ndarray]:
+    with path.open() as f:
+        return [np.asarray(json.loads(line)["input_ids"], dtype=np.int64) for line in f]
+
+
+def model_flops(cfg: dict):
+    """align's FLOPs counter over a meta-device build of the bench model (no memory, no init)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from align.telemetry.throughput import ModelFlops
+
+    with torch.device("meta"):
+        model = MistralForCausalLM(MistralConfig(**cfg))
+    return ModelFlops.from_model(model)
+
+
+def useful_flops_per_token(cfg: dict, lengths: np.ndarray) -> float:
+    """Model FLOPs per real token when every row is computed at its own length."""
+    mf = model_flops(cfg)
+    return float(sum(mf.per_batch(1, int(n)) for n in lengths) / lengths.sum())
+
+
+def matmul_ceiling_tflops() -> float:
+    from align.telemetry.throughput import measure_matmul_ceiling
+
+    if not torch.cuda.is_available():
         return float("nan")
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(iters):
-        a @ b
-    torch.cuda.synchronize()
-    return 2 * n**3 * iters / (time.perf_counter() - t) / 1e12
-
-
-def flops_per_token(cfg: dict, mean_len: float) -> float:
-    """Model FLOPs per token, training (fwd + bwd): 6N over non-embedding matmul weights plus the LM
-    head, plus causal attention 6 * n_layers * hidden * mean_len (QK^T and AV, halved by causality)."""
-    h, i, L, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-    kv = h * cfg["num_key_value_heads"] // cfg["num_attention_heads"]
-    per_layer = h * h * 2 + h * kv * 2 + 3 * h * i
-    n = L * per_layer + h * v
-    return 6 * n + 6 * L * h * mean_len
+    return measure_matmul_ceiling(torch.device("cuda")).tflops
 
 
 @dataclass
@@ -82,12 +96,9 @@ class ArmResult:
         path.write_text(json.dumps(asdict(self)))
 
 
-def summarise(arm: str, step_times: list[float], real: list[int], padded: list[int], warmup: int,
-              ceiling: float, cfg: dict, mean_len: float, notes: str = "") -> ArmResult:
-    t = sum(step_times[warmup:])
-    r, p = sum(real[warmup:]), sum(padded[warmup:])
-    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
-    tflops = r / t * flops_per_token(cfg, mean_len) / 1e12
-    return ArmResult(arm=arm, steps_measured=len(step_times) - warmup, real_tokens_per_s=r / t, tokens_per_s=p / t,
-                     padding_waste=1 - r / p if p else 0.0, peak_mem_gib=peak, mfu=tflops / ceiling, tflops=tflops,
-                     notes=notes)
+def summarise(arm: str, seconds: float, real: int, padded: int, steps: int, peak_gib: float,
+              flops_per_token: float, ceiling: float, notes: str = "") -> ArmResult:
+    tflops = real / seconds * flops_per_token / 1e12
+    return ArmResult(arm=arm, steps_measured=steps, real_tokens_per_s=real / seconds, tokens_per_s=padded / seconds,
+                     padding_waste=1 - real / padded if padded else 0.0, peak_mem_gib=peak_gib, mfu=tflops / ceiling,
+                     tflops=tflops, notes=notes)

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import MODEL, TINY, bimodal_lengths, matmul_ceiling_tflops, summarise, token_rows  # noqa: E402
+from bench.common import (MODEL, TINY, matmul_ceiling_tflops, read_rows, summarise, token_rows,  # noqa: E402
+                          useful_flops_per_token)
 
 
 class RowsDataset(torch.utils.data.Dataset):
@@ -68,6 +69,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--rows-file", type=Path, required=True, help="the bimodal token rows every arm draws from")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
 
@@ -78,13 +80,12 @@ def main() -> None:
 
     cfg = TINY if a.tiny else MODEL
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    ceiling = matmul_ceiling_tflops(device)
+    ceiling = matmul_ceiling_tflops()
     n_rows = a.steps * a.rows
     if a.arm == "hf_ceiling":
-        lengths = np.full(n_rows, 2048, dtype=np.int64)
+        rows = token_rows(np.full(n_rows, 2048, dtype=np.int64), cfg["vocab_size"])
     else:
-        lengths = bimodal_lengths(n_rows)
-    rows = token_rows(lengths, cfg["vocab_size"])
+        rows = read_rows(a.rows_file)[:n_rows]
     collator = Counting(DataCollatorWithFlattening(return_position_ids=True) if a.arm == "hf_flatten" else right_pad)
 
     torch.manual_seed(0)
@@ -108,12 +109,13 @@ def main() -> None:
                           data_collator=collator, callbacks=[StepClock()])
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
         trainer.train()
-    step_times = np.diff([t0, *times]).tolist()
-    mean_len = float(np.mean(lengths))
-    res = summarise(a.arm, step_times, collator.real[: len(step_times)], collator.padded[: len(step_times)], a.warmup,
-                    ceiling, cfg, mean_len, notes=f"attn={model.config._attn_implementation}")
+    n = len(times)
+    w = a.warmup
+    lengths = np.array([len(r) for r in rows])
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+    res = summarise(a.arm, times[-1] - times[w - 1], sum(collator.real[w:n]), sum(collator.padded[w:n]), n - w, peak,
+                    useful_flops_per_token(cfg, lengths), ceiling, notes=f"attn={model.config._attn_implementation}")
     res.dump(a.out)
     print(res)
 
