@@ -103,7 +103,9 @@ class Trainer:
         data = load_dataset(cfg.data, cfg.model, tokenizer)
         stream = build_stream(cfg, data, tokenizer.pad_token_id, env.rank, env.world, pin_memory=env.device.type == "cuda")
 
-        built = build_model(cfg.model, cfg.attention, tokenizer, env.device)
+        # One device holds the whole model: create it there. Sharded runs build on the host and shard.
+        on_device = env.device.type == "cuda" and cfg.parallel.kind.value == "single"
+        built = build_model(cfg.model, cfg.attention, tokenizer, env.device, init_on_device=on_device)
         identity = run_identity(cfg, env.world, data, built.model)
         resume = find_resume_point(cfg, run_dir)
         if resume is not None:  # refuse a checkpoint of another run before any sharding or loading

@@ -43,10 +43,12 @@ def align_overrides(cfg: dict, rows_file: Path, out: Path, steps: int) -> list[s
 
 
 def run_align(arm: str, extra: list[str], cfg: dict, rows_file: Path, out: Path, steps: int, warmup: int,
-              flops_per_token: float, ceiling: float, env: dict):
+              flops_per_token: float, ceiling: float, env: dict, launcher: list[str] | None = None, gpus: int = 1):
+    """An align arm through its real entry point (`launcher`: e.g. launchers/torchrun.sh for several
+    GPUs). Rates are per GPU: history rows hold tokens summed over ranks."""
     run_dir = out / "runs" / arm
-    cmd = [sys.executable, "-m", "align.train", *align_overrides(cfg, rows_file, out, steps), *extra,
-           f"hydra.run.dir={run_dir}"]
+    entry = launcher or [sys.executable, "-m", "align.train"]
+    cmd = [*entry, *align_overrides(cfg, rows_file, out, steps), *extra, f"hydra.run.dir={run_dir}"]
     log = out / f"{arm}.log"
     with log.open("w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
@@ -60,8 +62,8 @@ def run_align(arm: str, extra: list[str], cfg: dict, rows_file: Path, out: Path,
     dyn = prov.get("dynamo") or {}
     notes = (f"attn={prov['model'].get('attn_implementation_resolved')}; recompiles={dyn.get('recompiles')}, "
              f"graph_breaks={dyn.get('graph_breaks')}")
-    return summarise(arm, seconds, sum(r["real_tokens"] for r in m), sum(r["tokens"] for r in m), len(m), peak,
-                     flops_per_token, ceiling, notes)
+    return summarise(arm, seconds * gpus, sum(r["real_tokens"] for r in m), sum(r["tokens"] for r in m), len(m), peak,
+                     flops_per_token, ceiling, notes + (f"; per GPU of {gpus}" if gpus > 1 else ""))
 
 
 def table(results: list[dict], ceiling: float) -> str:

@@ -6,6 +6,8 @@ installed signatures before anything heavy runs (`align.models.checks`).
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import logging
 from dataclasses import dataclass, field
@@ -120,7 +122,10 @@ def load_kwargs(cfg: ModelConfig, attention: AttentionChoice | AttentionConfig,
     return kw
 
 
-def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device: Optional[torch.device] = None) -> BuiltModel:
+def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device: Optional[torch.device] = None,
+                init_on_device: bool = False) -> BuiltModel:
+    """`device` picks the attention backend; `init_on_device` also creates a random-init model there
+    (a 7B model's init on the host costs a minute and its full fp32 size in host RAM)."""
     spec = FAMILIES[cfg.family]
     attn = resolve_attention(cfg.family, attention, _device_type(device))
     config = model_config(cfg, tokenizer)
@@ -138,7 +143,8 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
             kw["quantization_config"] = bnb_config()
         model = model_cls.from_pretrained(Path(cfg.pretrained), config=config, local_files_only=True, **kw)
     else:
-        model = model_cls._from_config(config, **kw)
+        with torch.device(device) if init_on_device and device is not None else contextlib.nullcontext():
+            model = model_cls._from_config(config, **kw)
     lora_info = None
     if cfg.lora.enabled:
         model, lora_info = apply_lora(model, cfg)
