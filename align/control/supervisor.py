@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -109,12 +110,19 @@ class Supervisor:
     # ----------------------------------------------------------------------------------- loop
 
     def run(self) -> int:
-        previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+        previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
         try:
             return self._loop()
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
+
+    def stop(self, reason: str = "stop()") -> None:
+        """End the supervision from another thread: the child is terminated and nothing relaunched."""
+        self.stopping = reason
+        if self.alive():
+            os.killpg(self.child.pid, signal.SIGTERM)
 
     def _loop(self) -> int:
         p = self.policy

@@ -40,6 +40,23 @@ CHILD = textwrap.dedent('''
 ''')
 
 
+def supervised(sup: Supervisor, timeout: float = 60) -> int:
+    """Run the supervisor with a deadline: one that keeps relaunching fails the test as a HANG."""
+    out: list[int] = []
+    t = threading.Thread(target=lambda: out.append(sup.run()), daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        sup.stop("test deadline")
+        t.join(10)
+        pytest.fail(f"HANG: the supervisor was still relaunching after {timeout:.0f}s")
+    return out[0]
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "supervisor.jsonl").read_text().splitlines()]
+
+
 def _supervise(tmp_path: Path, plan: list, policy: Policy = FAST, prepare=None) -> tuple[int, list[dict], Path]:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -48,9 +65,8 @@ def _supervise(tmp_path: Path, plan: list, policy: Policy = FAST, prepare=None) 
     script, plan_file = tmp_path / "child.py", tmp_path / "plan.json"
     script.write_text(CHILD)
     plan_file.write_text(json.dumps(plan))
-    code = Supervisor([sys.executable, str(script), str(plan_file), f"hydra.run.dir={run_dir}"], policy=policy).run()
-    rows = [json.loads(line) for line in (run_dir / "supervisor.jsonl").read_text().splitlines()]
-    return code, rows, run_dir
+    code = supervised(Supervisor([sys.executable, str(script), str(plan_file), f"hydra.run.dir={run_dir}"], policy=policy))
+    return code, _rows(run_dir), run_dir
 
 
 def test_a_child_that_dies_once_after_progress_is_relaunched_and_finishes(tmp_path):
@@ -100,8 +116,8 @@ def test_a_halt_hidden_behind_torchrun_exit_1_is_still_not_relaunched(tmp_path):
         write_exit({str(run_dir)!r}, 0, 81); write_exit({str(run_dir)!r}, 1, 81)
         sys.exit(1)
     '''))
-    code = Supervisor([sys.executable, str(script), f"hydra.run.dir={run_dir}"], policy=FAST).run()
-    assert code == 81
+    code = supervised(Supervisor([sys.executable, str(script), f"hydra.run.dir={run_dir}"], policy=FAST))
+    assert code == 81 and [r["event"] for r in _rows(run_dir)].count("launch") == 1
 
 
 def test_sigterm_to_the_supervisor_is_forwarded_to_the_child_and_ends_supervision(tmp_path):
