@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from align.control.ckpt_index import checkpoint_name, problem, stale_tmp, to_prune
+from align.errors import ConfigError
 from align.parallel.env import DistEnv
 
 _ABSENT = object()
@@ -219,6 +220,11 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     returns (meta, this rank's state) for the caller to restore counters, scheduler and sampler."""
     path = Path(path)
     meta = read_meta(path)
+    rank_state = json.loads((path / f"rank{env.rank}.json").read_text())
+    missing = [k for k in ("stream", "rng") if k not in rank_state]
+    if missing:  # a resume without its data position or RNG is the silent-wrong-result bug: refuse
+        raise ConfigError("trainer.resume", f"{path}/rank{env.rank}.json lacks {missing} (sampler position, RNG); "
+                                            "this checkpoint cannot be resumed exactly")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     model_t, _ = partition(model_sd)
     optim_t, _ = partition(optim_sd)
@@ -229,7 +235,6 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     model_sd = merge(model_t, _absent_if_none(meta.get("model_rest")))
     optim_sd = merge(optim_t, _absent_if_none(meta.get("optim_rest")))
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-    rank_state = json.loads((path / f"rank{env.rank}.json").read_text())
     set_rng_state(rank_state["rng"], env.device)
     return meta, rank_state
 

@@ -125,3 +125,17 @@ def test_a_save_replaces_a_zombie_of_the_same_step(tmp_path):
     _step(m, opt)
     path = save_checkpoint(tmp_path, 1, m, opt, ENV, {"identity": {}}, {"stream": {}}, keep_last=0)
     assert path == zombie and not (path / "stale").exists() and ckpt_index.problem(path) is None
+
+
+@pytest.mark.parametrize("part", ["stream", "rng"])
+def test_a_checkpoint_without_sampler_position_or_rng_is_refused_not_resumed_from_zero(tmp_path, part):
+    from align.errors import ConfigError
+
+    m, opt = _model_and_opt(0)
+    _step(m, opt)
+    path = save_checkpoint(tmp_path, 1, m, opt, ENV, {"identity": {}}, {"stream": {"epoch": 0, "index": 2}}, keep_last=0)
+    rank0 = json.loads((path / "rank0.json").read_text())
+    del rank0[part]
+    (path / "rank0.json").write_text(json.dumps(rank0))
+    with pytest.raises(ConfigError, match=f"trainer.resume: .*rank0.json lacks \\['{part}'\\]"):
+        load_checkpoint(path, *_model_and_opt(1), ENV)
