@@ -17,7 +17,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 
 class StopSignals:
     """While entered, the stop signals set `reason` instead of killing the process. A second SIGINT
-    raises KeyboardInterrupt (a human pressing Ctrl-C twice means now)."""
+    raises KeyboardInterrupt (a human pressing Ctrl-C twice means now). Once a stop was requested the
+    handlers stay after the block, so the process can finish its bookkeeping and exit 143."""
 
     def __init__(self) -> None:
         self.reason: Optional[str] = None
@@ -46,6 +47,9 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h)
+        # After a coordinated stop the process still writes its manifest and exit record; a launcher
+        # that signals the survivors again (torchrun does, once one rank exits) must not cut that short.
+        if self.reason is None:
+            for s, h in self._previous.items():
+                signal.signal(s, h)
         self._previous.clear()

@@ -97,20 +97,37 @@ def test_skip_stats_count_runs_and_halt_only_past_the_limit(tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR2])
-def test_a_stop_signal_only_sets_the_flag_and_handlers_are_restored(sig):
-    before = signal.getsignal(sig)
-    with StopSignals() as stop:
-        assert not stop.requested
-        os.kill(os.getpid(), sig)
-        assert stop.requested and stop.reason == signal.Signals(sig).name
-    assert signal.getsignal(sig) == before
+def test_a_stop_signal_only_sets_the_flag_and_the_handler_outlives_the_loop(sig):
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
+    try:
+        with StopSignals() as stop:
+            assert not stop.requested
+            os.kill(os.getpid(), sig)
+            assert stop.requested and stop.reason == signal.Signals(sig).name
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher reaping survivors: still only a flag
+        assert stop.reason == signal.Signals(sig).name
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def test_without_a_stop_the_handlers_are_restored():
+    before = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)]
+    with StopSignals():
+        pass
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)] == before
 
 
 def test_a_second_sigint_means_now():
-    with pytest.raises(KeyboardInterrupt):
-        with StopSignals():
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with StopSignals():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
 
 
 def test_the_boundary_verdict_skips_on_nonfinite_loss_or_norm_and_carries_stop():
