@@ -299,6 +299,11 @@ class SamplerConfig:
     the sum of the padded row lengths). Must hold the longest record."""
     pad_to_multiple_of: int = 1
     """Round each micro-batch's padded length up to a multiple of this (bounds the set of shapes)."""
+    mask_padding: bool = True
+    """Give right-padded micro-batches an attention mask. false: no mask: in a causal decoder a real
+    token attends only to positions at its left, all real, so real-token logits are unchanged (tested
+    per family and backend) and SDPA keeps its is_causal fast path; MoE router statistics and losses
+    still leave padding out. Padding costs compute either way (see padding waste)."""
     packed: bool = False
     """Concatenate a micro-batch's rows into one padding-free row with restarting `position_ids`
     (no attention mask, `use_cache=False`; documents never attend to each other)."""

@@ -191,6 +191,7 @@ class Trainer:
     def forward_backward(self, b: Batch, denom: float) -> torch.Tensor:
         """One micro-batch: forward, loss / `denom`, backward. The probes time this.
         Router losses (MoE, when weighted) weigh by the micro-batch's share of the window's loss tokens."""
+        self.runtime.before_forward(b.padding_mask)
         bypass = bypass_lm_head(self.model) if self.cfg.trainer.loss_chunk_tokens else contextlib.nullcontext()
         with self.autocast(), bypass:  # chunked CE: the model returns hidden states, loss_fn applies the head
             out = self.model(**b.model_inputs()).logits

@@ -30,7 +30,12 @@ ALIGN_ARMS: dict[str, list[str]] = {
     "align_shuffle": ["sampler=shuffle", "sampler.micro_batch_size=8"],
     "align_bucket": ["sampler=bucket", "sampler.micro_batch_size=8", "sampler.bucket_size=100000"],
     "align_best": ["sampler=budget", "sampler.max_tokens=16384", "sampler.bucket_size=100000",
-                   "sampler.pad_to_multiple_of=64", "trainer.compile=true"],
+                   "sampler.pad_to_multiple_of=64", "sampler.mask_padding=false", "trainer.compile=true"],
+    # ablations of the best arm, one lever at a time (docs/performance.md)
+    "abl_budget_masked": ["sampler=budget", "sampler.max_tokens=16384", "sampler.bucket_size=100000",
+                          "sampler.pad_to_multiple_of=64"],
+    "abl_budget_nomask": ["sampler=budget", "sampler.max_tokens=16384", "sampler.bucket_size=100000",
+                          "sampler.pad_to_multiple_of=64", "sampler.mask_padding=false"],
 }
 
 

@@ -31,9 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS, STOP_STEPS, STOP_AT = 5, 12, 4
 
 OLMOE_SHAPE = [  # the OLMoE-1B-7B architecture (64 experts, top-8, qk-norm) at 1/2 width, 1/4 depth
-    "model=olmoe", "model.overrides.hidden_size=1024", "model.overrides.intermediate_size=512",
-    "model.overrides.num_hidden_layers=4", "model.overrides.num_attention_heads=16",
-    "model.overrides.num_key_value_heads=16", "model.overrides.num_experts=64", "model.overrides.num_experts_per_tok=8",
+    "model=olmoe", "+model.overrides.hidden_size=1024", "+model.overrides.intermediate_size=512",
+    "+model.overrides.num_hidden_layers=4", "+model.overrides.num_attention_heads=16",
+    "+model.overrides.num_key_value_heads=16", "+model.overrides.num_experts=64", "+model.overrides.num_experts_per_tok=8",
 ]
 COMMON = ["logger=none", "trainer.export=false", "allow_dirty=true", "trainer.log_every=1",
           "data.max_records=512", "data.max_seq_len=512", "data.truncation=truncate", "sampler.micro_batch_size=4",

@@ -35,6 +35,9 @@ class Batch:
     real_tokens: int  # non-padding tokens
     loss_tokens: int  # targets that count in the loss
     position_ids: Optional[torch.Tensor] = None  # [1, L] when packed: restarts at 0 per document
+    padding_mask: Optional[torch.Tensor] = None
+    """[B, L] 1 on real tokens, whenever a row is padded, whether or not the model gets it as its
+    attention mask (sampler.mask_padding): MoE router statistics leave padding out with it."""
 
     @property
     def packed(self) -> bool:
@@ -54,7 +57,12 @@ class Batch:
         nb = device.type == "cuda"
         self.input_ids = self.input_ids.to(device, non_blocking=nb)
         self.labels = self.labels.to(device, non_blocking=nb)
-        if self.attention_mask is not None:
+        if self.padding_mask is not None:
+            same = self.padding_mask is self.attention_mask
+            self.padding_mask = self.padding_mask.to(device, non_blocking=nb)
+            if same:
+                self.attention_mask = self.padding_mask
+        if self.attention_mask is not None and self.attention_mask.device != device:
             self.attention_mask = self.attention_mask.to(device, non_blocking=nb)
         if self.position_ids is not None:
             self.position_ids = self.position_ids.to(device, non_blocking=nb)
@@ -66,7 +74,12 @@ def _targets(t: np.ndarray, m: np.ndarray) -> np.ndarray:
     return np.where(m[1:], t[1:], IGNORE)
 
 
-def collate(data: EncodedDataset, rows: np.ndarray, pad_id: int, pad_to_multiple_of: int = 1, packed: bool = False) -> Batch:
+def collate(data: EncodedDataset, rows: np.ndarray, pad_id: int, pad_to_multiple_of: int = 1, packed: bool = False,
+            mask_padding: bool = True) -> Batch:
+    """`mask_padding=False`: a right-padded micro-batch carries no attention mask. In a causal decoder a
+    real token attends only to positions at its left, which are all real, so real-token logits are
+    the same (tests/unit/data/test_unmasked_padding.py) and SDPA keeps is_causal; padding positions
+    compute garbage that no loss reads."""
     if packed:
         return collate_packed(data, rows, pad_id, pad_to_multiple_of)
     lens = data.lengths[rows]
@@ -86,7 +99,8 @@ def collate(data: EncodedDataset, rows: np.ndarray, pad_id: int, pad_to_multiple
     return Batch(
         input_ids=torch.from_numpy(ids),
         labels=torch.from_numpy(labels),
-        attention_mask=mask,
+        attention_mask=mask if mask_padding else None,
+        padding_mask=mask,
         rows=np.asarray(rows),
         tokens=ids.size,
         real_tokens=real,

@@ -29,14 +29,15 @@ log = logging.getLogger("align")
 
 class _EpochBatches(Dataset):
     def __init__(self, data: EncodedDataset, batches: list[np.ndarray], pad_id: int, pad_to_multiple_of: int,
-                 packed: bool) -> None:
+                 packed: bool, mask_padding: bool = True) -> None:
         self.data, self.batches, self.pad_id, self.mult, self.packed = data, batches, pad_id, pad_to_multiple_of, packed
+        self.mask_padding = mask_padding
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> Batch:
-        return collate(self.data, self.batches[i], self.pad_id, self.mult, self.packed)
+        return collate(self.data, self.batches[i], self.pad_id, self.mult, self.packed, self.mask_padding)
 
 
 def _identity(x: Any) -> Any:
@@ -63,8 +64,9 @@ class BatchStream:
 
     def __init__(self, data: EncodedDataset, sampler: MicroBatchSampler, pad_id: int, pad_to_multiple_of: int = 1,
                  num_workers: int = 0, pin_memory: bool = False, packed: Optional[bool] = None,
-                 stats: Optional[DataStats] = None) -> None:
+                 stats: Optional[DataStats] = None, mask_padding: bool = True) -> None:
         self.data, self.sampler = data, sampler
+        self.mask_padding = mask_padding
         self.pad_id, self.mult = pad_id, pad_to_multiple_of
         self.packed = sampler.packed if packed is None else packed
         self.kwargs = loader_kwargs(num_workers, pin_memory)
@@ -75,7 +77,7 @@ class BatchStream:
         while True:
             epoch, start = self.position.epoch, self.position.index
             batches = self.sampler.rank_batches(epoch)[start:]
-            loader = DataLoader(_EpochBatches(self.data, batches, self.pad_id, self.mult, self.packed), **self.kwargs)
+            loader = DataLoader(_EpochBatches(self.data, batches, self.pad_id, self.mult, self.packed, self.mask_padding), **self.kwargs)
             for i, batch in enumerate(loader):
                 self.position = Position(epoch, start + i + 1)
                 yield batch
@@ -111,4 +113,4 @@ def build_stream(cfg, data: EncodedDataset, pad_id: int, rank: int = 0, world: i
     sampler.plan = plan
     stats = DataStats(data, plan)
     return BatchStream(data, sampler, pad_id, cfg.sampler.pad_to_multiple_of, packed=cfg.sampler.packed,
-                       pin_memory=pin_memory, stats=stats)
+                       pin_memory=pin_memory, stats=stats, mask_padding=cfg.sampler.mask_padding)

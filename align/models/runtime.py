@@ -36,6 +36,11 @@ class ModelRuntime:
         gate = LoraGate(model, cfg.lora.gate_steps) if cfg.lora.enabled else None
         return cls(moe, gate)
 
+    def before_forward(self, padding_mask: Optional[torch.Tensor]) -> None:
+        """The micro-batch's real-token mask, for statistics when the model is given no mask."""
+        if self.moe is not None:
+            self.moe.padding_mask = padding_mask
+
     def aux_loss(self, scale: float = 1.0):
         return self.moe.aux_loss(scale) if self.moe is not None else 0.0
 

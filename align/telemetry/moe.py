@@ -80,6 +80,8 @@ class RouterTelemetry:
         self._row = {layer: i for i, layer in enumerate(self.layers)}
         self._armed = False
         self._mask: Optional[torch.Tensor] = None  # [B, S] as given to the model, or None
+        self.padding_mask: Optional[torch.Tensor] = None
+        """The micro-batch's real-token mask when the model gets none (sampler.mask_padding=false)."""
         self._logits: dict[int, torch.Tensor] = {}
         self._pending: list[tuple[torch.Tensor, Optional[torch.Tensor]]] = []  # (logits with graph, mask)
         self._window: Optional[torch.Tensor] = None
@@ -107,6 +109,8 @@ class RouterTelemetry:
     def _arm(self, module, args, kwargs):
         self._armed = module.training
         mask = kwargs.get("attention_mask")
+        if mask is None:
+            mask = self.padding_mask  # sampler.mask_padding=false: the trainer hands it over
         self._mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         self._logits.clear()
 

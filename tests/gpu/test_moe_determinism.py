@@ -31,7 +31,12 @@ def results():
         pytest.skip("needs CUDA")
     r = {"default": repeat_check(Family.olmoe, experts=None, tokens=4096, repeats=8)}
     for e in ("eager", "batched_mm"):
-        r[e] = repeat_check(Family.olmoe, experts=e, tokens=4096, repeats=8)
+        try:
+            r[e] = repeat_check(Family.olmoe, experts=e, tokens=4096, repeats=8)
+        except torch.OutOfMemoryError as err:  # batched_mm gathers a weight copy per token x expert slot
+            r[e] = {"experts_resolved": e, "error": f"out of memory: {str(err).splitlines()[0]}",
+                    "forward_bit_identical": None, "backward_bit_identical": None, "distinct_hashes": None}
+            torch.cuda.empty_cache()
     torch.use_deterministic_algorithms(True)
     try:
         r["default_deterministic_mode"] = repeat_check(Family.olmoe, experts=None, tokens=4096, repeats=8)

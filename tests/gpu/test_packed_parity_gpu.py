@@ -22,9 +22,17 @@ def tok():
 
 @pytest.mark.parametrize("impl", [AttnImpl.flex, AttnImpl.sdpa])
 @pytest.mark.parametrize("family", [Family.mistral, Family.gemma4, Family.olmoe])
-def test_packed_parity_on_cuda_with_backward(tok, family, impl):
+def test_packed_parity_on_cuda_with_backward(tok, family, impl, request):
     if family == Family.olmoe and impl == AttnImpl.flex:
         pytest.skip("OLMoE has no flex_attention support (LANDMINES 4)")
+    if impl == AttnImpl.flex:
+        # Seen 2026-11-30 on the H200 (torch 2.11, transformers 5.24): inductor fails to lower the flex
+        # kernel for these tiny shapes (head_dim 32, 96 packed tokens): NoValidChoicesError. strict:
+        # the day it compiles, this XPASSes and fails, and the marker must go.
+        from torch._inductor.exc import InductorError
+
+        request.applymarker(pytest.mark.xfail(raises=InductorError, strict=True, reason=(
+            "flex_attention does not lower on torch 2.11/sm_90 for the tiny presets (NoValidChoicesError)")))
     model = _model(tok, family, impl).cuda()
     docs, batch = packed_case(len(tok))
     batch.to(torch.device("cuda"))
