@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--arm", default="align_best", choices=sorted(ALIGN_ARMS))
+    ap.add_argument("--arm", default="abl_budget_nomask", choices=sorted(ALIGN_ARMS))
     a = ap.parse_args()
     out = Path(os.environ.get("OUT", "outputs/bench")).resolve() / "two_gpu"
     out.mkdir(parents=True, exist_ok=True)
