@@ -157,9 +157,27 @@ def _quiet_if(solo: bool):
         yield
 
 
+def _encode(obj: Any) -> Any:
+    """Small tensors among the non-tensor state (torchao keeps `lr` as a 0-d tensor, and so does the
+    scheduler's `_last_lr` then) go to JSON as values with their dtype, and come back as tensors."""
+    if isinstance(obj, torch.Tensor) and obj.numel() <= 64:
+        return {"__tensor__": obj.detach().cpu().tolist(), "dtype": str(obj.dtype).removeprefix("torch.")}
+    raise TypeError(f"not JSON-serialisable checkpoint state: {type(obj).__name__}")
+
+
+def _decode(d: dict) -> Any:
+    if set(d) == {"__tensor__", "dtype"}:
+        return torch.tensor(d["__tensor__"], dtype=getattr(torch, d["dtype"]))
+    return d
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text(), object_hook=_decode)
+
+
 def _write_json(path: Path, obj: Any) -> None:
     with open(path, "w") as f:
-        json.dump(obj, f)
+        json.dump(obj, f, default=_encode)
         f.flush()
         os.fsync(f.fileno())
 
@@ -212,7 +230,7 @@ def read_meta(path: Path) -> dict[str, Any]:
     why = problem(path)
     if why:
         raise FileNotFoundError(why)
-    return json.loads((Path(path) / "meta.json").read_text())
+    return _read_json(Path(path) / "meta.json")
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> tuple[dict, dict]:
@@ -220,7 +238,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     returns (meta, this rank's state) for the caller to restore counters, scheduler and sampler."""
     path = Path(path)
     meta = read_meta(path)
-    rank_state = json.loads((path / f"rank{env.rank}.json").read_text())
+    rank_state = _read_json(path / f"rank{env.rank}.json")
     missing = [k for k in ("stream", "rng") if k not in rank_state]
     if missing:  # a resume without its data position or RNG is the silent-wrong-result bug: refuse
         raise ConfigError("trainer.resume", f"{path}/rank{env.rank}.json lacks {missing} (sampler position, RNG); "

@@ -18,7 +18,6 @@ STEPS = 5
 JOBS = {
     "fsdp": ["model=mistral", "parallel=fsdp"],
     "ep": ["model=olmoe", "parallel=ep"],
-    "fsdp8bit": ["model=mistral", "parallel=fsdp", "optimizer=adamw8bit", "trainer.max_steps=3"],
 }
 
 
@@ -57,13 +56,5 @@ def test_sharding_was_applied_as_recorded(runs):
     ep = result(runs / "ep", 1)["model_info"]["parallel"]
     assert ep["ep_size"] == 2 and ep["ep_implementation"] == "all_to_all"
     assert set(ep["ep_plan"].values()) == {"grouped_gemm", "ep_dispatch_experts"}
-
-
-def test_adamw8bit_under_fsdp_runs_torchao_and_says_so(runs):
-    info = result(runs / "fsdp8bit", 0)["model_info"]
-    assert info["optimizer_impl"].startswith("torchao.optim") and info["optimizer_impl"].endswith("AdamW8bit")
-    rows = history(runs / "fsdp8bit")
-    assert len(rows) == 3 and all(not r["skipped"] for r in rows)
-    assert rows[-1]["loss"] < rows[0]["loss"]
-    # the single-process run used plain AdamW, recorded as such
+    # the single-process reference ran plain AdamW and says so (adamw8bit under FSDP: test_resume_exact)
     assert result(runs / "single_fsdp", 0)["model_info"]["optimizer_impl"] == "torch.optim.adamw.AdamW"

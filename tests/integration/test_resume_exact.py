@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from tests.integration.distributed import TINY, fit_many, history, result, run
 
 ACCUM, STEPS, STOP = 2, 10, 5  # 20 micro-steps; the stop lands after micro-step 10
+VARIANTS = {"ep": ["model=olmoe", "parallel=ep"], "adamw8bit": ["parallel=fsdp", "optimizer=adamw8bit"]}
 CFG = TINY + ["parallel=fsdp", f"trainer.grad_accum={ACCUM}", f"trainer.max_steps={STEPS}", "trainer.export=true"]
 
 
@@ -95,7 +96,15 @@ def runs(tmp_path_factory):
         {"run_dir": d["swapped"], "overrides": CFG, "hook": swap_optimizer_shards},
         {"run_dir": d["nosampler"], "overrides": CFG, "hook": forget_sampler_position},
     ]
-    codes = run(fit_many, 2, jobs, str(root / "codes.json"), timeout=480)
+    # The same stop + resume for the other layouts a checkpoint must survive: expert parallel (experts
+    # on their own mesh) and torchao's 8-bit AdamW under FSDP (LANDMINES 17); 6 steps, stop after 3.
+    for name, extra in VARIANTS.items():
+        cfg = TINY + [f"trainer.grad_accum=1", "trainer.max_steps=6", "trainer.export=true", *extra]
+        d[f"{name}_full"], d[f"{name}_stopped"] = str(root / f"{name}_full"), str(root / f"{name}_stopped")
+        jobs += [{"run_dir": d[f"{name}_full"], "overrides": cfg},
+                 {"run_dir": d[f"{name}_stopped"], "overrides": cfg, "hook": functools.partial(request_stop_before, step=3, on_rank=0)},
+                 {"run_dir": d[f"{name}_stopped"], "overrides": cfg}]
+    codes = run(fit_many, 2, jobs, str(root / "codes.json"), timeout=600)
     assert codes == [0, 0]
     return {k: Path(v) for k, v in d.items()}, json.loads((root / "codes.json").read_text())
 
@@ -160,3 +169,20 @@ def test_the_stop_checkpoint_is_complete_and_says_why(runs):
     for r in (0, 1):
         rank = json.loads((ckpt / f"rank{r}.json").read_text())
         assert rank["stream"]["index"] == STOP * ACCUM  # micro-batches this rank consumed
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_expert_parallel_and_8bit_adamw_resume_bit_exactly_too(runs, name):
+    dirs, codes = runs
+    at = 5 + 3 * sorted(VARIANTS).index(name)
+    assert codes[at:at + 3] == [0, 143, 0]
+    assert [r["step"] for r in history(dirs[f"{name}_stopped"])] == list(range(1, 7))
+    assert differences(dirs[f"{name}_full"], dirs[f"{name}_stopped"]) == []
+    info = result(dirs[f"{name}_stopped"], 0)["model_info"]
+    assert info["resumed_from"]["step"] == 3
+    if name == "adamw8bit":
+        assert info["optimizer_impl"] == "torchao.optim.adam.AdamW8bit"
+    else:  # the export gathered every expert from both ranks, in the hub layout transformers loads
+        assert info["parallel"]["ep_size"] == 2
+        sd = load_file(dirs[f"{name}_full"] / "export" / "model.safetensors")
+        assert {k.split(".")[5] for k in sd if ".mlp.experts." in k} == {str(e) for e in range(8)}
