@@ -97,7 +97,7 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "outputs/gpu")).resolve() / "dist_evidence"
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p), "PYTHONUNBUFFERED": "1"}
     if args.cpu:
         n, model, dev = 2, ["model=olmoe"], ["trainer.device=cpu"]
         common = [c for c in COMMON if not c.startswith(("data.max_records", "data.max_seq_len"))] + [
