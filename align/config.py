@@ -111,6 +111,10 @@ class ModelConfig:
     template are used. Null builds `preset` with random init and the bundled tokenizer."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Model-config fields that replace the preset's (names checked against the config class)."""
+    init_on_device: bool = False
+    """Create random-init weights directly on the CUDA device (single and fsdp; a 7B model's host init
+    costs a minute and its fp32 size in host RAM). Off by default: CUDA and host RNG streams differ,
+    so runs that must start from identical weights (parity across parallel layouts) keep it off."""
     dtype: Optional[str] = None
     """Parameter dtype (float32, bfloat16); null: float32 (bf16 autocast does the compute on GPU)."""
     moe: MoEConfig = field(default_factory=MoEConfig)

@@ -103,8 +103,7 @@ class Trainer:
         data = load_dataset(cfg.data, cfg.model, tokenizer)
         stream = build_stream(cfg, data, tokenizer.pad_token_id, env.rank, env.world, pin_memory=env.device.type == "cuda")
 
-        # One device holds the whole model: create it there. Sharded runs build on the host and shard.
-        on_device = env.device.type == "cuda" and cfg.parallel.kind.value == "single"
+        on_device = cfg.model.init_on_device and env.device.type == "cuda" and cfg.parallel.kind.value != "ep"
         built = build_model(cfg.model, cfg.attention, tokenizer, env.device, init_on_device=on_device)
         identity = run_identity(cfg, env.world, data, built.model)
         resume = find_resume_point(cfg, run_dir)

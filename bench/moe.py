@@ -78,7 +78,7 @@ def run_align(arm: str, extra: list[str], rows_file: Path, out: Path, steps: int
            f"data.cache_dir={out / 'cache'}", "sampler=budget", "sampler.bucket_size=100000", "sampler.pad_to_multiple_of=64",
            "logger=none", "trainer.export=false", f"trainer.max_steps={steps}", "optimizer.lr=1e-5",
            "optimizer.warmup_ratio=0", "trainer.log_every=5", "allow_dirty=true", "model.allow_over_memory=true",
-           "sampler.mask_padding=false",
+           "sampler.mask_padding=false", "model.init_on_device=true",
            *extra, f"hydra.run.dir={run_dir}"]
     with (out / f"{arm}.log").open("w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode

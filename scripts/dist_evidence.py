@@ -43,7 +43,15 @@ FP32 = ["trainer.precision=fp32", "parallel.param_dtype=float32"]
 
 def history(run_dir: Path) -> list[dict]:
     p = run_dir / "history.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.is_file() else []
+    if not p.is_file():
+        return []
+    rows = []
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # the last line of a history still being written
+            break
+    return rows
 
 
 def sh(cmd: list[str], env: dict, log: Path, timeout: float = 900) -> int:
