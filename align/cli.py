@@ -106,6 +106,18 @@ def validate_command_line(argv: Sequence[str], config_name: str = "train") -> li
         die(describe(exc))
 
 
+def preflight_command_line(argv: Sequence[str], config_name: str = "train") -> None:
+    """Compose, type and preflight every job of `argv` before Hydra creates a run dir: a refusal
+    leaves nothing behind, and a cheap failure (values, git, files) exits before any library import."""
+    from align.preflight import run_preflight
+
+    for typed in validate_command_line(argv, config_name):
+        try:
+            run_preflight(typed)
+        except AlignError as e:
+            die(str(e), e.exit_code)
+
+
 def wants_hydra_only(argv: Sequence[str]) -> bool:
     """--help, --cfg, --info and shell completion are Hydra's business: do not pre-validate them."""
     return any(a in ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc") or a.startswith("--cfg") for a in argv)

@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from align.cli import CONF_DIR, die, validate_command_line, wants_hydra_only
+from align.cli import CONF_DIR, die, preflight_command_line, wants_hydra_only
 from align.config import to_typed
 from align.errors import AlignError
 from align.parallel.launch import rank_overrides, record_exit
@@ -48,18 +48,8 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    if not wants_hydra_only(argv):
-        # Every job of the command line is composed, typed and preflighted before Hydra creates a
-        # run dir: a refusal leaves nothing behind, and a cheap failure (values, git, files) exits
-        # before any library import.
-        from align.preflight import run_preflight
-
-        for typed in validate_command_line(argv):
-            try:
-                run_preflight(typed)
-            except AlignError as e:
-                die(str(e), e.exit_code)
+    if not wants_hydra_only(sys.argv[1:]):
+        preflight_command_line(sys.argv[1:])  # every job, before Hydra creates a run dir
     sys.argv += rank_overrides()  # under torchrun, ranks > 0 write no .hydra/ (LANDMINES 10)
     _hydra_main()
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import torch
 
-from align.config import Precision, TrainConfig
+from align.config import ParallelKind, Precision, TrainConfig
 from align.data.collate import Batch
 from align.data.cache import load_dataset
 from align.data.encode import EncodedDataset
@@ -103,7 +103,7 @@ class Trainer:
         data = load_dataset(cfg.data, cfg.model, tokenizer)
         stream = build_stream(cfg, data, tokenizer.pad_token_id, env.rank, env.world, pin_memory=env.device.type == "cuda")
 
-        on_device = cfg.model.init_on_device and env.device.type == "cuda" and cfg.parallel.kind.value != "ep"
+        on_device = cfg.model.init_on_device and env.device.type == "cuda" and cfg.parallel.kind != ParallelKind.ep
         built = build_model(cfg.model, cfg.attention, tokenizer, env.device, init_on_device=on_device)
         identity = run_identity(cfg, env.world, data, built.model)
         resume = find_resume_point(cfg, run_dir)
