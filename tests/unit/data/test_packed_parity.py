@@ -64,9 +64,14 @@ def test_packed_logits_equal_separate_logits(tok, family, impl):
     check_parity(model, docs, batch)
 
 
+# flex runs on CPU forward-only (no CPU backward in torch 2.13) and compiles for ~25 s per family:
+# CI runs Mistral; Gemma-4 (sliding layers) is opt-in with ALIGN_TEST_FLEX_CPU=1. OLMoE has no flex.
+_GEMMA_FLEX = pytest.mark.skipif(os.environ.get("ALIGN_TEST_FLEX_CPU") != "1",
+                                 reason="flex on CPU: ~25 s compile per family; set ALIGN_TEST_FLEX_CPU=1")
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("ALIGN_TEST_FLEX_CPU") != "1", reason="flex on CPU: forward only, ~25 s compile per family; set ALIGN_TEST_FLEX_CPU=1")
-@pytest.mark.parametrize("family", [Family.mistral, Family.gemma4])
+@pytest.mark.parametrize("family", [Family.mistral, pytest.param(Family.gemma4, marks=_GEMMA_FLEX)])
 def test_packed_flex_forward_on_cpu(tok, family):
     model = _model(tok, family, AttnImpl.flex)
     ref = _model(tok, family, AttnImpl.eager)
