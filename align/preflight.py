@@ -358,24 +358,22 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
 
 def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
-    from align.config import AttnImpl, Fallback
-    from align.models.registry import FAMILIES  # imports torch (align.models' package init)
+    """The family/machine support rule lives in align.models.attention (the build uses the same one)."""
+    from align.config import Fallback
+    from align.models.attention import unsupported_reason
+    from align.parallel.env import resolve_device
 
-    spec = FAMILIES[cfg.model.family]
     impl = cfg.attention.implementation
-    allow = cfg.attention.fallback == Fallback.allow
-    st = Status.warned if allow else Status.failed
-    why = "; fallback=allow: the library picks, the manifest records what it resolved to" if allow else ""
-    if impl not in spec.attention:
-        yield Check("config", "attention backend", st,
-                    f"{cfg.model.family.value} does not support {impl.value}; supported: "
-                    f"{', '.join(sorted(a.value for a in spec.attention))}{why}", "attention.implementation")
-    elif impl == AttnImpl.flash and importlib.util.find_spec("flash_attn") is None:
-        yield Check("config", "attention backend", st, f"attention=flash needs the flash_attn package, which is not installed{why}",
-                    "attention.implementation")
-    else:
+    reason = unsupported_reason(cfg.model.family, impl, resolve_device(cfg.trainer.device).type)
+    if reason is None:
         yield Check("config", "attention backend", Status.passed,
                     f"{cfg.model.family.value} supports {impl.value} (requested; the resolved one is recorded)")
+    elif cfg.attention.fallback == Fallback.allow:
+        yield Check("config", "attention backend", Status.warned,
+                    f"{reason}; fallback=allow: the library picks, the manifest records what it resolved to",
+                    "attention.implementation")
+    else:
+        yield Check("config", "attention backend", Status.failed, reason, "attention.implementation")
 
 
 def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
