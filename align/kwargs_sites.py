@@ -88,7 +88,8 @@ def activation_checkpointing(cfg: TrainConfig) -> Optional[KwargsSite]:
     if not cfg.parallel.activation_checkpointing:
         return None
     from align.models.registry import FAMILIES
+    from align.parallel.wrap import activation_checkpointing_call
 
     _, model_cls = FAMILIES[cfg.model.family].classes()
-    return KwargsSite(model_cls.gradient_checkpointing_enable,
-                      {"gradient_checkpointing_kwargs": {"use_reentrant": False}}, "parallel.activation_checkpointing")
+    method, kwargs = activation_checkpointing_call(model_cls)  # the call parallelize() makes
+    return KwargsSite(getattr(model_cls, method), kwargs, "parallel.activation_checkpointing")

@@ -10,13 +10,18 @@ from align.config import ParallelConfig, ParallelKind
 from align.parallel.env import DistEnv
 
 
+def activation_checkpointing_call(model_cls: type) -> tuple[str, dict[str, Any]]:
+    """The method and kwargs that turn on activation checkpointing: transformers 5.24 renamed
+    gradient_checkpointing_enable (LANDMINES 6); use what is installed. Preflight checks the same pair."""
+    if hasattr(model_cls, "activation_checkpointing_enable"):
+        return "activation_checkpointing_enable", {"activation_checkpointing_kwargs": {"use_reentrant": False}}
+    return "gradient_checkpointing_enable", {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+
+
 def enable_activation_checkpointing(model: torch.nn.Module) -> str:
-    """transformers 5.24 renamed gradient_checkpointing_enable (LANDMINES 6); use what is installed."""
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        return "activation_checkpointing_enable"
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return "gradient_checkpointing_enable"
+    method, kwargs = activation_checkpointing_call(type(model))
+    getattr(model, method)(**kwargs)
+    return method
 
 
 def parallelize(model: torch.nn.Module, cfg: ParallelConfig, env: DistEnv) -> dict[str, Any]:
