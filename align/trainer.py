@@ -203,7 +203,9 @@ class Trainer:
         window = [next(batches).to(self.env.device) for _ in range(self.cfg.trainer.grad_accum)]
         # Every target token of the window weighs the same on every rank: divide by the GLOBAL count;
         # grad_scale (the world size under FSDP) undoes FSDP2's mean of gradients over ranks.
-        loss_tokens = int(self.env.all_reduce_sum(torch.tensor(sum(b.loss_tokens for b in window), device=self.env.device)))
+        loss_tokens = sum(b.loss_tokens for b in window)
+        if self.env.distributed:  # one process: no device round trip (it would stall the GPU every step)
+            loss_tokens = int(self.env.all_reduce_sum(torch.tensor(loss_tokens, device=self.env.device)))
         grad_scale = self.model_info["parallel"]["grad_scale"]
         denom = max(loss_tokens, 1) / grad_scale
         loss_sum = torch.zeros((), device=self.env.device)

@@ -32,7 +32,11 @@ def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float) -> fl
     for grads in groups.values():
         # fp64 accumulation: torch's fp32 norm of large tensors is off by ~1e-5 relative (measured on
         # CPU), enough to make the same gradients report different norms under different shardings.
-        n = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, 2.0, dtype=torch.float64) for g in grads]), 2.0)
+        if any(isinstance(g, DTensor) for g in grads):
+            norms = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float64) for g in grads]
+        else:  # plain tensors: one fused foreach launch instead of one reduction per parameter
+            norms = list(torch._foreach_norm(grads, 2.0, dtype=torch.float64))
+        n = torch.linalg.vector_norm(torch.stack(norms), 2.0)
         n = n.full_tensor() if isinstance(n, DTensor) else n
         sq += float(n) ** 2
     total = math.sqrt(sq)
@@ -40,6 +44,5 @@ def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float) -> fl
         coef = max_norm / (total + 1e-6)
         with torch.no_grad():
             for grads in groups.values():
-                for g in grads:
-                    _local(g).mul_(coef)
+                torch._foreach_mul_([_local(g) for g in grads], coef)
     return total
