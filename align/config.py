@@ -153,6 +153,19 @@ class Fallback(StrEnum):
     allow = "allow"
 
 
+class SdpaKernel(StrEnum):
+    flash = "flash"
+    cudnn = "cudnn"
+    efficient = "efficient"
+    math = "math"
+
+    @property
+    def torch_name(self) -> str:
+        """The `torch.nn.attention.SDPBackend` member."""
+        return {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                "math": "MATH"}[self.value]
+
+
 @dataclass
 class AttentionConfig:
     implementation: AttnImpl = AttnImpl.sdpa
@@ -160,6 +173,10 @@ class AttentionConfig:
     fallback: Fallback = Fallback.refuse
     """refuse: a backend the family or machine cannot run fails preflight. allow: fall back to the
     library's choice, log it loudly and record both."""
+    sdpa_kernels: list[SdpaKernel] = field(default_factory=list)
+    """With implementation=sdpa: the kernels torch may pick, in priority order (flash, cudnn,
+    efficient, math), applied around every forward. Empty: torch's own order (on sm90 torch prefers
+    cuDNN, which builds a plan per new shape). The kernel that ran is read from the profiler."""
 
 
 # ------------------------------------------------------------------------------------------ data

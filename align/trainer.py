@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, NonFiniteHalt
 from align.errors import ConfigError
 from align.loss import ChunkedCE, bypass_lm_head, ce_sum
 from align.models import build_model
+from align.models.attention import sdpa_priority
 from align.models.runtime import ModelRuntime
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.parallel.env import DistEnv, init_distributed
@@ -158,6 +160,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------- loop
 
+    @functools.cached_property
+    def sdpa_kernels(self) -> Callable[[], contextlib.AbstractContextManager]:
+        return sdpa_priority(self.cfg.attention)
+
     def autocast(self) -> contextlib.AbstractContextManager:
         p = self.cfg.trainer.precision
         if p == Precision.bf16 or (p == Precision.auto and self.env.device.type == "cuda"):
@@ -192,7 +198,7 @@ class Trainer:
         Router losses (MoE, when weighted) weigh by the micro-batch's share of the window's loss tokens."""
         self.runtime.before_forward(b.padding_mask)
         bypass = bypass_lm_head(self.model) if self.cfg.trainer.loss_chunk_tokens else contextlib.nullcontext()
-        with self.autocast(), bypass:  # chunked CE: the model returns hidden states, loss_fn applies the head
+        with self.autocast(), self.sdpa_kernels(), bypass:  # chunked CE: the model returns hidden states, loss_fn applies the head
             out = self.model(**b.model_inputs()).logits
         loss = inject_nan(self.loss_fn(out, b.labels) / denom, self.env.rank, self.state.step + 1)  # test-only hook
         (loss + self.runtime.aux_loss(scale=b.loss_tokens / denom)).backward()

@@ -13,11 +13,15 @@ measured in the same command. Padding therefore earns nothing, and every arm is 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # The issue's model: about 0.89 B parameters.
 MODEL = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
@@ -102,3 +106,30 @@ def summarise(arm: str, seconds: float, real: int, padded: int, steps: int, peak
     return ArmResult(arm=arm, steps_measured=steps, real_tokens_per_s=real / seconds, tokens_per_s=padded / seconds,
                      padding_waste=1 - real / padded if padded else 0.0, peak_mem_gib=peak_gib, mfu=tflops / ceiling,
                      tflops=tflops, notes=notes)
+
+
+def parse_defines(defines: list[str]) -> dict[str, list[str]]:
+    """`--define NAME='ov1 ov2 ...'`: an extra align arm from the command line (exploration without
+    editing the arm table; a lever that wins moves into the table with its measurement)."""
+    arms = {}
+    for d in defines:
+        name, sep, overrides = d.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--define: expected NAME='override override ...', got {d!r}")
+        arms[name] = overrides.split()
+    return arms
+
+
+def profile_kernels(overrides: list[str], out: Path, name: str, env: dict, steps: int = 3) -> None:
+    """The kernel table (align.probe probe=kernels) of an align arm's exact configuration, printed:
+    where its step time goes on the device, and how much of the wall the kernels fill."""
+    run_dir = out / f"kernels_{name}"
+    cmd = [sys.executable, "-m", "align.probe", "probe=kernels", "probe.kernels.warmup=6",
+           "probe.kernels.timed_steps=4", f"probe.kernels.steps={steps}",
+           *[o for o in overrides if not o.startswith(("trainer.max_steps=", "hydra.run.dir="))],
+           f"hydra.run.dir={run_dir}"]
+    with (out / f"kernels_{name}.log").open("w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    report = run_dir / "kernels.md"
+    print(f"---- kernels of {name} (exit {rc}) ----")
+    print(report.read_text() if report.exists() else (out / f"kernels_{name}.log").read_text()[-3000:], flush=True)

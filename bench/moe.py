@@ -22,7 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import bimodal_lengths, matmul_ceiling_tflops, token_rows, write_rows  # noqa: E402
+from bench.common import bimodal_lengths, matmul_ceiling_tflops, parse_defines, profile_kernels, token_rows, write_rows  # noqa: E402
 
 ALIGN_ARMS = {
     # same tokens per micro-batch and per step as the reference (4 x 2048 = 8192)
@@ -71,15 +71,18 @@ def reference(tiny: bool, steps: int, warmup: int, rows: int, width: int, ceilin
             "experts_implementation": model.config._experts_implementation, "attn": model.config._attn_implementation}
 
 
+def align_overrides(rows_file: Path, out: Path, steps: int, tiny: bool) -> list[str]:
+    return ["model=olmoe", f"model.preset={'tiny' if tiny else 'full'}",
+            "model.dtype=bfloat16", "data=tokens", f"data.path={rows_file}", "data.max_seq_len=4096",
+            f"data.cache_dir={out / 'cache'}", "sampler=budget", "sampler.bucket_size=100000", "sampler.pad_to_multiple_of=64",
+            "logger=none", "trainer.export=false", f"trainer.max_steps={steps}", "optimizer.lr=1e-5",
+            "optimizer.warmup_ratio=0", "trainer.log_every=5", "allow_dirty=true", "model.allow_over_memory=true",
+            "sampler.mask_padding=false", "model.init_on_device=true"]
+
+
 def run_align(arm: str, extra: list[str], rows_file: Path, out: Path, steps: int, warmup: int, tiny: bool, env) -> dict:
     run_dir = out / "runs" / arm
-    cmd = [sys.executable, "-m", "align.train", "model=olmoe", f"model.preset={'tiny' if tiny else 'full'}",
-           "model.dtype=bfloat16", "data=tokens", f"data.path={rows_file}", "data.max_seq_len=4096",
-           f"data.cache_dir={out / 'cache'}", "sampler=budget", "sampler.bucket_size=100000", "sampler.pad_to_multiple_of=64",
-           "logger=none", "trainer.export=false", f"trainer.max_steps={steps}", "optimizer.lr=1e-5",
-           "optimizer.warmup_ratio=0", "trainer.log_every=5", "allow_dirty=true", "model.allow_over_memory=true",
-           "sampler.mask_padding=false", "model.init_on_device=true",
-           *extra, f"hydra.run.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "align.train", *align_overrides(rows_file, out, steps, tiny), *extra, f"hydra.run.dir={run_dir}"]
     with (out / f"{arm}.log").open("w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc != 0:
@@ -104,7 +107,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--arms", default="ref," + ",".join(ALIGN_ARMS))
+    ap.add_argument("--define", action="append", default=[], metavar="NAME='OVERRIDES'",
+                    help="an extra align arm: NAME='ov1 ov2 ...' (then name it in --arms)")
+    ap.add_argument("--profile", default="", help="comma-separated align arms whose kernel table to print after the arms")
     a = ap.parse_args()
+    ALIGN_ARMS.update(parse_defines(a.define))
     out = Path(os.environ.get("OUT", "outputs/bench")).resolve() / "moe"
     out.mkdir(parents=True, exist_ok=True)
     ceiling = matmul_ceiling_tflops()
@@ -134,6 +141,8 @@ def main() -> None:
         print(f"{r['arm']:>18}  {r.get('real_tokens_per_s', float('nan')):>10,.0f} tok/s  "
               f"MFU(active) {r.get('mfu_active', float('nan')):.1%}  peak {r.get('peak_mem_gib') or float('nan'):.1f} GiB  "
               f"vs ref {r.get('vs_reference', float('nan')):.2f}x  {r.get('error', '')}")
+    for arm in filter(None, a.profile.split(",")):
+        profile_kernels([*align_overrides(rows_file, out, a.steps, a.tiny), *ALIGN_ARMS[arm]], out, arm, env)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import MODEL, TINY, bimodal_lengths, matmul_ceiling_tflops, read_rows, summarise, token_rows  # noqa: E402
-from bench.common import useful_flops_per_token, write_rows  # noqa: E402
+from bench.common import parse_defines, profile_kernels, useful_flops_per_token, write_rows  # noqa: E402
 
 HF_ARMS = ["hf_padded", "hf_flatten", "hf_ceiling"]
 # align's arms: overrides on top of the common ones in align_overrides().
@@ -94,7 +94,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=4000, help="bimodal rows in the shared data file")
     ap.add_argument("--arms", default=",".join(HF_ARMS + list(ALIGN_ARMS)))
     ap.add_argument("--tiny", action="store_true", help="CPU-sized model: checks the harness, measures nothing")
+    ap.add_argument("--define", action="append", default=[], metavar="NAME='OVERRIDES'",
+                    help="an extra align arm: NAME='ov1 ov2 ...' (then name it in --arms)")
+    ap.add_argument("--profile", default="", help="comma-separated align arms whose kernel table to print after the arms")
     a = ap.parse_args()
+    ALIGN_ARMS.update(parse_defines(a.define))
 
     out = Path(os.environ.get("OUT", "outputs/bench")).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -135,6 +139,8 @@ def main() -> None:
     md = table(results, ceiling)
     print(md)
     (out / "bench.md").write_text(md + "\n")
+    for arm in filter(None, a.profile.split(",")):
+        profile_kernels([*align_overrides(cfg, rows_file, out, a.align_steps), *ALIGN_ARMS[arm]], out, arm, env)
     (out / "bench.json").write_text(json.dumps({"ceiling_tflops": ceiling, "model": cfg, "rows": a.rows,
                                                 "useful_flops_per_token": fpt, "useful_flops_per_token_2048": fpt_ceiling,
                                                 "results": results}, indent=1))

@@ -9,10 +9,12 @@ too (`config._attn_implementation`) and recorded as such (align.models.build.des
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from align.config import AttentionConfig, AttnImpl, Fallback, Family
 from align.errors import ConfigError
@@ -66,3 +68,14 @@ def resolve_attention(family: Family, cfg: AttentionConfig, device_type: str) ->
                 cfg.implementation.hf_name, FALLBACK.hf_name, reason)
     log.warning("!" * 100)
     return AttentionChoice(cfg.implementation, FALLBACK, reason)
+
+
+def sdpa_priority(cfg: AttentionConfig) -> Callable[[], contextlib.AbstractContextManager]:
+    """A context factory for every forward: torch's SDPA kernel choice restricted to, and ordered by,
+    `attention.sdpa_kernels` (the backward follows the forward's kernel). Nothing when empty."""
+    if not cfg.sdpa_kernels or cfg.implementation != AttnImpl.sdpa:
+        return contextlib.nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [getattr(SDPBackend, k.torch_name) for k in cfg.sdpa_kernels]
+    return functools.partial(sdpa_kernel, backends, set_priority=True)

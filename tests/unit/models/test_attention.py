@@ -7,6 +7,7 @@ import importlib.util
 import logging
 
 import pytest
+import torch
 
 from align.config import AttentionConfig, AttnImpl, Fallback, Family
 from align.errors import ConfigError
@@ -63,3 +64,18 @@ def test_preflight_lists_the_attention_check_and_refuses_before_any_model_load(c
 
     refused = [c for c in model_checks(to_typed(compose(["model=olmoe", "attention=flex"]))) if not c.ok]
     assert refused[0].key == "attention.implementation" and "does not support flex_attention" in refused[0].detail
+
+
+def test_sdpa_kernels_restrict_the_kernel_torch_may_pick_in_every_training_forward(tmp_path):
+    """attention.sdpa_kernels is applied around the trainer's forward: on CPU only flash (CPU) and
+    math exist, so allowing only the CUDA-only efficient kernel must leave SDPA without a kernel;
+    allowing math must train. A setting that silently did nothing would pass the first case."""
+    from tests.conftest import build_trainer
+
+    t = build_trainer(tmp_path / "a", "trainer.max_steps=1", "attention.sdpa_kernels=[efficient]")
+    b = next(iter(t.stream))
+    with pytest.raises(RuntimeError, match="[Nn]o (available kernel|viable backend)"):
+        t.forward_backward(b.to(t.env.device), 1.0)
+    t = build_trainer(tmp_path / "b", "trainer.max_steps=1", "attention.sdpa_kernels=[math,flash]")
+    b = next(iter(t.stream))
+    assert torch.isfinite(t.forward_backward(b.to(t.env.device), 1.0))
