@@ -219,7 +219,7 @@ class Trainer:
             loss_sum += self.forward_backward(b, denom)
 
         max_norm = self.cfg.optimizer.max_grad_norm
-        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer)
         # The one boundary collective: stop flags, non-finite flags and the logged sums, all ranks.
         v = agree(self.env, self.stop.requested, loss_sum / grad_scale, grad_norm,
                   sum(b.tokens for b in window), sum(b.real_tokens for b in window))

@@ -26,16 +26,18 @@ from bench.common import parse_defines, profile_kernels, useful_flops_per_token,
 
 HF_ARMS = ["hf_padded", "hf_flatten", "hf_ceiling"]
 # align's arms: overrides on top of the common ones in align_overrides().
+BUDGET = ["sampler=budget", "sampler.bucket_size=100000", "sampler.mask_padding=false"]
 ALIGN_ARMS: dict[str, list[str]] = {
     "align_shuffle": ["sampler=shuffle", "sampler.micro_batch_size=8"],
     "align_bucket": ["sampler=bucket", "sampler.micro_batch_size=8", "sampler.bucket_size=100000"],
-    "align_best": ["sampler=budget", "sampler.max_tokens=16384", "sampler.bucket_size=100000",
-                   "sampler.pad_to_multiple_of=64", "sampler.mask_padding=false", "trainer.compile=true"],
+    # the best found (2026-11-30): 24k-token budget, pad to 8, no padding mask, flash-first SDPA (default)
+    "align_best": [*BUDGET, "sampler.max_tokens=24576", "sampler.pad_to_multiple_of=8"],
     # ablations of the best arm, one lever at a time (docs/performance.md)
-    "abl_budget_masked": ["sampler=budget", "sampler.max_tokens=16384", "sampler.bucket_size=100000",
-                          "sampler.pad_to_multiple_of=64"],
-    "abl_budget_nomask": ["sampler=budget", "sampler.max_tokens=16384", "sampler.bucket_size=100000",
-                          "sampler.pad_to_multiple_of=64", "sampler.mask_padding=false"],
+    "abl_masked": [*BUDGET, "sampler.max_tokens=24576", "sampler.pad_to_multiple_of=8", "sampler.mask_padding=true"],
+    "abl_cudnn": [*BUDGET, "sampler.max_tokens=24576", "sampler.pad_to_multiple_of=8", "attention.sdpa_kernels=[]"],
+    "abl_budget16k": [*BUDGET, "sampler.max_tokens=16384", "sampler.pad_to_multiple_of=8"],
+    "abl_pad64": [*BUDGET, "sampler.max_tokens=24576", "sampler.pad_to_multiple_of=64"],
+    "abl_compiled": [*BUDGET, "sampler.max_tokens=24576", "sampler.pad_to_multiple_of=64", "trainer.compile=true"],
 }
 
 
@@ -58,7 +60,7 @@ def run_align(arm: str, extra: list[str], cfg: dict, rows_file: Path, out: Path,
     with log.open("w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc != 0:
-        raise RuntimeError(f"{arm} exited {rc}; see {log}")
+        raise RuntimeError(f"{arm} exited {rc}: {(log.read_text().strip().splitlines() or [''])[-1][:300]}")
     rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     m = rows[warmup:]
     seconds = m[-1]["elapsed_s"] - rows[warmup - 1]["elapsed_s"]

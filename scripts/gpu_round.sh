@@ -1,22 +1,14 @@
 #!/usr/bin/env bash
-# Exploration round on the two-GPU machine: dense levers on GPU 0, MoE levers on GPU 1, at once.
+# One round on the two-GPU machine: the dense table on GPU 0 and the MoE table on GPU 1, at once.
 # Usage (after the wheel preamble): bash scripts/gpu_round.sh   -> $OUT/dense.txt, $OUT/moe.txt
 set -u
-F="sampler=budget sampler.bucket_size=100000 sampler.mask_padding=false"
-FL="attention.sdpa_kernels=[flash,efficient,cudnn,math]"
-( CUDA_VISIBLE_DEVICES=0 OUT=$OUT/dense timeout 560 python3 bench/run.py --steps 30 --warmup 8 --align-steps 40 --align-warmup 10 \
-    --arms hf_ceiling,abl_budget_nomask,x_flash,x_b24k_flash,x_pad8_flash,x_b32k_flash \
-    --define "x_flash=$F sampler.max_tokens=16384 sampler.pad_to_multiple_of=64 $FL" \
-    --define "x_b24k_flash=$F sampler.max_tokens=24576 sampler.pad_to_multiple_of=64 $FL" \
-    --define "x_pad8_flash=$F sampler.max_tokens=16384 sampler.pad_to_multiple_of=8 $FL" \
-    --define "x_b32k_flash=$F sampler.max_tokens=32768 sampler.pad_to_multiple_of=64 $FL" \
-    --profile abl_budget_nomask > $OUT/dense.txt 2>&1 ) &
-( CUDA_VISIBLE_DEVICES=1 OUT=$OUT/moe timeout 560 python3 bench/moe.py --steps 20 --warmup 5 \
-    --arms ref,align_step_8k,m_flash,m_8bit \
-    --define "m_flash=sampler.max_tokens=8192 $FL" \
-    --define "m_8bit=sampler.max_tokens=8192 optimizer=adamw8bit $FL" \
-    --profile align_step_8k > $OUT/moe.txt 2>&1 ) &
+( CUDA_VISIBLE_DEVICES=0 OUT=$OUT/dense timeout 570 python3 bench/run.py --steps 30 --warmup 8 --align-steps 40 --align-warmup 10 \
+    --arms hf_padded,hf_flatten,hf_ceiling,align_shuffle,align_bucket,align_best,abl_masked,abl_cudnn,abl_compiled \
+    > $OUT/dense.txt 2>&1 ) &
+( CUDA_VISIBLE_DEVICES=1 OUT=$OUT/moe timeout 570 python3 bench/moe.py --steps 20 --warmup 5 \
+    --arms ref,align_step_8k,align_step_fill,align_accum4,align_8bit,align_no_telemetry,align_ac_32k \
+    --profile align_step_fill > $OUT/moe.txt 2>&1 ) &
 wait
-grep -v "Warning\|warn\|^W1\|torchao\|^\[" $OUT/dense.txt | tail -c 5500
+grep -v "Warning\|warn\|^W1\|torchao\|^\[" $OUT/dense.txt | tail -c 4000
 echo ====
-grep -v "Warning\|warn\|^W1\|torchao\|^\[" $OUT/moe.txt | tail -c 5500
+grep -v "Warning\|warn\|^W1\|torchao\|^\[" $OUT/moe.txt | grep -v '^{' | tail -c 6500

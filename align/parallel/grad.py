@@ -20,12 +20,25 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float) -> float:
-    """Clip to `max_norm` (<= 0: do not clip) and return the pre-clip global L2 norm (maybe nan/inf)."""
+def folds_clipping(optimizer) -> bool:
+    """torch's fused Adam/AdamW divide every gradient by `optimizer.grad_scale` inside their one
+    kernel (the hook GradScaler uses to unscale). Clipping through it saves a read and a write of
+    every gradient per step. Plain tensors only: DTensor shards keep the explicit scale."""
+    return (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
+            and getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, optimizer=None) -> float:
+    """Clip to `max_norm` (<= 0: do not clip) and return the pre-clip global L2 norm (maybe nan/inf).
+    With an `optimizer` that `folds_clipping`, plain-tensor gradients are left as they are and the
+    optimizer's next step divides them by 1/coefficient instead (set here, or cleared)."""
     groups: dict = defaultdict(list)
     for p in params:
         if p.grad is not None:
             groups[p.grad.device_mesh if isinstance(p.grad, DTensor) else None].append(p.grad)
+    fold = optimizer is not None and set(groups) == {None} and folds_clipping(optimizer)
+    if fold:
+        optimizer.grad_scale = None
     if not groups:
         return 0.0
     sq = 0.0
@@ -42,6 +55,10 @@ def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float) -> fl
     total = math.sqrt(sq)
     if max_norm > 0 and math.isfinite(total) and total > max_norm:
         coef = max_norm / (total + 1e-6)
+        if fold:
+            device = groups[None][0].device
+            optimizer.grad_scale = torch.tensor(1.0 / coef, dtype=torch.float32, device=device)
+            return total
         with torch.no_grad():
             for grads in groups.values():
                 torch._foreach_mul_([_local(g) for g in grads], coef)

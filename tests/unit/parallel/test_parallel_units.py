@@ -41,6 +41,32 @@ def test_a_nonfinite_norm_is_reported_and_grads_are_left_for_the_skip():
     assert torch.equal(ps[1].grad, torch.ones(3))
 
 
+@pytest.mark.parametrize("clipped", [True, False])
+def test_fused_adamw_applies_the_clip_in_its_own_kernel_as_an_explicit_clip_would(clipped):
+    """With torch's fused AdamW the clip coefficient rides in `optimizer.grad_scale` (no extra pass
+    over the gradients); the update must equal clip-then-step with the unfused optimizer."""
+    from align.parallel.grad import folds_clipping
+
+    torch.manual_seed(0)
+    g = [torch.randn(64, 32) * 3, torch.randn(17) * 5]
+    max_norm = 1.0 if clipped else 1e6
+    results = []
+    for fused in (True, False):
+        ps = _params(*g)
+        opt = torch.optim.AdamW(ps, lr=0.1, eps=1.0, fused=fused)  # eps 1: the update depends on the scale
+        assert folds_clipping(opt) == fused
+        for size in (1.0, 1e-3):  # clipped, then (norm ~0.1) not: the first step's scale must not linger
+            for p, x in zip(ps, g):
+                p.grad = x * size
+            clip_grad_norm_(ps, max_norm, opt)
+            opt.step()
+        results.append([p.detach().clone() for p in ps])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    moved = [float((a - b).abs().max()) for a, b in zip(results[0], _params(*g))]
+    assert min(moved) > 1e-3  # both steps moved every parameter (lr 0.1): the comparison is not vacuous
+
+
 def test_hang_diagnostics_use_the_flight_recorder_names_of_torch_2_11(tmp_path):
     env = hang_diagnostics_env(ParallelConfig(flight_recorder_entries=500), tmp_path, 3)
     assert env["TORCH_FR_BUFFER_SIZE"] == "500" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
