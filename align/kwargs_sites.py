@@ -4,15 +4,17 @@ Each function builds the kwargs with the SAME builder the call site uses, and na
 callable it goes to; it returns None when this config does not make that call. Values are
 placeholders only where the real value needs heavy work (the tokenizer's vocab size): the names are
 what is checked. Listed in `align.preflight.KWARGS_SITES`.
+
+Targets are import paths and the builders import neither torch nor transformers, so on the default
+config a refused name costs no library import when align.signatures' cache is current.
 """
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
-from align.config import LoggerKind, TrainConfig
+from align.config import Device, LoggerKind, TrainConfig
 from align.preflight import KwargsSite
 
 
@@ -39,49 +41,57 @@ def wandb_init(cfg: TrainConfig) -> Optional[KwargsSite]:
     return KwargsSite("wandb:init", wandb_init_kwargs(cfg.logger, Path("."), "preflight", None, {}), "logger")
 
 
+def _per_device(cfg: TrainConfig, target: str, key: str, build: Callable[[str], dict[str, Any]]) -> KwargsSite:
+    """A site whose kwargs depend on the device type. trainer.device=auto is decided by
+    torch.cuda.is_available(), and importing torch costs a second: the names the call would get on
+    either device are checked at once, and the device is resolved only when that union is refused."""
+    if cfg.trainer.device != Device.auto:
+        return KwargsSite(target, build(cfg.trainer.device.value), key)
+    return KwargsSite(target, {**build("cpu"), **build("cuda")}, key,
+                      exact=lambda: KwargsSite(target, build(_device(cfg).type), key))
+
+
 def data_loader(cfg: TrainConfig) -> KwargsSite:
-    from align.data.loader import BatchStream, loader_kwargs
+    from align.data.loader_kwargs import NUM_WORKERS, loader_kwargs
 
     # Mirrors Trainer.build: BatchStream's worker count and pin_memory on CUDA.
-    workers = inspect.signature(BatchStream).parameters["num_workers"].default
-    return KwargsSite("torch.utils.data:DataLoader", loader_kwargs(workers, _device(cfg).type == "cuda"), "data")
+    return _per_device(cfg, "torch.utils.data:DataLoader", "data", lambda dev: loader_kwargs(NUM_WORKERS, dev == "cuda"))
 
 
 def optimizer(cfg: TrainConfig) -> KwargsSite:
-    from align.optim import optimizer_class, optimizer_kwargs
+    from align.optim import optimizer_kwargs, optimizer_target
 
-    return KwargsSite(optimizer_class(cfg.optimizer), optimizer_kwargs(cfg.optimizer, _device(cfg)), "optimizer")
+    return _per_device(cfg, optimizer_target(cfg.optimizer), "optimizer", lambda dev: optimizer_kwargs(cfg.optimizer, dev))
 
 
 def scheduler(cfg: TrainConfig) -> KwargsSite:
-    from align.optim import scheduler_factory, scheduler_kwargs
+    from align.optim import SCHEDULER, scheduler_kwargs
 
-    return KwargsSite(scheduler_factory(), scheduler_kwargs(cfg.optimizer, cfg.trainer.max_steps), "optimizer")
+    return KwargsSite(SCHEDULER, scheduler_kwargs(cfg.optimizer, cfg.trainer.max_steps), "optimizer")
 
 
 def model_config(cfg: TrainConfig) -> Optional[KwargsSite]:
     if cfg.model.pretrained:
         return None  # the checkpoint's config.json is loaded, not built from kwargs
-    from align.models.build import config_kwargs
+    from align.models.kwargs import config_kwargs
     from align.models.registry import FAMILIES
 
-    config_cls, _ = FAMILIES[cfg.model.family].classes()
-    # A config class's own __post_init__ may consume names its signature lacks (Gemma4TextConfig:
-    # global_head_dim, num_global_key_value_heads): the names its installed source reads count too.
-    post = (config_cls.__post_init__,) if "__post_init__" in vars(config_cls) else ()
-    return KwargsSite(config_cls, config_kwargs(cfg.model, TokenizerShape()), "model.overrides", also=post)
+    # The config class's __post_init__ consumes names its signature lacks (Gemma4TextConfig:
+    # global_head_dim): align.signatures reads those from its installed source too.
+    return KwargsSite(FAMILIES[cfg.model.family].config_class, config_kwargs(cfg.model, TokenizerShape()), "model.overrides")
 
 
 def model_load(cfg: TrainConfig) -> KwargsSite:
-    from align.models.build import load_kwargs
+    from align.models.kwargs import load_kwargs
     from align.models.registry import FAMILIES
 
-    config_cls, model_cls = FAMILIES[cfg.model.family].classes()
+    spec = FAMILIES[cfg.model.family]
     kw = load_kwargs(cfg.model, cfg.attention)
     if cfg.model.pretrained:
         # from_pretrained hands leftover kwargs to the config class: its names count too.
-        return KwargsSite(model_cls.from_pretrained, {**kw, "local_files_only": True}, "model", also=(config_cls,))
-    return KwargsSite(model_cls._from_config, kw, "model", also=(model_cls,))
+        return KwargsSite(f"{spec.model_class}.from_pretrained", {**kw, "local_files_only": True}, "model",
+                          also=(spec.config_class,))
+    return KwargsSite(f"{spec.model_class}._from_config", kw, "model", also=(spec.model_class,))
 
 
 def activation_checkpointing(cfg: TrainConfig) -> Optional[KwargsSite]:

@@ -4,20 +4,17 @@ pre-launch honesty checklist (4.8), run before anything heavy.
     python -m align.preflight [overrides]      # prints the checklist for this config; exit 0 or 2
 
 `align.train` runs the same checks first and stops at the first failure. Checks run cheapest first
-(values, git, files: a few ms), then the kwargs checks, which import the libraries whose signatures
-they read. A check is a function `(cfg, ctx) -> Iterable[Check]` listed in CHECKS; a kwargs call
+(values, git, files: a few ms), then the kwargs checks, which read the installed signatures through
+align.signatures (a cache keyed on the files they come from; a miss imports the library). A check is a function `(cfg, ctx) -> Iterable[Check]` listed in CHECKS; a kwargs call
 site is a function `(cfg) -> KwargsSite | None` listed in KWARGS_SITES (docs/provenance.md).
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
-import inspect
 import json
 import sys
-import textwrap
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -26,6 +23,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from align.config import TrainConfig
 from align.errors import EXIT_CONFIG, AlignError, ConfigError
+from align.signatures import Accepted, accepted, resolve
 
 # ------------------------------------------------------------------------------------ results
 
@@ -148,127 +146,53 @@ class KwargsSite:
     """One library call align makes with kwargs built from config (playbook 4.2)."""
 
     target: Union[str, Callable]
-    """The installed callable, or its import path "module:qualname" (imported when checked)."""
+    """The installed callable, or its import path "module:qualname": read from align.signatures' cache,
+    imported only on a miss. A site that names the path keeps `align.train`'s refusals import-free."""
     kwargs: dict[str, Any]
     """The kwargs exactly as the call site builds them (same builder function)."""
     key: str
     """Config key named in the error (what the user changes)."""
     also: tuple[Union[str, Callable], ...] = ()
     """Callables that receive this one's leftover **kwargs (their names are accepted too)."""
+    exact: Optional[Callable[[], "KwargsSite"]] = None
+    """Set when `kwargs` is the union over the devices the run may get (trainer.device=auto: deciding
+    imports torch, ~1 s): builds the site for this machine's device, only when the union is refused."""
 
 
-def resolve(target: Union[str, Callable]) -> Callable:
-    if callable(target):
-        return target
-    module, _, qual = target.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in qual.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _name(fn: Any) -> str:
-    mod = getattr(fn, "__module__", "") or ""
-    qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-    return f"{mod}.{qual}" if mod and not qual.startswith(mod) else qual
-
-
-def _varkw(fn: Callable) -> Optional[str]:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return None
-    return next((n for n, p in params.items() if p.kind == p.VAR_KEYWORD), None)
-
-
-def kwargs_reads(fn: Callable, varkw: str) -> set[str]:
-    """Names the installed source of `fn` reads out of its `**varkw` by literal: `kw.pop("x")`,
-    `kw.get("x")`, `kw["x"]`, `"x" in kw`, `kw.setdefault("x")`."""
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        return set()
-    names: set[str] = set()
-
-    def is_kw(node: ast.AST) -> bool:
-        return isinstance(node, ast.Name) and node.id == varkw
-
-    def lit(node: ast.AST) -> Optional[str]:
-        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
-
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_kw(node.func.value):
-            if node.func.attr in ("pop", "get", "setdefault") and node.args and (s := lit(node.args[0])):
-                names.add(s)
-        elif isinstance(node, ast.Subscript) and is_kw(node.value) and (s := lit(node.slice)):
-            names.add(s)
-        elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
-            if is_kw(node.comparators[0]) and (s := lit(node.left)):
-                names.add(s)
-    return names
-
-
-@dataclass
-class Accepted:
-    names: set[str]
-    how: str
-    """How the set was derived (reported when a check fails)."""
-
-
-def accepted(fn: Callable) -> Accepted:
-    """The keyword names the INSTALLED `fn` accepts.
-
-    Explicit parameters from `inspect.signature`; a class's `attribute_map` aliases (transformers
-    configs accept them); and when `fn` takes **kwargs, the names its source reads out of them.
-    """
-    sig = inspect.signature(fn)
-    names = {n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    names.discard("self")
-    how = "signature"
-    amap = getattr(fn, "attribute_map", None) if inspect.isclass(fn) else None
-    if isinstance(amap, dict):
-        names |= set(amap)
-        how += " + attribute_map"
-    varkw = _varkw(fn)
-    if varkw:
-        names |= kwargs_reads(fn, varkw)
-        how += f" + names read from **{varkw} in the installed source"
-    return Accepted(names, how)
-
-
-def accepted_names(fn: Callable) -> set[str]:
+def accepted_names(fn: Union[str, Callable]) -> set[str]:
     return accepted(fn).names
 
 
-def unknown_kwargs(site: KwargsSite) -> tuple[list[str], Accepted, Callable]:
-    fn = resolve(site.target)
-    acc = accepted(fn)
+def unknown_kwargs(site: KwargsSite) -> tuple[list[str], Accepted]:
+    acc = accepted(site.target)
     for other in site.also:
-        o = accepted(resolve(other))
-        acc = Accepted(acc.names | o.names, f"{acc.how}; + {_name(resolve(other))} ({o.how})")
-    return sorted(set(site.kwargs) - acc.names), acc, fn
+        o = accepted(other)
+        acc = Accepted(acc.names | o.names, f"{acc.how}; + {o.name} ({o.how})", acc.name)
+    return sorted(set(site.kwargs) - acc.names), acc
 
 
-def check_kwargs(fn: Callable, kwargs: dict[str, Any], what: str, also: tuple = ()) -> None:
+def check_kwargs(fn: Union[str, Callable], kwargs: dict[str, Any], what: str, also: tuple = ()) -> None:
     """Fail by NAME when `fn`, as installed, does not accept a key of `kwargs` (playbook 4.2)."""
-    unknown, acc, fn = unknown_kwargs(KwargsSite(fn, kwargs, what, also))
+    unknown, acc = unknown_kwargs(KwargsSite(fn, kwargs, what, also))
     if unknown:
-        raise ConfigError(what, f"{_name(fn)} does not accept {unknown}; it accepts: {', '.join(sorted(acc.names))}")
+        raise ConfigError(what, f"{acc.name} does not accept {unknown}; it accepts: {', '.join(sorted(acc.names))}")
 
 
 def check_site(name: str, site: KwargsSite) -> Check:
     try:
-        unknown, acc, fn = unknown_kwargs(site)
+        unknown, acc = unknown_kwargs(site)
     except Exception as e:  # the callable is missing or not importable: that is a failure too
         return Check("kwargs", name, Status.failed, f"cannot read the installed callable {site.target!r}: {type(e).__name__}: {e}", site.key)
+    if unknown and site.exact is not None:  # the union over devices was refused: decide on this machine's
+        return check_site(name, site.exact())
     if unknown:
         return Check("kwargs", name, Status.failed,
-                     f"{_name(fn)} does not accept {unknown}; it accepts: {', '.join(sorted(acc.names))}", site.key)
-    return Check("kwargs", name, Status.passed, f"{len(site.kwargs)} names ok against {_name(fn)} ({acc.how})", site.key)
+                     f"{acc.name} does not accept {unknown}; it accepts: {', '.join(sorted(acc.names))}", site.key)
+    union = "; the names of every device trainer.device=auto may pick" if site.exact else ""
+    return Check("kwargs", name, Status.passed, f"{len(site.kwargs)} names ok against {acc.name} ({acc.how}){union}", site.key)
 
 
-# Kwargs call sites, cheapest import first. name -> "module:function"; the function takes the
+# Kwargs call sites, in the order checked. name -> "module:function"; the function takes the
 # TrainConfig and returns a KwargsSite, or None when this config does not make that call.
 # Register yours with one line next to the call you add (docs/provenance.md).
 KWARGS_SITES: dict[str, str] = {
@@ -361,10 +285,14 @@ def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     """The family/machine support rule lives in align.models.attention (the build uses the same one)."""
     from align.config import Fallback
     from align.models.attention import unsupported_reason
-    from align.parallel.env import resolve_device
+
+    def device_type() -> str:  # only the flash rule asks; resolving trainer.device=auto imports torch
+        from align.parallel.env import resolve_device
+
+        return resolve_device(cfg.trainer.device).type
 
     impl = cfg.attention.implementation
-    reason = unsupported_reason(cfg.model.family, impl, resolve_device(cfg.trainer.device).type)
+    reason = unsupported_reason(cfg.model.family, impl, device_type)
     if reason is None:
         yield Check("config", "attention backend", Status.passed,
                     f"{cfg.model.family.value} supports {impl.value} (requested; the resolved one is recorded)")

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 from align.data.collate import Batch, collate
 from align.data.encode import EncodedDataset, dataset_fingerprint
+from align.data.loader_kwargs import NUM_WORKERS, loader_kwargs
 from align.data.samplers import MicroBatchSampler, build_sampler
 from align.data.stats import DataStats, plan_stats, root_codes
 from align.errors import ConfigError
@@ -40,30 +41,17 @@ class _EpochBatches(Dataset):
         return collate(self.data, self.batches[i], self.pad_id, self.mult, self.packed, self.mask_padding)
 
 
-def _identity(x: Any) -> Any:
-    return x
-
-
 @dataclass
 class Position:
     epoch: int = 0
     index: int = 0  # next micro-batch of this rank within `epoch`
 
 
-def loader_kwargs(num_workers: int, pin_memory: bool) -> dict[str, Any]:
-    """DataLoader kwargs, built as data so preflight can check their names (playbook 4.2)."""
-    kw: dict[str, Any] = {"batch_size": None, "shuffle": False, "collate_fn": _identity,
-                          "num_workers": num_workers, "pin_memory": pin_memory}
-    if num_workers > 0:
-        kw.update(prefetch_factor=4, persistent_workers=False)
-    return kw
-
-
 class BatchStream:
     """Infinite micro-batch stream over epochs; `position` is the next micro-batch to consume."""
 
     def __init__(self, data: EncodedDataset, sampler: MicroBatchSampler, pad_id: int, pad_to_multiple_of: int = 1,
-                 num_workers: int = 0, pin_memory: bool = False, packed: Optional[bool] = None,
+                 num_workers: int = NUM_WORKERS, pin_memory: bool = False, packed: Optional[bool] = None,
                  stats: Optional[DataStats] = None, mask_padding: bool = True) -> None:
         self.data, self.sampler = data, sampler
         self.mask_padding = mask_padding

@@ -7,7 +7,16 @@ local HF checkpoint. Every `if family == ...` branch of align lives in this pack
     verify_export    the round-trip gate (align.models.roundtrip)
 """
 
-from align.models.build import BuiltModel, build_model
 from align.models.registry import FAMILIES, FamilySpec
 
 __all__ = ["BuiltModel", "build_model", "FAMILIES", "FamilySpec"]
+
+
+def __getattr__(name: str):
+    # build_model on first use: preflight imports align.models.attention, .kwargs and .registry, and
+    # a refusal must not pay for the torch import that align.models.build makes.
+    if name in ("BuiltModel", "build_model"):
+        from align.models import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

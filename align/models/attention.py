@@ -14,7 +14,7 @@ import functools
 import importlib.util
 import logging
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from align.config import AttentionConfig, AttnImpl, Fallback, Family
 from align.errors import ConfigError
@@ -36,8 +36,9 @@ class AttentionChoice:
         return self.resolved.hf_name
 
 
-def unsupported_reason(family: Family, impl: AttnImpl, device_type: str) -> Optional[str]:
-    """Why `impl` cannot run for `family` on `device_type`, or None when it can."""
+def unsupported_reason(family: Family, impl: AttnImpl, device_type: Union[str, Callable[[], str]]) -> Optional[str]:
+    """Why `impl` cannot run for `family` on `device_type`, or None when it can. `device_type` may be a
+    function, called only when the rule needs the device (resolving trainer.device=auto imports torch)."""
     from align.models.registry import FAMILIES
 
     spec = FAMILIES[family]
@@ -48,8 +49,9 @@ def unsupported_reason(family: Family, impl: AttnImpl, device_type: str) -> Opti
         if importlib.util.find_spec("flash_attn") is None:
             return ("flash_attention_2 needs the flash-attn package, which is not installed (transformers raises "
                     "ImportError; its hub-kernel fallback needs the `kernels` package and network)")
-        if device_type != "cuda":
-            return f"flash_attention_2 runs on CUDA only (device is {device_type})"
+        device = device_type() if callable(device_type) else device_type
+        if device != "cuda":
+            return f"flash_attention_2 runs on CUDA only (device is {device})"
     if impl == AttnImpl.flex and importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
         return "flex_attention needs torch.nn.attention.flex_attention, absent from this torch"
     return None

@@ -19,6 +19,7 @@ import torch
 from align.config import AttentionConfig, ModelConfig
 from align.errors import ConfigError
 from align.models.attention import AttentionChoice, resolve_attention
+from align.models.kwargs import config_kwargs, load_kwargs, preset_kwargs
 from align.models.lora import LoraGate, apply_lora, bnb_config, qlora_refusal
 from align.models.memory import count_params
 from align.models.registry import FAMILIES, FamilySpec, MoEShape
@@ -37,43 +38,10 @@ class BuiltModel:
     """Router losses and telemetry, the LoRA gate: what the trainer calls per micro-step and per step."""
 
 
-def _dtype(cfg: ModelConfig) -> torch.dtype:
-    return getattr(torch, cfg.dtype or "float32")
-
-
 def _device_type(device: Optional[torch.device]) -> str:
     if device is not None:
         return torch.device(device).type
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def preset_kwargs(cfg: ModelConfig, vocab_size: Optional[int] = None, special: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """Kwargs for the family's config class when building from a preset (random init).
-
-    `vocab_size` is the tokenizer's; a preset that names its own (the `full` presets) keeps it, and
-    it must hold the tokenizer."""
-    spec = FAMILIES[cfg.family]
-    if cfg.preset.value not in spec.presets:
-        raise ConfigError("model.preset", f"{cfg.family.value} has presets: {', '.join(spec.presets)}", cfg.preset.value)
-    kw = dict(spec.presets[cfg.preset.value])
-    kw.setdefault("tie_word_embeddings", False)
-    if vocab_size is not None:
-        preset_vocab = kw.get("vocab_size")
-        if preset_vocab is not None and preset_vocab < vocab_size:
-            raise ConfigError("model.preset", f"{cfg.family.value}/{cfg.preset.value} has {preset_vocab} embeddings, "
-                              f"fewer than the tokenizer's {vocab_size} tokens", cfg.preset.value)
-        kw["vocab_size"] = preset_vocab or vocab_size
-    kw.update(special or {})
-    if spec.extra_config_kwargs and "vocab_size" in kw:  # Gemma-4's per-layer-input table follows the vocab
-        kw["vocab_size_per_layer_input"] = kw["vocab_size"]
-    kw.update(cfg.overrides)
-    return kw
-
-
-def config_kwargs(cfg: ModelConfig, tokenizer) -> dict[str, Any]:
-    special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                   eos_token_id=tokenizer.eos_token_id)
-    return preset_kwargs(cfg, len(tokenizer), special)
 
 
 def check_config_names(cfg: ModelConfig, kwargs: dict[str, Any], key: str) -> None:
@@ -105,21 +73,6 @@ def check_router_losses(cfg: ModelConfig, moe: Optional[MoEShape]) -> None:
         for key, w in (("model.moe.lb_weight", cfg.moe.lb_weight), ("model.moe.z_weight", cfg.moe.z_weight)):
             if w > 0:
                 raise ConfigError(key, f"{cfg.family.value} builds a dense model: there is no router to regularize", w)
-
-
-_FROM_FAMILY: Any = object()
-
-
-def load_kwargs(cfg: ModelConfig, attention: AttentionChoice | AttentionConfig,
-                moe: Optional[MoEShape] = _FROM_FAMILY) -> dict[str, Any]:
-    """Kwargs for `from_pretrained` / `_from_config`: backends and dtype. Preflight's kwargs site
-    passes the requested AttentionConfig and no `moe` (then the family's presets say MoE or not)."""
-    impl = attention.hf_name if isinstance(attention, AttentionChoice) else attention.implementation.hf_name
-    kw: dict[str, Any] = {"attn_implementation": impl, "dtype": _dtype(cfg)}
-    is_moe = FAMILIES[cfg.family].is_moe if moe is _FROM_FAMILY else moe is not None
-    if is_moe and cfg.moe.experts is not None:
-        kw["experts_implementation"] = cfg.moe.experts.value
-    return kw
 
 
 def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device: Optional[torch.device] = None,

@@ -22,32 +22,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from align.config import AttnImpl, Family
 
-
-def _mistral():
-    from transformers import MistralConfig, MistralForCausalLM
-
-    return MistralConfig, MistralForCausalLM
-
-
-def _olmoe():
-    from transformers import OlmoeConfig, OlmoeForCausalLM
-
-    return OlmoeConfig, OlmoeForCausalLM
-
-
-def _gemma4():
-    # Text-only: AutoModelForCausalLM maps `gemma4` to the multimodal class, which refuses flash
-    # attention (LANDMINES 4); build the text model from its text config directly.
-    from transformers import Gemma4TextConfig
-    from transformers.models.gemma4.modeling_gemma4 import Gemma4ForCausalLM
-
-    return Gemma4TextConfig, Gemma4ForCausalLM
+if TYPE_CHECKING:  # preflight reads the presets and class paths without importing torch
+    import torch
 
 
 # ------------------------------------------------------------------------------------ MoE layout
@@ -119,8 +99,11 @@ def _dense(config) -> Optional[MoEShape]:
 @dataclass(frozen=True)
 class FamilySpec:
     name: Family
-    classes: Callable[[], tuple[type, type]]
-    """Lazy import of (config class, model class): importing transformers' models costs seconds."""
+    config_class: str
+    """Import path ("module:qualname") of the transformers config class."""
+    model_class: str
+    """Import path of the model class. Paths, not classes: importing transformers' models costs
+    seconds, and preflight reads their signatures from align.signatures' cache instead."""
     presets: dict[str, dict[str, Any]]
     attention: frozenset[AttnImpl] = field(default_factory=lambda: frozenset(AttnImpl))
     """Attention backends the family's transformers class supports at all (the machine may still
@@ -133,6 +116,12 @@ class FamilySpec:
     """Expert weights are fused 3-D parameters (not nn.Linear): no LoRA on them, no 4-bit base."""
     extra_config_kwargs: frozenset[str] = frozenset()
     """Kwargs the config class consumes in `__post_init__` although its signature does not list them."""
+
+    def classes(self) -> tuple[type, type]:
+        """(config class, model class), imported now."""
+        from align.signatures import resolve
+
+        return resolve(self.config_class), resolve(self.model_class)
 
     @property
     def is_moe(self) -> bool:
@@ -228,11 +217,18 @@ _GEMMA4_MOE = dict(
 # models/gemma4/configuration_gemma4.py) although its signature does not name them.
 _GEMMA4_EXTRA = frozenset({"global_head_dim", "num_global_key_value_heads"})
 
+# Gemma-4 is text-only: AutoModelForCausalLM maps `gemma4` to the multimodal class, which refuses
+# flash attention (LANDMINES 4); the text model is built from its text config directly.
+_GEMMA4_CLASSES = dict(config_class="transformers:Gemma4TextConfig",
+                       model_class="transformers.models.gemma4.modeling_gemma4:Gemma4ForCausalLM")
+
 FAMILIES: dict[Family, FamilySpec] = {
-    Family.mistral: FamilySpec(name=Family.mistral, classes=_mistral, presets=_MISTRAL),
+    Family.mistral: FamilySpec(name=Family.mistral, config_class="transformers:MistralConfig",
+                               model_class="transformers:MistralForCausalLM", presets=_MISTRAL),
     Family.olmoe: FamilySpec(
         name=Family.olmoe,
-        classes=_olmoe,
+        config_class="transformers:OlmoeConfig",
+        model_class="transformers:OlmoeForCausalLM",
         presets=_OLMOE,
         attention=frozenset({AttnImpl.sdpa, AttnImpl.eager, AttnImpl.flash}),  # no flex (LANDMINES 4)
         moe_shape=_olmoe_shape,
@@ -240,11 +236,11 @@ FAMILIES: dict[Family, FamilySpec] = {
         fused_experts=True,
     ),
     Family.gemma4: FamilySpec(
-        name=Family.gemma4, classes=_gemma4, presets=_GEMMA4, moe_shape=_gemma4_shape,
+        name=Family.gemma4, **_GEMMA4_CLASSES, presets=_GEMMA4, moe_shape=_gemma4_shape,
         router_taps=_gemma4_taps, fused_experts=True, extra_config_kwargs=_GEMMA4_EXTRA,
     ),
     Family.gemma4_moe: FamilySpec(
-        name=Family.gemma4_moe, classes=_gemma4, presets=_GEMMA4_MOE, moe_shape=_gemma4_shape,
+        name=Family.gemma4_moe, **_GEMMA4_CLASSES, presets=_GEMMA4_MOE, moe_shape=_gemma4_shape,
         router_taps=_gemma4_taps, fused_experts=True, extra_config_kwargs=_GEMMA4_EXTRA,
     ),
 }

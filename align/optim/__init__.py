@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from align.config import OptimizerConfig, OptimizerName
 
+if TYPE_CHECKING:  # torch is imported by the calls, not by preflight's kwargs builders
+    import torch
+
+SCHEDULER = "transformers:get_cosine_schedule_with_warmup"
+"""The LR schedule factory (an import path: preflight reads its signature without importing it)."""
+
+
+def optimizer_target(cfg: OptimizerConfig, sharded: bool = False) -> str:
+    """Import path of the optimizer class. `sharded`: the parameters are DTensors (parallel=fsdp/ep).
+    bitsandbytes' AdamW8bit fails there ("mixed torch.Tensor and DTensor"); torchao's works with FSDP2
+    and DCP (LANDMINES 17)."""
+    if cfg.name == OptimizerName.adamw8bit:
+        return "torchao.optim:AdamW8bit" if sharded else "bitsandbytes.optim:AdamW8bit"
+    return "torch.optim:AdamW"
+
 
 def optimizer_class(cfg: OptimizerConfig, sharded: bool = False) -> Callable[..., torch.optim.Optimizer]:
-    """`sharded`: the parameters are DTensors (parallel=fsdp/ep). bitsandbytes' AdamW8bit fails there
-    ("mixed torch.Tensor and DTensor"); torchao's works with FSDP2 and DCP (LANDMINES 17)."""
-    if cfg.name == OptimizerName.adamw8bit:
-        if sharded:
-            from torchao.optim import AdamW8bit
+    from align.signatures import resolve
 
-            return AdamW8bit
-        import bitsandbytes as bnb
-
-        return bnb.optim.AdamW8bit
-    return torch.optim.AdamW
+    return resolve(optimizer_target(cfg, sharded))
 
 
 def optimizer_impl(opt: torch.optim.Optimizer) -> str:
@@ -28,9 +33,9 @@ def optimizer_impl(opt: torch.optim.Optimizer) -> str:
     return f"{type(opt).__module__}.{type(opt).__qualname__}"
 
 
-def optimizer_kwargs(cfg: OptimizerConfig, device: torch.device) -> dict[str, Any]:
+def optimizer_kwargs(cfg: OptimizerConfig, device_type: str) -> dict[str, Any]:
     kw: dict[str, Any] = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
-    if cfg.name == OptimizerName.adamw and device.type == "cuda":
+    if cfg.name == OptimizerName.adamw and device_type == "cuda":
         kw["fused"] = True
     return kw
 
@@ -45,13 +50,13 @@ def build_optimizer(cfg: OptimizerConfig, params, device: torch.device) -> torch
 
     params = list(params)
     sharded = any(isinstance(p, DTensor) for p in params)
-    return optimizer_class(cfg, sharded)(params, **optimizer_kwargs(cfg, device))
+    return optimizer_class(cfg, sharded)(params, **optimizer_kwargs(cfg, device.type))
 
 
 def scheduler_factory():
-    from transformers import get_cosine_schedule_with_warmup
+    from align.signatures import resolve
 
-    return get_cosine_schedule_with_warmup
+    return resolve(SCHEDULER)
 
 
 def build_scheduler(cfg: OptimizerConfig, optimizer: torch.optim.Optimizer, max_steps: int):

@@ -7,8 +7,10 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from align.parallel.env import DistEnv
+if TYPE_CHECKING:  # align.train imports this module first thing; a refusal must not pay for torch
+    from align.parallel.env import DistEnv
 
 
 def rank_overrides() -> list[str]:
