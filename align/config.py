@@ -486,6 +486,10 @@ class TrainerConfig:
     """auto: bf16 autocast on CUDA, fp32 on CPU."""
     device: Device = Device.auto
     """auto: CUDA when available, else CPU."""
+    cuda_alloc_conf: Optional[str] = None
+    """PYTORCH_CUDA_ALLOC_CONF for this run when the environment sets none, e.g.
+    `expandable_segments:True` (ragged shapes fragment fixed segments; each allocator retry frees the
+    cache and synchronises). Applied before CUDA starts; the value in force is recorded. null: as is."""
     log_every: int = 10
     """Console log line every N optimizer steps when stderr is not a TTY (history gets every step)."""
     export: bool = True

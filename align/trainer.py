@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -95,6 +96,7 @@ class Trainer:
 
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None) -> "Trainer":
+        alloc_conf = apply_cuda_alloc_conf(cfg.trainer.cuda_alloc_conf)
         env = init_distributed(cfg.parallel, cfg.trainer.device, run_dir)
         log_rank_to_file(env, run_dir)
         torch.manual_seed(cfg.trainer.seed)
@@ -119,7 +121,7 @@ class Trainer:
 
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
-        info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
+        info = {**built.info, "parallel": parallel, "cuda_alloc_conf": alloc_conf, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
                 "loss": loss_info(cfg.trainer.loss_chunk_tokens, model)}
 
         name = cfg.name or run_dir.name
@@ -198,10 +200,12 @@ class Trainer:
         Router losses (MoE, when weighted) weigh by the micro-batch's share of the window's loss tokens."""
         self.runtime.before_forward(b.padding_mask)
         bypass = bypass_lm_head(self.model) if self.cfg.trainer.loss_chunk_tokens else contextlib.nullcontext()
-        with self.autocast(), self.sdpa_kernels(), bypass:  # chunked CE: the model returns hidden states, loss_fn applies the head
-            out = self.model(**b.model_inputs()).logits
-        loss = inject_nan(self.loss_fn(out, b.labels) / denom, self.env.rank, self.state.step + 1)  # test-only hook
-        (loss + self.runtime.aux_loss(scale=b.loss_tokens / denom)).backward()
+        # The SDPA kernel choice spans backward too: activation checkpointing recomputes attention there.
+        with self.sdpa_kernels():
+            with self.autocast(), bypass:  # chunked CE: the model returns hidden states, loss_fn applies the head
+                out = self.model(**b.model_inputs()).logits
+            loss = inject_nan(self.loss_fn(out, b.labels) / denom, self.env.rank, self.state.step + 1)  # test-only hook
+            (loss + self.runtime.aux_loss(scale=b.loss_tokens / denom)).backward()
         return loss.detach()
 
     def train_step(self, batches: Iterator[Batch]) -> tuple[dict[str, Any], Verdict]:
@@ -257,6 +261,7 @@ class Trainer:
             "epoch": self.stream.position.epoch,
             "elapsed_s": time.perf_counter() - self.t_start,
             "mem_peak_gib": torch.cuda.max_memory_allocated(self.env.device) / 2**30 if self.env.device.type == "cuda" else None,
+            "mem_alloc_retries": alloc_retries(self.env.device),
             **self.throughput.step(window, dt),
             **self.runtime.on_step(s.step),
             **self.stream.stats.step(window),
@@ -305,6 +310,25 @@ def loss_info(chunk_tokens: int, model: torch.nn.Module) -> dict[str, Any]:
     return {"kind": "chunked_ce" if chunk_tokens else "ce", "chunk_tokens": chunk_tokens or None,
             "vocab_size": model.get_output_embeddings().weight.shape[0],
             "final_logit_softcapping": getattr(model.config, "final_logit_softcapping", None)}
+
+
+def apply_cuda_alloc_conf(conf: Optional[str]) -> Optional[str]:
+    """Set PYTORCH_CUDA_ALLOC_CONF from `trainer.cuda_alloc_conf` unless the environment already sets
+    it (the user's wins) or CUDA already started (a second job of an in-process sweep: too late, said
+    so). Returns the value in force, for the manifest."""
+    key = "PYTORCH_CUDA_ALLOC_CONF"
+    if conf and key not in os.environ:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            log.warning("trainer.cuda_alloc_conf=%s not applied: CUDA already started in this process", conf)
+        else:
+            os.environ[key] = conf
+    return os.environ.get(key)
+
+
+def alloc_retries(device: torch.device) -> Optional[int]:
+    """Cumulative cudaMalloc retries (each frees the allocator's cache and synchronises): a step-time
+    spike with a rising count is fragmentation, not the model."""
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0)) if device.type == "cuda" else None
 
 
 def check_token_ids(data: EncodedDataset, model: torch.nn.Module) -> None:

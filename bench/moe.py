@@ -106,6 +106,7 @@ def run_align(arm: str, extra: list[str], rows_file: Path, out: Path, steps: int
             "padding_waste": 1 - real / sum(r["tokens"] for r in m), "achieved_tflops_padded": tflops,
             "mfu_active": tflops / (prov["throughput"].get("throughput/ceiling_tflops") or float("nan")),
             "peak_mem_gib": max((r.get("mem_peak_gib") or 0) for r in rows),
+            "step_ms": [round(r["step_time_s"] * 1000) for r in m], "alloc_retries": rows[-1].get("mem_alloc_retries"),
             "experts_implementation": prov["model"].get("experts_implementation_resolved"),
             "optimizer": prov["model"].get("extra", {}).get("optimizer_impl") if isinstance(prov["model"].get("extra"), dict) else None}
 
@@ -150,6 +151,8 @@ def main() -> None:
         print(f"{r['arm']:>18}  {r.get('real_tokens_per_s', float('nan')):>10,.0f} tok/s  "
               f"MFU(active) {r.get('mfu_active', float('nan')):.1%}  peak {r.get('peak_mem_gib') or float('nan'):.1f} GiB  "
               f"vs ref {r.get('vs_reference', float('nan')):.2f}x  {r.get('error', '')}")
+        if r.get("step_ms"):
+            print(f"{'':>20}tokens/step {r['tokens_per_step']:,.0f}; step ms {r['step_ms']}; allocator retries {r['alloc_retries']}")
     for arm in filter(None, a.profile.split(",")):
         profile_kernels([*align_overrides(rows_file, out, a.steps, a.tiny), *ALIGN_ARMS[arm]], out, arm, env)
 

@@ -79,3 +79,26 @@ def test_sdpa_kernels_restrict_the_kernel_torch_may_pick_in_every_training_forwa
     t = build_trainer(tmp_path / "b", "trainer.max_steps=1", "attention.sdpa_kernels=[math,flash]")
     b = next(iter(t.stream))
     assert torch.isfinite(t.forward_backward(b.to(t.env.device), 1.0))
+
+
+def test_sdpa_kernels_hold_for_the_activation_checkpoint_recompute_in_backward(tmp_path, monkeypatch):
+    """Non-reentrant checkpointing recomputes attention inside `.backward()`: outside the priority
+    context torch picks its default kernel there (cuDNN on the H200, whose saved tensors differ from
+    flash's: the checkpoint fails). Every SDPA call, forward and recompute, must see the restriction."""
+    from tests.conftest import build_trainer
+
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((torch.is_grad_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled()))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    t = build_trainer(tmp_path, "trainer.max_steps=1", "attention.sdpa_kernels=[math,flash]",
+                      "parallel.activation_checkpointing=true")
+    b = next(iter(t.stream))
+    assert torch.isfinite(t.forward_backward(b.to(t.env.device), 1.0))
+    layers = t.model.config.num_hidden_layers
+    assert len(seen) == 2 * layers, seen  # each layer's forward, then its recompute in backward
+    assert not any(enabled for _, enabled in seen), seen  # `efficient` is outside the list: off every time
