@@ -93,6 +93,8 @@ class Trainer:
     """Router losses/telemetry and the LoRA gate of the built model (align.models.runtime)."""
     t_start: float = 0.0
     """perf_counter() when fit() started: history's `elapsed_s` counts from here."""
+    t_boundary: Optional[float] = None
+    """perf_counter() at the last step boundary; None: the next step times from its own start."""
 
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None) -> "Trainer":
@@ -188,6 +190,7 @@ class Trainer:
                     self.halt()
                 if verdict.stop or (cfg.save_every and self.state.step % cfg.save_every == 0):
                     self.save_checkpoint("stop" if verdict.stop else "cadence")
+                    self.t_boundary = None  # a checkpoint is not training time
                 if verdict.stop:
                     return self.finish(EXIT_SIGNAL)
         self.model_info.update(self.runtime.finish(self.run_dir, self.env.is_main))
@@ -227,6 +230,11 @@ class Trainer:
         # The one boundary collective: stop flags, non-finite flags and the logged sums, all ranks.
         v = agree(self.env, self.stop.requested, loss_sum / grad_scale, grad_norm,
                   sum(b.tokens for b in window), sum(b.real_tokens for b in window))
+        # Step time runs from boundary to boundary (agree() waits for the device): it holds the
+        # previous step's optimizer kernels, which run after the host has moved on. From this
+        # step's start instead, an MoE step (AdamW over 6.9 B parameters) read 15% fast.
+        now = time.perf_counter()
+        dt, self.t_boundary = now - (self.t_boundary or t0), now
         skip = v.skip_cause
         if skip is None:
             self.optimizer.step()
@@ -234,7 +242,6 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-        dt = time.perf_counter() - t0
         s = self.state
         s.step += 1
         s.skips.record(skip)

@@ -145,3 +145,28 @@ def test_a_packed_batch_counts_attention_per_document(compose):
     packed = Packed(1, 10, 10, 5)
     assert tp.batch_flops([packed]) == tp.flops.per_batch(1, 3) + tp.flops.per_batch(1, 2) + tp.flops.per_batch(1, 5)
     assert tp.batch_flops([packed]) < tp.batch_flops([_B(1, 10, 10, 5)])  # not the full 10x10 square
+
+
+def test_step_time_runs_boundary_to_boundary_so_nothing_between_steps_goes_unaccounted(tmp_path):
+    """On a GPU the optimizer's kernels run after the host has left train_step; a step time measured
+    from the step's own start missed them (an MoE step read 15% fast). Here host work between steps
+    (a slow log call) stands in for them: the step times must add up to the wall between boundaries."""
+    import json
+    import time
+
+    from tests.conftest import build_trainer
+
+    t = build_trainer(tmp_path, "trainer.max_steps=5", "trainer.log_every=100")
+    log = t.log
+
+    def slow_log(metrics):
+        log(metrics)
+        time.sleep(0.05)
+
+    t.log = slow_log
+    assert t.fit() == 0
+    rows = [json.loads(x) for x in (t.run_dir / "history.jsonl").read_text().splitlines()]
+    later = rows[1:]
+    assert sum(r["step_time_s"] for r in later) >= 0.05 * len(later)  # each holds one slow log call
+    wall = rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]
+    assert abs(sum(r["step_time_s"] for r in later) - wall) < 0.1 * wall
