@@ -123,8 +123,8 @@ class Trainer:
 
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
-        info = {**built.info, "parallel": parallel, "cuda_alloc_conf": alloc_conf, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
-                "loss": loss_info(cfg.trainer.loss_chunk_tokens, model)}
+        info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
+                "loss": loss_info(cfg.trainer.loss_chunk_tokens, model), "cuda_alloc_conf": alloc_conf}
 
         name = cfg.name or run_dir.name
         logger = build_logger(cfg.logger, env.is_main, wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {}))
@@ -340,9 +340,14 @@ def alloc_retries(device: torch.device) -> Optional[int]:
 
 def check_token_ids(data: EncodedDataset, model: torch.nn.Module) -> None:
     """A pre-tokenized source can hold ids the model has no embedding for: refuse before step 1
-    (on CUDA an out-of-range id is a device-side assert, not an error message)."""
-    vocab = model.get_input_embeddings().num_embeddings
+    (on CUDA an out-of-range id is a device-side assert, not an error message). Every token-id table
+    counts: Gemma-4's per-layer embeddings have a vocabulary of their own."""
+    tables = {"model.overrides.vocab_size": model.get_input_embeddings().num_embeddings}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Embedding) and "embed_tokens" in name and m is not model.get_input_embeddings():
+            tables[f"{name} (its config's vocabulary)"] = m.num_embeddings
     top = int(data.tokens.max()) if len(data.tokens) else -1
-    if top >= vocab:
-        raise ConfigError("data", f"token id {top} is out of the model's vocabulary (size {vocab}); "
-                          "set model.overrides.vocab_size or use matching data")
+    for what, vocab in tables.items():
+        if top >= vocab:
+            raise ConfigError("data", f"token id {top} is out of the model's vocabulary (size {vocab}, {what}); "
+                              "set the model's vocabulary to match or use matching data")

@@ -36,7 +36,8 @@ def main() -> None:
     for arm, extra in ARMS.items():
         run_dir = out / "runs" / arm
         cmd = [sys.executable, "-m", "align.train", "model=gemma4", f"model.preset={'tiny' if a.tiny else 'small'}",
-               "+model.overrides.vocab_size=262144", *(["+model.overrides.vocab_size_per_layer_input=262144"] if a.tiny else []), "model.dtype=bfloat16", "data=tokens", f"data.path={rows_file}",
+               "+model.overrides.vocab_size=262144",
+               *(["+model.overrides.vocab_size_per_layer_input=262144"] if a.tiny else []), "model.dtype=bfloat16", "data=tokens", f"data.path={rows_file}",
                "data.max_seq_len=4096", f"data.cache_dir={out / 'cache'}", "sampler=budget", "sampler.bucket_size=100000",
                f"sampler.max_tokens={a.max_tokens}", "sampler.pad_to_multiple_of=8", "sampler.mask_padding=false",
                "logger=none", "trainer.export=false", f"trainer.max_steps={a.steps}", "optimizer.warmup_ratio=0",

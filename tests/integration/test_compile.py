@@ -28,3 +28,13 @@ def test_token_ids_outside_the_vocabulary_are_refused(tmp_path):
     rows.write_text(json.dumps({"input_ids": [1, 2, 99999]}) + "\n")
     with pytest.raises(ConfigError, match="out of the model's vocabulary"):
         build_trainer(tmp_path, "data=tokens", f"data.path={rows}", f"data.cache_dir={tmp_path / 'c'}")
+
+
+def test_token_ids_outside_a_per_layer_embedding_vocabulary_are_refused(tmp_path):
+    """Gemma-4's per-layer embeddings (PLE) have their own vocabulary: an id inside the main one but
+    outside the PLE's hit the embedding as an IndexError at step 1; now it is a one-line refusal."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"input_ids": [1, 2, 700]}) + "\n")
+    with pytest.raises(ConfigError, match="embed_tokens_per_layer"):
+        build_trainer(tmp_path, "model=gemma4", "data=tokens", f"data.path={rows}", f"data.cache_dir={tmp_path / 'c'}",
+                      "+model.overrides.vocab_size=1024", "+model.overrides.vocab_size_per_layer_input=512")
