@@ -354,8 +354,8 @@ class OptimizerName(StrEnum):
 class OptimizerConfig:
     name: OptimizerName = OptimizerName.adamw
     """adamw: torch.optim.AdamW (fused on CUDA). adamw8bit: 8-bit AdamW, bitsandbytes on plain
-    tensors, torchao under parallel=fsdp/ep (bitsandbytes fails on DTensor parameters); the one that
-    ran is recorded as `optimizer_impl`."""
+    tensors when installed (else torchao), torchao under parallel=fsdp/ep (bitsandbytes fails on
+    DTensor parameters); the one that ran is recorded as `optimizer_impl`."""
     lr: float = 1e-3
     """Peak learning rate."""
     weight_decay: float = 0.0

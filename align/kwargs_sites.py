@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from align.config import Device, LoggerKind, TrainConfig
+from align.config import Device, LoggerKind, ParallelKind, TrainConfig
 from align.preflight import KwargsSite
 
 
@@ -61,7 +61,9 @@ def data_loader(cfg: TrainConfig) -> KwargsSite:
 def optimizer(cfg: TrainConfig) -> KwargsSite:
     from align.optim import optimizer_kwargs, optimizer_target
 
-    return _per_device(cfg, optimizer_target(cfg.optimizer), "optimizer", lambda dev: optimizer_kwargs(cfg.optimizer, dev))
+    # Mirrors build_optimizer: under fsdp/ep every parameter is a DTensor.
+    target = optimizer_target(cfg.optimizer, sharded=cfg.parallel.kind != ParallelKind.single)
+    return _per_device(cfg, target, "optimizer", lambda dev: optimizer_kwargs(cfg.optimizer, dev))
 
 
 def scheduler(cfg: TrainConfig) -> KwargsSite:

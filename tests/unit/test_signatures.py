@@ -260,7 +260,7 @@ def test_auto_device_checks_the_union_and_resolves_the_device_only_when_refused(
     auto, cuda = (to_typed(compose(["logger=none", f"trainer.device={d}"])) for d in ("auto", "cuda"))
     assert "fused" in optimizer(auto).kwargs  # checked without knowing the device: the CUDA names too
     assert check_site("optimizer", optimizer(auto)).status == Status.passed
-    monkeypatch.setattr(align.optim, "optimizer_target", lambda cfg: f"{__name__}:AdamWWithoutFused")
+    monkeypatch.setattr(align.optim, "optimizer_target", lambda cfg, sharded=False: f"{__name__}:AdamWWithoutFused")
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA, where auto resolves to the CPU")
     # This machine has no CUDA: auto runs on the CPU, where `fused` is not passed, so no refusal...

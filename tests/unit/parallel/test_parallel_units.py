@@ -159,3 +159,24 @@ def test_the_submitit_export_did_not_leak_into_later_tests():
     import os
 
     assert "RANK" not in os.environ or os.environ["RANK"] != "9"
+
+
+def test_adamw8bit_is_checked_and_built_as_the_class_that_will_run(monkeypatch):
+    """Preflight must read the signature of the 8-bit class the run will build: torchao under
+    fsdp/ep (DTensor parameters) and where bitsandbytes is not installed (the GPU image), bitsandbytes
+    otherwise. Checking bitsandbytes under fsdp refused runs on machines without it."""
+    import importlib.util
+
+    from align.cli import compose
+    from align.config import to_typed
+    from align.kwargs_sites import optimizer as optimizer_site
+    from align.optim import optimizer_target
+
+    cfg = OptimizerConfig(name=OptimizerName.adamw8bit)
+    assert optimizer_target(cfg) == "bitsandbytes.optim:AdamW8bit"
+    assert optimizer_target(cfg, sharded=True) == "torchao.optim:AdamW8bit"
+    fsdp = to_typed(compose(["optimizer=adamw8bit", "parallel=fsdp"]))
+    assert optimizer_site(fsdp).target == "torchao.optim:AdamW8bit"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "bitsandbytes" else real(n, *a))
+    assert optimizer_target(cfg) == "torchao.optim:AdamW8bit"
