@@ -31,6 +31,7 @@ from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, NonFiniteHalt
 from align.errors import ConfigError
 from align.loss import ChunkedCE, bypass_lm_head, ce_sum
 from align.models import build_model
+from align.models.build import token_id_tables
 from align.models.attention import sdpa_priority
 from align.models.runtime import ModelRuntime
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
@@ -267,8 +268,7 @@ class Trainer:
             "loss_tokens_per_s": loss_tokens / dt,
             "epoch": self.stream.position.epoch,
             "elapsed_s": time.perf_counter() - self.t_start,
-            "mem_peak_gib": torch.cuda.max_memory_allocated(self.env.device) / 2**30 if self.env.device.type == "cuda" else None,
-            "mem_alloc_retries": alloc_retries(self.env.device),
+            **memory_metrics(self.env.device),
             **self.throughput.step(window, dt),
             **self.runtime.on_step(s.step),
             **self.stream.stats.step(window),
@@ -332,22 +332,22 @@ def apply_cuda_alloc_conf(conf: Optional[str]) -> Optional[str]:
     return os.environ.get(key)
 
 
-def alloc_retries(device: torch.device) -> Optional[int]:
-    """Cumulative cudaMalloc retries (each frees the allocator's cache and synchronises): a step-time
-    spike with a rising count is fragmentation, not the model."""
-    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0)) if device.type == "cuda" else None
+def memory_metrics(device: torch.device) -> dict[str, Any]:
+    """Peak allocated memory and cumulative cudaMalloc retries (each frees the allocator's cache and
+    synchronises: a step-time spike with a rising count is fragmentation, not the model), from one
+    read of the allocator's statistics."""
+    if device.type != "cuda":
+        return {"mem_peak_gib": None, "mem_alloc_retries": None}
+    stats = torch.cuda.memory_stats(device)
+    return {"mem_peak_gib": stats.get("allocated_bytes.all.peak", 0) / 2**30,
+            "mem_alloc_retries": int(stats.get("num_alloc_retries", 0))}
 
 
 def check_token_ids(data: EncodedDataset, model: torch.nn.Module) -> None:
     """A pre-tokenized source can hold ids the model has no embedding for: refuse before step 1
-    (on CUDA an out-of-range id is a device-side assert, not an error message). Every token-id table
-    counts: Gemma-4's per-layer embeddings have a vocabulary of their own."""
-    tables = {"model.overrides.vocab_size": model.get_input_embeddings().num_embeddings}
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Embedding) and "embed_tokens" in name and m is not model.get_input_embeddings():
-            tables[f"{name} (its config's vocabulary)"] = m.num_embeddings
+    (on CUDA an out-of-range id is a device-side assert, not an error message)."""
     top = int(data.tokens.max()) if len(data.tokens) else -1
-    for what, vocab in tables.items():
+    for what, vocab in token_id_tables(model).items():
         if top >= vocab:
             raise ConfigError("data", f"token id {top} is out of the model's vocabulary (size {vocab}, {what}); "
                               "set the model's vocabulary to match or use matching data")

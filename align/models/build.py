@@ -75,6 +75,17 @@ def check_router_losses(cfg: ModelConfig, moe: Optional[MoEShape]) -> None:
                 raise ConfigError(key, f"{cfg.family.value} builds a dense model: there is no router to regularize", w)
 
 
+def token_id_tables(model: torch.nn.Module) -> dict[str, int]:
+    """Every table indexed by token ids, by what sets its size: the input embedding, and Gemma-4's
+    per-layer embeddings (`vocab_size_per_layer_input`, which can be smaller)."""
+    emb = model.get_input_embeddings()
+    tables = {"model.overrides.vocab_size": emb.num_embeddings}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Embedding) and "embed_tokens" in name and m is not emb:
+            tables[f"{name} (its config's vocabulary)"] = m.num_embeddings
+    return tables
+
+
 def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device: Optional[torch.device] = None,
                 init_on_device: bool = False) -> BuiltModel:
     """`device` picks the attention backend; `init_on_device` also creates a random-init model there

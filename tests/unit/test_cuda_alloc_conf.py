@@ -32,3 +32,20 @@ def test_the_manifest_reports_the_conf_in_force(tmp_path, monkeypatch):
     monkeypatch.setenv(KEY, "garbage_collection_threshold:0.9")
     t = build_trainer(tmp_path, "trainer.max_steps=1", "trainer.cuda_alloc_conf=expandable_segments:True")
     assert t.model_info["cuda_alloc_conf"] == "garbage_collection_threshold:0.9"
+
+
+def test_memory_metrics_read_peak_and_retries_from_one_allocator_snapshot(monkeypatch):
+    import torch
+
+    from align.trainer import memory_metrics
+
+    calls = []
+
+    def stats(device):
+        calls.append(device)
+        return {"allocated_bytes.all.peak": 3 * 2**30, "num_alloc_retries": 7}
+
+    monkeypatch.setattr(torch.cuda, "memory_stats", stats)
+    assert memory_metrics(torch.device("cuda", 0)) == {"mem_peak_gib": 3.0, "mem_alloc_retries": 7}
+    assert len(calls) == 1  # one snapshot per step, not one per key
+    assert memory_metrics(torch.device("cpu")) == {"mem_peak_gib": None, "mem_alloc_retries": None}
