@@ -16,6 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
+	@# Read the installed signatures once, so that a kwarg the library refuses fails in < 1 s from
+	@# the first run on (align.signatures; a cold read imports torch and transformers: ~3 s).
+	-$(PY) -m align.preflight allow_dirty=true > /dev/null 2>&1
 	touch $@
 
 train: setup

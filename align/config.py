@@ -178,8 +178,8 @@ class AttentionConfig:
     """With implementation=sdpa: the kernels torch may pick, in priority order, applied around every
     forward; the first that supports the call runs. Flash first because on the H200 torch's own order
     (`[]`) picks cuDNN, which builds a plan per new shape: with ragged batches flash-first trained
-    +4% (dense) and +18% (OLMoE) faster (docs/performance.md). The kernel that ran is recorded from
-    the profiler on GPU."""
+    4-6% (dense) and 18% (OLMoE) faster (H200, 2026-11-30, docs/performance.md). The kernel that
+    ran is recorded from the profiler on GPU."""
 
 
 # ------------------------------------------------------------------------------------------ data
