@@ -369,6 +369,11 @@ class OptimizerConfig:
     so it survives a change of run length (playbook 4.2)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still logged)."""
+    overlap: bool = False
+    """Run each step's optimizer on a side CUDA stream, decoder block by block, while the next
+    forward waits for a block's parameters only when it reaches that block (align.optim.overlap).
+    Bit-identical to the plain step. parallel=single and eager blocks only; on a CPU it resolves
+    to off, and the manifest's `optimizer_overlap` says why."""
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "optimizer.lr", "must be > 0", self.lr)
@@ -639,6 +644,12 @@ class TrainConfig:
     """Run name for W&B and the manifest; null: the run dir's name."""
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     """Probe options, composed only by `conf/probe.yaml` (`python -m align.probe probe=<name>`)."""
+
+    def __post_init__(self) -> None:
+        if self.optimizer.overlap:  # FSDP2 runs its own streams; a compiled block would trace the waits
+            _require(self.parallel.kind == ParallelKind.single, "optimizer.overlap",
+                     f"needs parallel=single (got parallel={self.parallel.kind.value})", True)
+            _require(not self.trainer.compile, "optimizer.overlap", "needs trainer.compile=false", True)
 
 
 # The one table: config group -> schema. conf/<group>/*.yaml files are validated against these.

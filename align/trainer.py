@@ -35,6 +35,7 @@ from align.models.build import token_id_tables
 from align.models.attention import sdpa_priority
 from align.models.runtime import ModelRuntime
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
+from align.optim.overlap import OverlappedStep, PlainStep, build_stepper
 from align.parallel.env import DistEnv, init_distributed
 from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
@@ -79,6 +80,8 @@ class Trainer:
     model_info: dict[str, Any]
     """Resolved model, parallel layout and optimizer implementation: goes into the manifest."""
     optimizer: torch.optim.Optimizer
+    stepper: OverlappedStep | PlainStep
+    """Steps `optimizer` at each boundary, on a side stream when `optimizer.overlap` resolves on."""
     scheduler: Any
     logger: Logger
     history: Optional[History]
@@ -124,7 +127,9 @@ class Trainer:
 
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
+        stepper = build_stepper(cfg.optimizer.overlap, optimizer, model, env.device)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
+                "optimizer_overlap": stepper.info(),
                 "loss": loss_info(cfg.trainer.loss_chunk_tokens, model), "cuda_alloc_conf": alloc_conf}
 
         name = cfg.name or run_dir.name
@@ -133,7 +138,7 @@ class Trainer:
             trim_history(run_dir / "history.jsonl", read_meta(resume)["step"])
         history = History(run_dir / "history.jsonl") if env.is_main else None
         throughput = Throughput.build(model, env.device, measure=env.is_main)
-        trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, scheduler, logger, history,
+        trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler, logger, history,
                       throughput, identity, runtime=built.runtime, loss_fn=build_loss(cfg.trainer.loss_chunk_tokens, model))
         if resume is not None:
             trainer.restore(resume)
@@ -146,6 +151,7 @@ class Trainer:
         return checkpoint_root(self.run_dir)
 
     def save_checkpoint(self, reason: str) -> Path:
+        self.stepper.sync()  # the last step's parameters and moments may still be written on a side stream
         meta = {"reason": reason, "identity": self.identity, "state": self.state.to_dict(),
                 "scheduler": self.scheduler.state_dict(), "optimizer_impl": self.model_info["optimizer_impl"]}
         path = save_checkpoint(self.checkpoint_root, self.state.step, self.model, self.optimizer, self.env, meta,
@@ -195,6 +201,7 @@ class Trainer:
                 if verdict.stop:
                     return self.finish(EXIT_SIGNAL)
         self.model_info.update(self.runtime.finish(self.run_dir, self.env.is_main))
+        self.stepper.sync()
         if cfg.export:
             export_model(self.model, self.tokenizer, self.run_dir / "export", self.env)
         return self.finish(EXIT_OK)
@@ -238,7 +245,7 @@ class Trainer:
         dt, self.t_boundary = now - (self.t_boundary or t0), now
         skip = v.skip_cause
         if skip is None:
-            self.optimizer.step()
+            self.stepper.step()
         lr = float(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -33,6 +33,10 @@ ALIGN_ARMS = {
     # 8192-token micro-batches, optimizer every 4: the optimizer's pass over 6.9 B parameters amortised
     "align_accum4": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "trainer.grad_accum=4"],
     "align_8bit": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer=adamw8bit"],
+    # the optimizer on a side stream, overlapping the next forward block by block (bit-identical)
+    "align_overlap": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer.overlap=true"],
+    "align_8bit_overlap": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer=adamw8bit",
+                           "optimizer.overlap=true"],
     "align_no_telemetry": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "model.moe.telemetry=false"],
     # activation checkpointing + chunked loss: 4x the tokens per micro-batch
     "align_ac_32k": ["sampler.max_tokens=32768", "sampler.pad_to_multiple_of=8", "parallel.activation_checkpointing=true",

@@ -1,0 +1,209 @@
+"""optimizer.overlap (align.optim.overlap): chunk-wise steps are bit-identical to one step, the
+next forward waits for each block's chunk only when it reaches that block, gradients are kept for
+the side stream, and the option resolves (or is refused) honestly."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from align.config import to_typed
+from align.errors import ConfigError
+from align.optim.overlap import OverlappedStep, build_stepper, param_chunks, step_subset
+from align.parallel.fsdp import decoder_blocks
+
+
+def tiny_mistral(seed: int = 0) -> torch.nn.Module:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return MistralForCausalLM(cfg)
+
+
+def adamw(model, weight_decay=0.1):
+    decay = [p for n, p in model.named_parameters() if p.ndim > 1]
+    rest = [p for n, p in model.named_parameters() if p.ndim <= 1]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), eps=1.0, fused=True)
+
+
+def set_grads(model, step: int) -> None:
+    g = torch.Generator().manual_seed(100 + step)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def test_chunks_cover_every_parameter_once_in_forward_order():
+    model = tiny_mistral()
+    blocks = decoder_blocks(model)
+    chunks = param_chunks(model, blocks, list(model.parameters()))
+    assert len(chunks) == len(blocks) + 1
+    flat = [id(p) for c in chunks for p in c]
+    assert sorted(flat) == sorted(id(p) for p in model.parameters()) and len(set(flat)) == len(flat)
+    for i, block in enumerate(blocks):
+        assert {id(p) for p in chunks[i + 1]} == {id(p) for p in block.parameters()}
+    assert {id(p) for p in chunks[0]} >= {id(model.get_input_embeddings().weight), id(model.lm_head.weight)}
+
+
+def test_chunk_wise_steps_are_bit_identical_to_one_step_with_the_clip_scale_and_a_changing_lr():
+    a, b = tiny_mistral(), tiny_mistral()
+    oa, ob = adamw(a), adamw(b)
+    chunks = param_chunks(b, decoder_blocks(b), list(b.parameters()))
+    for step in range(3):
+        set_grads(a, step)
+        set_grads(b, step)
+        for o in (oa, ob):  # the folded clip (align.parallel.grad) and a schedule both in play
+            o.grad_scale = torch.tensor(1.7 + step)
+            for g in o.param_groups:
+                g["lr"] = 1e-2 / (step + 1)
+        oa.step()
+        for c in reversed(chunks):  # any order: each update is elementwise per parameter
+            step_subset(ob, {id(p) for p in c})
+        assert len(ob.param_groups) == 2 and sum(len(g["params"]) for g in ob.param_groups) == len(list(b.parameters()))
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(pa, pb), n
+        sa, sb = oa.state[pa], ob.state[pb]
+        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"]) and torch.equal(sa["step"], sb["step"]), n
+    assert oa.state_dict()["param_groups"] == ob.state_dict()["param_groups"]  # a checkpoint cannot tell
+
+
+class FakeStreams:
+    """Logs what OverlappedStep asks of the streams, in order."""
+
+    def __init__(self, optimizer):
+        self.log: list[tuple] = []
+        self.side = False
+        step = optimizer.step
+
+        def logged_step(*a, **k):  # which parameters each launch covers, and on which stream
+            self.log.append(("step", frozenset(id(p) for g in optimizer.param_groups for p in g["params"]), self.side))
+            return step(*a, **k)
+        optimizer.step = logged_step
+
+    def side_waits_for_main(self):
+        self.log.append(("side_waits_for_main",))
+
+    @contextlib.contextmanager
+    def on_side(self):
+        self.side = True
+        try:
+            yield
+        finally:
+            self.side = False
+
+    def keep_for_side(self, t):
+        self.log.append(("keep", id(t)))
+
+    def record(self):
+        self.log.append(("record", len(self.log)))
+        return self.log[-1][1]
+
+    def main_waits(self, event):
+        self.log.append(("wait", event))
+
+
+def test_the_next_forward_waits_for_each_blocks_chunk_only_when_it_reaches_that_block():
+    model = tiny_mistral()
+    blocks = decoder_blocks(model)
+    opt = adamw(model)
+    streams = FakeStreams(opt)
+    stepper = OverlappedStep(opt, model, blocks, streams)
+    for i, block in enumerate(blocks):  # registered after the stepper's waits: runs after them
+        block.register_forward_pre_hook(lambda m, a, i=i: streams.log.append(("forward", i)))
+    x = torch.randint(0, 64, (2, 8))
+
+    model(input_ids=x).logits.sum().backward()
+    stepper.step()
+    grads = {id(p.grad) for p in model.parameters()}
+    model(input_ids=x)
+    log = streams.log
+
+    first_step = next(i for i, e in enumerate(log) if e[0] == "step")
+    assert ("side_waits_for_main",) in log[:first_step]
+    assert {e[1] for e in log[:first_step] if e[0] == "keep"} == grads  # every gradient kept for the side stream
+    steps = [e for e in log if e[0] == "step"]
+    assert all(on_side for _, _, on_side in steps)
+    assert [set(s[1]) for s in steps] == [{id(p) for p in c} for c in stepper.chunks]
+    records = [e[1] for e in log if e[0] == "record"]
+    assert len(records) == len(stepper.chunks)
+    waits = [i for i, e in enumerate(log) if e[0] == "wait"]
+    forwards = {e[1]: i for i, e in enumerate(log) if e[0] == "forward"}
+    assert [log[i][1] for i in waits] == records  # each chunk waited for once, in forward order
+    assert waits[0] < forwards[0]  # embeddings and head before anything runs
+    for b in range(len(blocks)):
+        assert waits[b + 1] < forwards[b]  # block b's parameters are stepped before block b runs ...
+        if b:
+            assert waits[b + 1] > forwards[b - 1]  # ... and the wait is no earlier than needed
+
+    n = len(log)
+    model(input_ids=x)  # a second forward (next micro-batch) waits for nothing more
+    assert not [e for e in log[n:] if e[0] == "wait"]
+
+
+def test_sync_orders_every_queued_chunk_before_a_checkpoint_reads_parameters():
+    model = tiny_mistral()
+    opt = adamw(model)
+    streams = FakeStreams(opt)
+    stepper = OverlappedStep(opt, model, decoder_blocks(model), streams)
+    set_grads(model, 0)
+    stepper.step()
+    stepper.sync()
+    assert [e[1] for e in streams.log if e[0] == "wait"] == [e[1] for e in streams.log if e[0] == "record"]
+
+
+def test_overlap_resolves_off_on_a_cpu_and_says_why():
+    model = tiny_mistral()
+    s = build_stepper(True, adamw(model), model, torch.device("cpu"))
+    assert s.info() == {"enabled": False, "reason": "device cpu: side streams are a CUDA feature"}
+    assert build_stepper(False, adamw(model), model, torch.device("cpu")).info()["reason"] == "optimizer.overlap=false"
+
+
+@pytest.mark.parametrize("bad, accepted", [(["parallel=fsdp"], "parallel=single"), (["trainer.compile=true"], "trainer.compile=false")])
+def test_overlap_is_refused_where_it_cannot_hold(compose, bad, accepted):
+    with pytest.raises(ConfigError) as e:
+        to_typed(compose(["optimizer.overlap=true", *bad]))
+    assert "optimizer.overlap" in str(e.value) and accepted in str(e.value)
+    to_typed(compose(bad))  # the same config without overlap is fine
+
+
+def test_a_cpu_run_records_overlap_resolved_off_in_the_manifest(tmp_path):
+    from tests.conftest import build_trainer
+
+    trainer = build_trainer(tmp_path, "optimizer.overlap=true", "trainer.max_steps=2")
+    assert trainer.model_info["optimizer_overlap"] == {"enabled": False, "reason": "device cpu: side streams are a CUDA feature"}
+    assert trainer.fit() == 0
+
+
+def test_a_step_first_orders_any_chunk_no_forward_waited_for():
+    model = tiny_mistral()
+    opt = adamw(model)
+    streams = FakeStreams(opt)
+    stepper = OverlappedStep(opt, model, decoder_blocks(model), streams)
+    set_grads(model, 0)
+    stepper.step()
+    first = [e[1] for e in streams.log if e[0] == "record"]
+    n = len(streams.log)
+    set_grads(model, 1)
+    stepper.step()  # no forward in between (e.g. a block the forward skipped): the main stream must still wait
+    second = streams.log[n:]
+    assert [e[1] for e in second[:second.index(("side_waits_for_main",))] if e[0] == "wait"] == first
+
+
+def test_the_trainer_syncs_the_side_stream_before_a_checkpoint_or_an_export_reads_parameters(tmp_path, monkeypatch):
+    import align.trainer as tr
+    from tests.conftest import build_trainer
+
+    trainer = build_trainer(tmp_path, "trainer.max_steps=1", "trainer.export=true", "trainer.save_every=1")
+    synced = []
+    trainer.stepper.sync = lambda: synced.append(True)
+    seen = []
+    for name in ("save_checkpoint", "export_model"):
+        real = getattr(tr, name)
+        monkeypatch.setattr(tr, name, lambda *a, real=real, name=name, **k: (seen.append((name, len(synced))), real(*a, **k))[1])
+    assert trainer.fit() == 0
+    assert [n for n, _ in seen] == ["save_checkpoint", "export_model"]
+    assert all(count >= 1 for _, count in seen) and seen[1][1] > seen[0][1]  # a sync before each read
