@@ -112,7 +112,8 @@ def run_align(arm: str, extra: list[str], rows_file: Path, out: Path, steps: int
             "peak_mem_gib": max((r.get("mem_peak_gib") or 0) for r in rows),
             "step_ms": [round(r["step_time_s"] * 1000) for r in m], "alloc_retries": rows[-1].get("mem_alloc_retries"),
             "experts_implementation": prov["model"].get("experts_implementation_resolved"),
-            "optimizer": prov["model"].get("extra", {}).get("optimizer_impl") if isinstance(prov["model"].get("extra"), dict) else None}
+            "optimizer": (prov["model"].get("extra") or {}).get("optimizer_impl"),
+            "overlap": ((prov["model"].get("extra") or {}).get("optimizer_overlap") or {}).get("enabled")}
 
 
 def main() -> None:
