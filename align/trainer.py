@@ -38,7 +38,7 @@ from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.overlap import OverlappedStep, PlainStep, build_stepper
 from align.parallel.env import DistEnv, init_distributed
 from align.parallel.export import export_model
-from align.parallel.grad import clip_grad_norm_
+from align.parallel.grad import arm_fused_step, clip_grad_norm_, folds_clipping
 from align.parallel.launch import log_rank_to_file
 from align.parallel.compile import compile_blocks
 from align.parallel.wrap import parallelize
@@ -99,6 +99,9 @@ class Trainer:
     """perf_counter() when fit() started: history's `elapsed_s` counts from here."""
     t_boundary: Optional[float] = None
     """perf_counter() at the last step boundary; None: the next step times from its own start."""
+    step_first: bool = False
+    """Queue the optimizer step before the host reads the loss and norm: one process with a fused
+    optimizer, whose kernel takes the clip scale and the non-finite skip from device tensors."""
 
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None) -> "Trainer":
@@ -128,8 +131,10 @@ class Trainer:
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
         stepper = build_stepper(cfg.optimizer.overlap, optimizer, model, env.device)
+        step_first = not env.distributed and folds_clipping(optimizer)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
                 "optimizer_overlap": stepper.info(),
+                "clip_and_skip": "device: in the fused optimizer's kernel" if step_first else "host: before the step",
                 "loss": loss_info(cfg.trainer.loss_chunk_tokens, model), "cuda_alloc_conf": alloc_conf}
 
         name = cfg.name or run_dir.name
@@ -139,7 +144,8 @@ class Trainer:
         history = History(run_dir / "history.jsonl") if env.is_main else None
         throughput = Throughput.build(model, env.device, measure=env.is_main)
         trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler, logger, history,
-                      throughput, identity, runtime=built.runtime, loss_fn=build_loss(cfg.trainer.loss_chunk_tokens, model))
+                      throughput, identity, runtime=built.runtime, loss_fn=build_loss(cfg.trainer.loss_chunk_tokens, model),
+                      step_first=step_first)
         if resume is not None:
             trainer.restore(resume)
         return trainer
@@ -234,9 +240,16 @@ class Trainer:
             loss_sum += self.forward_backward(b, denom)
 
         max_norm = self.cfg.optimizer.max_grad_norm
-        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer)
+        loss_part = loss_sum / grad_scale
+        if self.step_first:  # the host's boundary work below runs beside the optimizer's kernels
+            values = read_on_host(arm_fused_step(self.optimizer, self.model.parameters(), loss_part, max_norm))
+            self.stepper.step()  # the device skips it by itself when the loss or the norm is not finite
+            loss_local, grad_norm = values()
+        else:
+            grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer)
+            loss_local = float(loss_part)
         # The one boundary collective: stop flags, non-finite flags and the logged sums, all ranks.
-        v = agree(self.env, self.stop.requested, loss_sum / grad_scale, grad_norm,
+        v = agree(self.env, self.stop.requested, loss_local, grad_norm,
                   sum(b.tokens for b in window), sum(b.real_tokens for b in window))
         # Step time runs from boundary to boundary (agree() waits for the device): it holds the
         # previous step's optimizer kernels, which run after the host has moved on. From this
@@ -244,7 +257,7 @@ class Trainer:
         now = time.perf_counter()
         dt, self.t_boundary = now - (self.t_boundary or t0), now
         skip = v.skip_cause
-        if skip is None:
+        if skip is None and not self.step_first:
             self.stepper.step()
         lr = float(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
@@ -337,6 +350,23 @@ def apply_cuda_alloc_conf(conf: Optional[str]) -> Optional[str]:
         else:
             os.environ[key] = conf
     return os.environ.get(key)
+
+
+def read_on_host(t: torch.Tensor) -> Callable[[], list[float]]:
+    """Start copying `t` to the host; the returned call waits for that copy only, not for the work
+    queued after it on the stream (a plain `.tolist()` would wait for the optimizer step too)."""
+    if t.device.type != "cuda":
+        values = t.tolist()
+        return lambda: values
+    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    buf.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> list[float]:
+        done.synchronize()
+        return buf.tolist()
+    return wait
 
 
 def memory_metrics(device: torch.device) -> dict[str, Any]:

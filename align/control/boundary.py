@@ -42,12 +42,15 @@ class Verdict:
         return " and ".join(causes) or None
 
 
-def agree(env: DistEnv, stop: bool, loss_part: torch.Tensor, grad_norm: float, tokens: int, real_tokens: int) -> Verdict:
-    """`loss_part` is this rank's share of the window loss (its sum over the global loss tokens)."""
-    loss_local = float(loss_part)
-    v = torch.tensor([float(stop), float(not math.isfinite(loss_local)), loss_local, tokens, real_tokens],
-                     dtype=torch.float64, device=env.device)
-    env.all_reduce_sum(v)
-    s, nf, loss, tok, real = v.tolist()
+def agree(env: DistEnv, stop: bool, loss_part: float, grad_norm: float, tokens: int, real_tokens: int) -> Verdict:
+    """`loss_part` is this rank's share of the window loss (its sum over the global loss tokens), read
+    to the host. One process agrees with itself on the host: a device round trip here would wait for
+    an optimizer step already queued behind the values (align.parallel.grad.arm_fused_step)."""
+    row = [float(stop), float(not math.isfinite(loss_part)), loss_part, tokens, real_tokens]
+    if env.distributed:
+        v = torch.tensor(row, dtype=torch.float64, device=env.device)
+        env.all_reduce_sum(v)
+        row = v.tolist()
+    s, nf, loss, tok, real = row
     return Verdict(stop_ranks=int(s), nonfinite_loss_ranks=int(nf), grad_norm=grad_norm, loss=loss,
                    tokens=int(tok), real_tokens=int(real))

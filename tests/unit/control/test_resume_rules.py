@@ -131,9 +131,9 @@ def test_a_second_sigint_means_now():
 
 
 def test_the_boundary_verdict_skips_on_nonfinite_loss_or_norm_and_carries_stop():
-    v = agree(ENV, False, torch.tensor(2.5), 1.0, 10, 8)
+    v = agree(ENV, False, 2.5, 1.0, 10, 8)
     assert (v.stop, v.skip_cause, v.loss, v.tokens, v.real_tokens) == (False, None, 2.5, 10, 8)
-    v = agree(ENV, True, torch.tensor(float("nan")), 1.0, 10, 8)
+    v = agree(ENV, True, float("nan"), 1.0, 10, 8)
     assert v.stop and v.skip_cause == "non-finite loss on 1 rank(s)"
-    v = agree(ENV, False, torch.tensor(1.0), float("inf"), 10, 8)
+    v = agree(ENV, False, 1.0, float("inf"), 10, 8)
     assert v.skip_cause == "non-finite gradient norm (inf)"
