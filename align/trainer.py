@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import torch
+from torch.profiler import record_function
 
 from align.config import ParallelKind, Precision, TrainConfig
 from align.data.collate import Batch
@@ -131,7 +132,7 @@ class Trainer:
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
         stepper = build_stepper(cfg.optimizer.overlap, optimizer, model, env.device)
-        step_first = not env.distributed and folds_clipping(optimizer)
+        step_first = cfg.optimizer.step_first and not env.distributed and folds_clipping(optimizer)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
                 "optimizer_overlap": stepper.info(),
                 "clip_and_skip": "device: in the fused optimizer's kernel" if step_first else "host: before the step",
@@ -197,8 +198,9 @@ class Trainer:
         with self.stop, contextlib.closing(progress):  # a signal only flags a stop; the boundary acts on it
             while self.state.step < cfg.max_steps:
                 metrics, verdict = self.train_step(batches)
-                self.log(metrics)
-                progress.update(metrics["step"], metrics["loss"], metrics["tokens_per_s"])
+                with record_function("align.log"):  # phases name the host's work in a profile (align.probes.gaps)
+                    self.log(metrics)
+                    progress.update(metrics["step"], metrics["loss"], metrics["tokens_per_s"])
                 if self.state.skips.over(cfg.max_consecutive_skipped_steps):
                     self.halt()
                 if verdict.stop or (cfg.save_every and self.state.step % cfg.save_every == 0):
@@ -227,7 +229,8 @@ class Trainer:
 
     def train_step(self, batches: Iterator[Batch]) -> tuple[dict[str, Any], Verdict]:
         t0 = time.perf_counter()
-        window = [next(batches).to(self.env.device) for _ in range(self.cfg.trainer.grad_accum)]
+        with record_function("align.data"):
+            window = [next(batches).to(self.env.device) for _ in range(self.cfg.trainer.grad_accum)]
         # Every target token of the window weighs the same on every rank: divide by the GLOBAL count;
         # grad_scale (the world size under FSDP) undoes FSDP2's mean of gradients over ranks.
         loss_tokens = sum(b.loss_tokens for b in window)
@@ -236,32 +239,34 @@ class Trainer:
         grad_scale = self.model_info["parallel"]["grad_scale"]
         denom = max(loss_tokens, 1) / grad_scale
         loss_sum = torch.zeros((), device=self.env.device)
-        for b in window:
-            loss_sum += self.forward_backward(b, denom)
+        with record_function("align.forward_backward"):
+            for b in window:
+                loss_sum += self.forward_backward(b, denom)
 
-        max_norm = self.cfg.optimizer.max_grad_norm
-        loss_part = loss_sum / grad_scale
-        if self.step_first:  # the host's boundary work below runs beside the optimizer's kernels
-            values = read_on_host(arm_fused_step(self.optimizer, self.model.parameters(), loss_part, max_norm))
-            self.stepper.step()  # the device skips it by itself when the loss or the norm is not finite
-            loss_local, grad_norm = values()
-        else:
-            grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer)
-            loss_local = float(loss_part)
-        # The one boundary collective: stop flags, non-finite flags and the logged sums, all ranks.
-        v = agree(self.env, self.stop.requested, loss_local, grad_norm,
-                  sum(b.tokens for b in window), sum(b.real_tokens for b in window))
-        # Step time runs from boundary to boundary (agree() waits for the device): it holds the
-        # previous step's optimizer kernels, which run after the host has moved on. From this
-        # step's start instead, an MoE step (AdamW over 6.9 B parameters) read 15% fast.
-        now = time.perf_counter()
-        dt, self.t_boundary = now - (self.t_boundary or t0), now
-        skip = v.skip_cause
-        if skip is None and not self.step_first:
-            self.stepper.step()
-        lr = float(self.scheduler.get_last_lr()[0])
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with record_function("align.boundary"):
+            max_norm = self.cfg.optimizer.max_grad_norm
+            loss_part = loss_sum / grad_scale
+            if self.step_first:  # the host's boundary work below runs beside the optimizer's kernels
+                values = read_on_host(arm_fused_step(self.optimizer, self.model.parameters(), loss_part, max_norm))
+                self.stepper.step()  # the device skips it by itself when the loss or the norm is not finite
+                loss_local, grad_norm = values()
+            else:
+                grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer)
+                loss_local = float(loss_part)
+            # The one boundary collective: stop flags, non-finite flags and the logged sums, all ranks.
+            v = agree(self.env, self.stop.requested, loss_local, grad_norm,
+                      sum(b.tokens for b in window), sum(b.real_tokens for b in window))
+            # Step time runs from boundary to boundary (each waits for this step's loss and norm on the
+            # device): it holds the previous step's optimizer kernels, which run after the host has moved
+            # on. From this step's start instead, an MoE step (AdamW over 6.9 B parameters) read 15% fast.
+            now = time.perf_counter()
+            dt, self.t_boundary = now - (self.t_boundary or t0), now
+            skip = v.skip_cause
+            if skip is None and not self.step_first:
+                self.stepper.step()
+            lr = float(self.scheduler.get_last_lr()[0])
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
 
         s = self.state
         s.step += 1
@@ -269,6 +274,12 @@ class Trainer:
         clipped = skip is None and max_norm > 0 and grad_norm > max_norm
         s.clipped_steps += int(clipped)
         s.tokens, s.real_tokens, s.loss_tokens = s.tokens + v.tokens, s.real_tokens + v.real_tokens, s.loss_tokens + loss_tokens
+        with record_function("align.metrics"):
+            return self.step_metrics(window, v, skip, grad_norm, clipped, lr, loss_tokens, dt), v
+
+    def step_metrics(self, window: list[Batch], v: Verdict, skip: Optional[str], grad_norm: float, clipped: bool,
+                     lr: float, loss_tokens: int, dt: float) -> dict[str, Any]:
+        s = self.state
         return {
             "step": s.step,
             "loss": v.loss,
@@ -292,7 +303,7 @@ class Trainer:
             **self.throughput.step(window, dt),
             **self.runtime.on_step(s.step),
             **self.stream.stats.step(window),
-        }, v
+        }
 
     # ---------------------------------------------------------------------------------- endings
 

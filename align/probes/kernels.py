@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from align.config import TrainConfig
+from align.probes.gaps import format_gaps, gap_report
 
 WALL_OK = (0.80, 1.05)
 """Filtered kernel total / measured wall time: outside this, the table is not describing the step
@@ -283,9 +284,15 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
           flush=True)
 
     batches = iter(trainer.stream)
+
+    def step() -> dict[str, Any]:  # as fit() runs it: the history row is part of the step's host work
+        m = train_step(trainer, batches)
+        trainer.log(m)
+        return m
+
     for _ in range(pc.warmup):
-        train_step(trainer, batches)
-    timed = [train_step(trainer, batches) for _ in range(pc.timed_steps)]
+        step()
+    timed = [step() for _ in range(pc.timed_steps)]
     tp = trainer.throughput
     thr = rates(sum(m["tokens"] for m in timed), sum(m["real_tokens"] for m in timed), sum(m["loss_tokens"] for m in timed),
                 sum(m["model_flops"] for m in timed), sum(m["step_time_s"] for m in timed),
@@ -296,7 +303,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         sync(device)
         t0 = time.perf_counter()
         for _ in range(pc.steps):
-            train_step(trainer, batches)
+            step()
         sync(device)
         wall = time.perf_counter() - t0
     events = prof.key_averages()
@@ -304,14 +311,22 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
                                                             row_limit=-1, max_name_column_width=400))
     rows = rows_from_events(events)
     write_json(out_dir / "profile_rows.json", [asdict(r) for r in rows])
-    if pc.trace:
-        prof.export_chrome_trace(str(out_dir / "trace.json"))
+    trace = out_dir / "trace.json"
+    gaps = None
+    if cuda:  # where the device waited, from the trace's timeline
+        prof.export_chrome_trace(str(trace))
+        gaps = gap_report(json.loads(trace.read_text())["traceEvents"], pc.steps)
+        if not pc.trace:
+            trace.unlink()
+    elif pc.trace:
+        prof.export_chrome_trace(str(trace))
 
     table = kernel_table(rows, pc.steps, wall, arch)
     split = {g: v["pct"] for g, v in table.groups.items()}
     report = {"probe": "kernels", "model": model_summary(trainer), "device_arch": arch,
               "throughput_unprofiled": thr, "throughput_convention": tp.describe(),
-              "profiled_wall_s": wall, "kernel_table": table.to_dict(), "time_split": split if table.kernels else None}
+              "profiled_wall_s": wall, "kernel_table": table.to_dict(), "time_split": split if table.kernels else None,
+              "idle_gaps": gaps}
     if not table.kernels:
         reason = (f"NO DEVICE KERNELS: this run is on {device.type}; device kernels exist only on a CUDA device. "
                   f"The host-op table (not kernels) is in profile_table.txt.") if not cuda else (
@@ -331,6 +346,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         if table.profiler_flops:
             text += (f"profiler-counted FLOPs (matmul ops only): {table.profiler_flops / pc.steps:.3e}/step = "
                      f"{table.profiler_flops / wall / 1e12:.3f} TFLOP/s over the profiled wall (with profiler overhead)\n")
+    if gaps is not None:
+        text += format_gaps(gaps)
     write_json(out_dir / "kernels.json", report)
     (out_dir / "kernels.md").write_text(text)
     print(text, flush=True)

@@ -98,3 +98,16 @@ def test_a_cpu_run_with_a_fused_optimizer_takes_the_step_first_path_and_skips_an
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     p0 = next(iter(trainer.model.parameters()))
     assert float(trainer.optimizer.state[p0]["step"]) == 3  # three applied steps, each applied once
+
+
+def test_step_first_can_be_turned_off_and_the_manifest_says_which(tmp_path, monkeypatch):
+    import align.optim as optim
+    from tests.conftest import build_trainer
+
+    real = optim.optimizer_kwargs
+    monkeypatch.setattr(optim, "optimizer_kwargs", lambda cfg, dev: {**real(cfg, dev), "fused": True})
+    off = build_trainer(tmp_path / "off", "optimizer.step_first=false")
+    assert not off.step_first and off.model_info["clip_and_skip"].startswith("host")
+    monkeypatch.setattr(optim, "optimizer_kwargs", real)  # not fused (the CPU default): the host decides
+    plain = build_trainer(tmp_path / "plain")
+    assert not plain.step_first and plain.model_info["clip_and_skip"].startswith("host")
