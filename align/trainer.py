@@ -36,10 +36,10 @@ from align.models.build import token_id_tables
 from align.models.attention import sdpa_priority
 from align.models.runtime import ModelRuntime
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
-from align.optim.overlap import OverlappedStep, PlainStep, build_stepper
+from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
 from align.parallel.env import DistEnv, init_distributed
 from align.parallel.export import export_model
-from align.parallel.grad import arm_fused_step, clip_grad_norm_, folds_clipping
+from align.parallel.grad import arm_fused_step, clip_grad_norm_, fused_adam
 from align.parallel.launch import log_rank_to_file
 from align.parallel.compile import compile_blocks
 from align.parallel.wrap import parallelize
@@ -81,7 +81,7 @@ class Trainer:
     model_info: dict[str, Any]
     """Resolved model, parallel layout and optimizer implementation: goes into the manifest."""
     optimizer: torch.optim.Optimizer
-    stepper: OverlappedStep | PlainStep
+    stepper: OverlappedStep | CompiledStep | PlainStep
     """Steps `optimizer` at each boundary, on a side stream when `optimizer.overlap` resolves on."""
     scheduler: Any
     logger: Logger
@@ -131,10 +131,10 @@ class Trainer:
 
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
-        stepper = build_stepper(cfg.optimizer.overlap, optimizer, model, env.device)
-        step_first = cfg.optimizer.step_first and not env.distributed and folds_clipping(optimizer)
+        stepper = build_stepper(cfg.optimizer, optimizer, model, env.device)
+        step_first = cfg.optimizer.step_first and not env.distributed and fused_adam(optimizer)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
-                "optimizer_overlap": stepper.info(),
+                "optimizer_step": stepper.info(),
                 "clip_and_skip": "device: in the fused optimizer's kernel" if step_first else "host: before the step",
                 "loss": loss_info(cfg.trainer.loss_chunk_tokens, model), "cuda_alloc_conf": alloc_conf}
 

@@ -113,7 +113,8 @@ def run_align(arm: str, extra: list[str], rows_file: Path, out: Path, steps: int
             "step_ms": [round(r["step_time_s"] * 1000) for r in m], "alloc_retries": rows[-1].get("mem_alloc_retries"),
             "experts_implementation": prov["model"].get("experts_implementation_resolved"),
             "optimizer": (prov["model"].get("extra") or {}).get("optimizer_impl"),
-            "overlap": ((prov["model"].get("extra") or {}).get("optimizer_overlap") or {}).get("enabled")}
+            "optimizer_step": ((prov["model"].get("extra") or {}).get("optimizer_step") or {}).get("kind"),
+            "dynamo": prov.get("dynamo")}
 
 
 def main() -> None:

@@ -40,7 +40,9 @@ def optimizer_impl(opt: torch.optim.Optimizer) -> str:
 def optimizer_kwargs(cfg: OptimizerConfig, device_type: str) -> dict[str, Any]:
     kw: dict[str, Any] = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
     if cfg.name == OptimizerName.adamw and device_type == "cuda":
-        kw["fused"] = True
+        # optimizer.compile: torch.compile steps the foreach implementation (align.optim.step.CompiledStep);
+        # capturable keeps its step counts on the device, which a tensor learning rate needs
+        kw.update({"foreach": True, "capturable": True} if cfg.compile else {"fused": True})
     return kw
 
 

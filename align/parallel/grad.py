@@ -20,12 +20,18 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def folds_clipping(optimizer) -> bool:
-    """torch's fused Adam/AdamW divide every gradient by `optimizer.grad_scale` inside their one
-    kernel (the hook GradScaler uses to unscale). Clipping through it saves a read and a write of
-    every gradient per step. Plain tensors only: DTensor shards keep the explicit scale."""
+def fused_adam(optimizer) -> bool:
+    """torch's fused Adam/AdamW: one kernel that takes `grad_scale` (divides every gradient by it) and
+    `found_inf` (skips the step), the hooks GradScaler uses."""
     return (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
             and getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def folds_clipping(optimizer) -> bool:
+    """The optimizer's step applies `optimizer.grad_scale` itself: fused Adam(W), or a step compiled by
+    align (`align_folds_clip`, set by align.optim.step.CompiledStep). Clipping through it saves a
+    read and a write of every gradient per step. Plain tensors only: DTensor shards keep the explicit scale."""
+    return fused_adam(optimizer) or bool(getattr(optimizer, "align_folds_clip", False))
 
 
 def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, optimizer=None) -> float:

@@ -1,4 +1,4 @@
-"""optimizer.overlap (align.optim.overlap): chunk-wise steps are bit-identical to one step, the
+"""optimizer.overlap (align.optim.step): chunk-wise steps are bit-identical to one step, the
 next forward waits for each block's chunk only when it reaches that block, gradients are kept for
 the side stream, and the option resolves (or is refused) honestly."""
 
@@ -11,7 +11,8 @@ import torch
 
 from align.config import to_typed
 from align.errors import ConfigError
-from align.optim.overlap import OverlappedStep, build_stepper, param_chunks, step_subset
+from align.config import OptimizerConfig
+from align.optim.step import OverlappedStep, build_stepper, param_chunks, step_subset
 from align.parallel.fsdp import decoder_blocks
 
 
@@ -155,26 +156,37 @@ def test_sync_orders_every_queued_chunk_before_a_checkpoint_reads_parameters():
     assert [e[1] for e in streams.log if e[0] == "wait"] == [e[1] for e in streams.log if e[0] == "record"]
 
 
-def test_overlap_resolves_off_on_a_cpu_and_says_why():
+def test_overlap_and_compile_resolve_off_on_a_cpu_and_say_why():
     model = tiny_mistral()
-    s = build_stepper(True, adamw(model), model, torch.device("cpu"))
-    assert s.info() == {"enabled": False, "reason": "device cpu: side streams are a CUDA feature"}
-    assert build_stepper(False, adamw(model), model, torch.device("cpu")).info()["reason"] == "optimizer.overlap=false"
+    cpu = torch.device("cpu")
+    s = build_stepper(OptimizerConfig(overlap=True), adamw(model), model, cpu)
+    assert s.info() == {"kind": "plain", "overlap": False, "compiled": False,
+                        "reason": "optimizer.overlap: device cpu: side streams are a CUDA feature"}
+    s = build_stepper(OptimizerConfig(compile=True), adamw(model), model, cpu)
+    assert s.info()["kind"] == "plain" and s.info()["reason"].startswith("optimizer.compile: device cpu")
+    assert build_stepper(OptimizerConfig(), adamw(model), model, cpu).info()["reason"] == \
+        "optimizer.overlap=false, optimizer.compile=false"
 
 
-@pytest.mark.parametrize("bad, accepted", [(["parallel=fsdp"], "parallel=single"), (["trainer.compile=true"], "trainer.compile=false")])
-def test_overlap_is_refused_where_it_cannot_hold(compose, bad, accepted):
+@pytest.mark.parametrize("option, bad, accepted", [
+    ("optimizer.overlap=true", ["parallel=fsdp"], "parallel=single"),
+    ("optimizer.overlap=true", ["trainer.compile=true"], "trainer.compile=false"),
+    ("optimizer.overlap=true", ["optimizer.compile=true"], "optimizer.compile=false"),
+    ("optimizer.compile=true", ["optimizer=adamw8bit"], "optimizer=adamw"),
+])
+def test_overlap_and_compile_are_refused_where_they_cannot_hold(compose, option, bad, accepted):
     with pytest.raises(ConfigError) as e:
-        to_typed(compose(["optimizer.overlap=true", *bad]))
-    assert "optimizer.overlap" in str(e.value) and accepted in str(e.value)
-    to_typed(compose(bad))  # the same config without overlap is fine
+        to_typed(compose([option, *bad]))
+    assert option.split("=")[0] in str(e.value) and accepted in str(e.value)
+    to_typed(compose(bad))  # the same config without the option is fine
 
 
 def test_a_cpu_run_records_overlap_resolved_off_in_the_manifest(tmp_path):
     from tests.conftest import build_trainer
 
     trainer = build_trainer(tmp_path, "optimizer.overlap=true", "trainer.max_steps=2")
-    assert trainer.model_info["optimizer_overlap"] == {"enabled": False, "reason": "device cpu: side streams are a CUDA feature"}
+    assert trainer.model_info["optimizer_step"]["kind"] == "plain"
+    assert "side streams are a CUDA feature" in trainer.model_info["optimizer_step"]["reason"]
     assert trainer.fit() == 0
 
 

@@ -1,4 +1,7 @@
-"""`optimizer.overlap`: run step t's optimizer on a side CUDA stream, one decoder block at a time in
+"""How the optimizer steps at a boundary: as is (`PlainStep`), compiled (`CompiledStep`,
+`optimizer.compile`) or overlapped with the next forward (`OverlappedStep`, `optimizer.overlap`).
+
+`optimizer.overlap`: run step t's optimizer on a side CUDA stream, one decoder block at a time in
 forward order, while step t+1's forward waits for each block's parameters only when it reaches that
 block.
 
@@ -9,7 +12,7 @@ compute. For OLMoE-1B-7B (6.9 B bf16 parameters) torch's fused AdamW takes 41 ms
 Exactness: the same optimizer object steps each parameter once per step, with the same gradients,
 hyperparameters and clip scale, through its own kernels; only the order of launches over parameter
 subsets changes, and every update is elementwise. The result is bit-identical to one
-`optimizer.step()` (tests/unit/test_overlap.py on CPU, tests/gpu/test_overlap_gpu.py on CUDA).
+`optimizer.step()` (tests/unit/test_optimizer_step.py on CPU, tests/gpu/test_overlap_gpu.py on CUDA).
 Checkpoints are unchanged: the optimizer's param_groups are viewed per chunk only inside a step.
 
 Anything that reads parameters or optimizer state outside the forward (checkpoint save, export)
@@ -22,6 +25,8 @@ import contextlib
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+
+from align.config import OptimizerConfig
 
 
 def param_chunks(model: torch.nn.Module, blocks: Sequence[torch.nn.Module], params: Sequence[torch.nn.Parameter]
@@ -93,7 +98,8 @@ class OverlappedStep:
         self._handles += [b.register_forward_pre_hook(self._waiter(i + 1)) for i, b in enumerate(blocks)]
 
     def info(self) -> dict[str, Any]:
-        return {"enabled": True, "chunks": len(self.chunks), "params_per_chunk": [len(c) for c in self.chunks]}
+        return {"kind": "overlap", "overlap": True, "compiled": False, "chunks": len(self.chunks),
+                "params_per_chunk": [len(c) for c in self.chunks]}
 
     def _waiter(self, i: int) -> Callable:
         def hook(module, args):
@@ -129,14 +135,14 @@ class OverlappedStep:
 
 
 class PlainStep:
-    """`optimizer.step()` as is: what the loop uses when overlap is off."""
+    """`optimizer.step()` as is."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, reason: str) -> None:
         self.optimizer = optimizer
         self.reason = reason
 
     def info(self) -> dict[str, Any]:
-        return {"enabled": False, "reason": self.reason}
+        return {"kind": "plain", "overlap": False, "compiled": False, "reason": self.reason}
 
     def step(self) -> None:
         self.optimizer.step()
@@ -145,14 +151,63 @@ class PlainStep:
         pass
 
 
-def build_stepper(enabled: bool, optimizer: torch.optim.Optimizer, model: torch.nn.Module, device: torch.device
-                  ) -> OverlappedStep | PlainStep:
-    """What `optimizer.overlap` resolves to here (config validation already refused parallel!=single
-    and compiled blocks)."""
-    if not enabled:
-        return PlainStep(optimizer, "optimizer.overlap=false")
+class CompiledStep:
+    """`optimizer.step()` through torch.compile (torch's compiled-optimizer recipe: the foreach
+    implementation, capturable, a tensor learning rate).
+
+    The optimizer keeps float learning rates (scheduler, checkpoints and logs see floats); each step
+    copies them into persistent device tensors and hands those in for the call, so a schedule changes
+    no compiled constant and nothing recompiles. The clip scale that `clip_grad_norm_` leaves in
+    `optimizer.grad_scale` (see `align_folds_clip`) is divided out of the gradients inside the
+    compiled graph, where inductor fuses it into the update's own pass over them."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        self.optimizer = optimizer
+        optimizer.align_folds_clip = True
+        self.lr = [torch.tensor(float(g["lr"]), device=device) for g in optimizer.param_groups]
+        self._plain = torch.compile(self._step)
+        self._scaled = torch.compile(self._step_scaled)  # a second graph: compiled the first time a step clips
+
+    def info(self) -> dict[str, Any]:
+        return {"kind": "compiled", "overlap": False, "compiled": True}
+
+    def _step(self) -> None:
+        self.optimizer.step()
+
+    def _step_scaled(self, scale: torch.Tensor) -> None:
+        torch._foreach_div_([p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None], scale)
+        self.optimizer.step()
+
+    def step(self) -> None:
+        opt = self.optimizer
+        scale, opt.grad_scale = getattr(opt, "grad_scale", None), None  # the foreach step takes no grad_scale
+        floats = [g["lr"] for g in opt.param_groups]
+        for g, t, lr in zip(opt.param_groups, self.lr, floats):
+            t.fill_(lr)
+            g["lr"] = t
+        try:
+            self._plain() if scale is None else self._scaled(scale)
+        finally:
+            for g, lr in zip(opt.param_groups, floats):
+                g["lr"] = lr
+
+    def sync(self) -> None:
+        pass
+
+
+def build_stepper(cfg: OptimizerConfig, optimizer: torch.optim.Optimizer, model: torch.nn.Module, device: torch.device
+                  ) -> OverlappedStep | CompiledStep | PlainStep:
+    """What `optimizer.compile` / `optimizer.overlap` resolve to here (config validation already
+    refused the combinations that cannot hold: overlap under parallel!=single or compiled blocks,
+    compile with another optimizer than adamw)."""
+    if cfg.compile:
+        if device.type != "cuda":
+            return PlainStep(optimizer, f"optimizer.compile: device {device.type}: the compiled step is capturable, a CUDA feature")
+        return CompiledStep(optimizer, device)
+    if not cfg.overlap:
+        return PlainStep(optimizer, "optimizer.overlap=false, optimizer.compile=false")
     if device.type != "cuda":
-        return PlainStep(optimizer, f"device {device.type}: side streams are a CUDA feature")
+        return PlainStep(optimizer, f"optimizer.overlap: device {device.type}: side streams are a CUDA feature")
     if type(optimizer).__module__.startswith("bitsandbytes"):
         # its step indexes per-group configs by position: a view of the groups would shift them
         from align.errors import ConfigError

@@ -1,0 +1,45 @@
+"""GPU: `optimizer.compile=true` (torch.compile of torch's foreach AdamW, tensor learning rate, the clip
+scale inside the graph) trains like the fused step, and a changing learning rate recompiles nothing.
+
+    python -m pytest -q -m gpu tests/gpu/test_compiled_step_gpu.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import build_trainer
+
+pytestmark = pytest.mark.gpu
+
+ARGS = ("trainer.device=cuda", "model.preset=tiny", "trainer.max_steps=8", "optimizer.lr=1e-2", "optimizer.max_grad_norm=0.5",
+        "optimizer.warmup_ratio=0.5", "allow_dirty=true")
+
+
+def test_the_compiled_step_trains_like_the_fused_step_and_a_schedule_recompiles_nothing(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torch._dynamo.utils import counters
+
+    fused = build_trainer(tmp_path / "fused", *ARGS)
+    assert fused.fit() == 0
+    comp = build_trainer(tmp_path / "compiled", *ARGS, "optimizer.compile=true")
+    assert comp.model_info["optimizer_step"]["kind"] == "compiled" and not comp.step_first
+    batches = iter(comp.stream)
+    graphs = []
+    rows = []
+    for _ in range(8):
+        m, _ = comp.train_step(batches)
+        rows.append(m)
+        graphs.append(counters["stats"]["unique_graphs"])
+    ref = [json.loads(x) for x in (fused.run_dir / "history.jsonl").read_text().splitlines()]
+    assert len({r["lr"] for r in rows}) >= 4  # the warm-up changed the learning rate every step
+    assert any(r["clipped"] for r in rows) and not all(r["clipped"] for r in rows)  # both graphs ran
+    assert graphs[-1] == graphs[3], graphs  # nothing compiled after the first steps
+    for a, b in zip(ref, rows):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3)
+    for (n, p), q in zip(fused.model.named_parameters(), comp.model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=n)
