@@ -418,6 +418,11 @@ class ParallelConfig:
     under FSDP2; MoE families only."""
     activation_checkpointing: bool = False
     """Recompute each decoder block in backward (transformers' activation checkpointing)."""
+    activation_checkpointing_fraction: float = 1.0
+    """With `activation_checkpointing`: the fraction f (0 < f <= 1) of the L decoder blocks to
+    recompute; the others keep their activations (faster, more memory). k = max(1, floor(f*L + 0.5))
+    blocks, spread evenly over depth: indices floor(i*L/k) for i < k (f=0.5, L=16: 0, 2, ..., 14).
+    The manifest records the indices: model.extra.parallel.activation_checkpointing_blocks."""
     param_dtype: ParamDtype = ParamDtype.auto
     """Dtype FSDP2 gathers parameters in for compute (MixedPrecisionPolicy); gradients are always
     reduced in float32. auto: bfloat16 on CUDA, float32 on CPU."""
@@ -437,6 +442,12 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if self.ep_size is not None:
             _require(self.ep_size >= 1, "parallel.ep_size", "must be >= 1 or null", self.ep_size)
+        _require(0 < self.activation_checkpointing_fraction <= 1, "parallel.activation_checkpointing_fraction",
+                 "must be in (0, 1]: the fraction of decoder blocks to recompute", self.activation_checkpointing_fraction)
+        _require(self.activation_checkpointing or self.activation_checkpointing_fraction == 1,
+                 "parallel.activation_checkpointing_fraction",
+                 "has no effect unless parallel.activation_checkpointing=true; set both, or leave the fraction at 1.0",
+                 self.activation_checkpointing_fraction)
         _require(self.pg_timeout_s >= 1, "parallel.pg_timeout_s", "must be >= 1", self.pg_timeout_s)
         _require(self.flight_recorder_entries >= 0, "parallel.flight_recorder_entries", "must be >= 0",
                  self.flight_recorder_entries)

@@ -103,5 +103,10 @@ def activation_checkpointing(cfg: TrainConfig) -> Optional[KwargsSite]:
     from align.parallel.wrap import activation_checkpointing_call
 
     _, model_cls = FAMILIES[cfg.model.family].classes()
+    if cfg.parallel.activation_checkpointing_fraction < 1:  # refused here, not at build, when blocks lack the switch
+        from align.models.memory import meta_model
+        from align.parallel.wrap import checkpointing_plan
+
+        checkpointing_plan(meta_model(cfg.model)[0], cfg.parallel.activation_checkpointing_fraction)
     method, kwargs = activation_checkpointing_call(model_cls)  # the call parallelize() makes
     return KwargsSite(getattr(model_cls, method), kwargs, "parallel.activation_checkpointing")

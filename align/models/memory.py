@@ -182,8 +182,12 @@ def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1) -> 
     compute_bytes = 2 if (device.type == "cuda" and cfg.trainer.precision.value != "fp32") else wbytes
     layers = config.num_hidden_layers
     all_layers = activation_elements_per_token(model, moe) * compute_bytes * tokens
-    if cfg.parallel.activation_checkpointing:  # block inputs, plus one block recomputed at a time
-        acts = layers * config.hidden_size * compute_bytes * tokens + all_layers // max(layers, 1)
+    if cfg.parallel.activation_checkpointing:  # recomputed blocks keep their inputs, one is recomputed at a time
+        from align.parallel.wrap import checkpointed_indices
+
+        per_layer = all_layers // max(layers, 1)
+        k = len(checkpointed_indices(layers, cfg.parallel.activation_checkpointing_fraction))
+        acts = k * config.hidden_size * compute_bytes * tokens + (layers - k) * per_layer + per_layer
     else:
         acts = all_layers
     acts += tokens * config.vocab_size * (compute_bytes + 4 + 4 + 4)  # logits, fp32 copy, softmax, grad

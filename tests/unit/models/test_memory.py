@@ -45,6 +45,9 @@ def test_estimate_components_move_the_right_way(compose):
     assert eight.optimizer == 7_248_023_552 * 2
     ckpt = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "parallel.activation_checkpointing=true"), cpu)
     assert ckpt.activations < base.activations / 3
+    half = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "parallel.activation_checkpointing=true",
+                                "parallel.activation_checkpointing_fraction=0.5"), cpu)
+    assert ckpt.activations < half.activations < base.activations  # 16 of 32 blocks keep their activations
     small_batch = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "sampler.micro_batch_size=1"), cpu)
     assert small_batch.activations * 8 == base.activations
     lora = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "model.lora.enabled=true"), cpu)
