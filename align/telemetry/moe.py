@@ -15,6 +15,15 @@ are read from transformers' router modules (`align.models.registry.RouterTap`). 
 Padding tokens (attention_mask == 0) are excluded from every statistic and from the applied losses.
 Hooks record only inside the outermost model's forward while it is in train mode: activation
 checkpointing re-runs the routers during backward, outside that forward, and is not counted twice.
+
+Why batched: launch count. The per-layer hooks only stash each layer's logits and chosen ids (no
+op); the statistics of ALL layers of one forward are computed in one pass when the outermost forward
+returns (`window_stats` on [L, T, E]: one float cast, one log_softmax, one fp64 reduction over tokens,
+one histc over ids offset by layer), so the ops per forward do not grow with the layer count.
+Computing them per layer in the hooks took ~20 small kernels per layer per micro-batch, and on
+OLMoE-1B-7B (16 MoE layers, 64 experts, top-8, ~8k tokens per micro-batch) the telemetry cost 2.2%
+of the whole training step (measured 2026-11-30 on one H200: 28,027 tok/s with
+`model.moe.telemetry=false` against 27,426 with it). A forward that raises accumulates nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +61,37 @@ def router_metrics(counts: np.ndarray, prob_sum: np.ndarray, tokens: float, entr
     }
 
 
+@torch.no_grad()
+def window_stats(logits: torch.Tensor, ids: torch.Tensor, mask: Optional[torch.Tensor],
+                 num_experts: int) -> torch.Tensor:
+    """Window rows [G, 2E+3] (float64, layout of `RouterTelemetry`'s window) of G layers that saw the
+    same T tokens, in one batched pass: `logits` [G, T, E] (any float dtype), `ids` [G, T, k] the
+    chosen experts, `mask` [T] bool (True = real token) or None."""
+    E = num_experts
+    G = logits.shape[0]
+    lg = logits.float()
+    logp = F.log_softmax(lg, dim=-1)
+    p = logp.exp()
+    # [p (E) | 1 | entropy | z] per token, summed over (real) tokens in fp64: the sums do not depend
+    # on how a kernel splits the reduction, so one layer's rows equal its own per-layer computation.
+    per_token = torch.cat([p, torch.ones_like(p[..., :1]), -(p * logp).sum(-1, keepdim=True),
+                           torch.logsumexp(lg, -1, keepdim=True).square()], dim=-1)
+    if mask is not None:
+        per_token = per_token * mask.to(per_token.dtype)[None, :, None]
+    sums = per_token.sum(1, dtype=torch.float64)
+    # One histc for all layers: layer g's expert i goes to bin g*(E+1)+i and padding to its extra bin
+    # g*(E+1)+E, dropped. No boolean indexing and, unlike bincount, no host sync. histc wants float
+    # on CPU/MPS and int on CUDA for determinism (as transformers does); float values sit at bin
+    # centres (+0.5) because float histc misbins integers at bin edges beyond ~4096 bins.
+    slot = ids if mask is None else torch.where(mask[None, :, None], ids, E)
+    slot = slot + torch.arange(0, G * (E + 1), E + 1, device=ids.device, dtype=ids.dtype)[:, None, None]
+    slot = slot.reshape(-1)
+    slot = slot.float() + 0.5 if slot.device.type in ("cpu", "mps") else slot.int()
+    nb = G * (E + 1)
+    counts = torch.histc(slot, bins=nb, min=0, max=nb).view(G, E + 1)[:, :E].to(torch.float64)
+    return torch.cat([counts, sums], dim=1)
+
+
 def z_loss(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     """Router z-loss (ST-MoE): mean over (unmasked) tokens of logsumexp(logits)^2."""
     z = torch.logsumexp(logits.float(), dim=-1).square()
@@ -83,12 +123,16 @@ class RouterTelemetry:
         self.padding_mask: Optional[torch.Tensor] = None
         """The micro-batch's real-token mask when the model gets none (sampler.mask_padding=false)."""
         self._logits: dict[int, torch.Tensor] = {}
+        self._stash: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (row, logits, ids) in this forward
         self._pending: list[tuple[torch.Tensor, Optional[torch.Tensor]]] = []  # (logits with graph, mask)
         self._window: Optional[torch.Tensor] = None
         self.loads: list[np.ndarray] = []  # per optimizer step: [L, E] expert loads (all ranks)
         self.steps: list[int] = []
+        # `_finish` before `_disarm`: a forward that raises runs only the always_call hook, which
+        # drops what that forward stashed.
         self._handles = [
             model.register_forward_pre_hook(self._arm, with_kwargs=True),
+            model.register_forward_hook(self._finish),
             model.register_forward_hook(self._disarm, always_call=True),
         ]
         for t in taps:
@@ -113,10 +157,37 @@ class RouterTelemetry:
             mask = self.padding_mask  # sampler.mask_padding=false: the trainer hands it over
         self._mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         self._logits.clear()
+        self._stash.clear()
+
+    @torch.no_grad()  # also detaches the stashed logits, once per group rather than once per layer
+    def _finish(self, module, args, output):
+        """The forward returned: statistics of every layer it stashed, batched over layers."""
+        stash, self._stash = self._stash, []
+        if not stash:  # no MoE layer ran, or not in train mode
+            return
+        groups: dict[tuple, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+        for row, logits, idx in stash:  # one group in practice: every layer sees the same tokens
+            key = (logits.shape, logits.dtype, idx.shape, idx.dtype, logits.device)
+            groups.setdefault(key, []).append((row, logits, idx))
+        for members in groups.values():
+            rows = [m[0] for m in members]
+            G, E = len(members), members[0][1].shape[-1]
+            logits = torch.stack([m[1] for m in members]).reshape(G, -1, E)
+            ids = torch.stack([m[2] for m in members]).reshape(G, logits.shape[1], -1)
+            stats = window_stats(logits, ids, self._flat_mask(logits.shape[1]), self.E)
+            if self._window is None:
+                self._window = torch.zeros(len(self.layers), 2 * self.E + 3, dtype=torch.float64,
+                                           device=logits.device)
+            if rows == list(range(rows[0], rows[0] + len(rows))):
+                self._window[rows[0]:rows[0] + len(rows)] += stats
+            else:  # layers out of order or run twice
+                for i, row in enumerate(rows):
+                    self._window[row] += stats[i]
 
     def _disarm(self, module, args, output):
         self._armed = False
         self._logits.clear()
+        self._stash.clear()
 
     def _flat_mask(self, n_tokens: int) -> Optional[torch.Tensor]:
         if self._mask is None or self._mask.numel() != n_tokens:
@@ -134,35 +205,13 @@ class RouterTelemetry:
             if not self._armed or tap.layer not in self._logits:
                 return
             logits = self._logits.pop(tap.layer)
-            logits = logits.reshape(-1, logits.shape[-1])
-            idx = tap.index_of(output).reshape(logits.shape[0], -1)
-            mask = self._flat_mask(logits.shape[0])
-            if self.record:
-                self._accumulate(self._row[tap.layer], logits.detach(), idx.detach(), mask)
+            if self.record:  # no op here: all layers at once when the forward returns (`_finish`)
+                self._stash.append((self._row[tap.layer], logits, tap.index_of(output)))
             if self.applies_loss and torch.is_grad_enabled():
+                logits = logits.reshape(-1, logits.shape[-1])
+                mask = self._flat_mask(logits.shape[0])
                 self._pending.append((logits, self._mask if mask is not None else None))
         return hook
-
-    @torch.no_grad()
-    def _accumulate(self, row: int, logits: torch.Tensor, idx: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
-        E = self.E
-        lg = logits.float()
-        logp = F.log_softmax(lg, dim=-1)
-        p = logp.exp()
-        w = torch.ones(lg.shape[0], device=lg.device, dtype=torch.float32) if mask is None else mask.float()
-        # Padding goes to an extra bin that is dropped: no boolean indexing and, unlike bincount, no
-        # host sync. histc wants float on CPU and int on CUDA for determinism (as transformers does).
-        ids = idx if mask is None else torch.where(mask[:, None], idx, torch.full_like(idx, E))
-        ids = ids.reshape(-1).float() if ids.device.type in ("cpu", "mps") else ids.reshape(-1).int()
-        counts = torch.histc(ids, bins=E + 1, min=0, max=E + 1)[:E].to(torch.float64)
-        stats = torch.cat([
-            counts,
-            (p * w[:, None]).sum(0).double(),
-            torch.stack([w.sum(), (-(p * logp).sum(-1) * w).sum(), (torch.logsumexp(lg, -1).square() * w).sum()]).double(),
-        ])
-        if self._window is None:
-            self._window = torch.zeros(len(self.layers), 2 * E + 3, dtype=torch.float64, device=lg.device)
-        self._window[row] += stats
 
     # ---------------------------------------------------------------------- loss and steps
 

@@ -1,6 +1,8 @@
 """Router telemetry: the formulas, that the counts are the model's own routing decisions (padding
-excluded, recompute not double counted), the reduce over ranks, the applied router losses and the
-heatmap. Lives with the model tests because it runs on transformers' routers."""
+excluded, recompute not double counted), that the statistics are computed in one batched pass per
+forward (op count independent of the number of layers, equal to a per-layer reference), the reduce
+over ranks, the applied router losses and the heatmap. Lives with the model tests because it runs on
+transformers' routers."""
 
 from __future__ import annotations
 
@@ -219,3 +221,165 @@ def test_window_statistics_are_summed_over_ranks():
     (_, m0, l0), (_, m1, l1) = got
     assert l0 == l1 == [[6.0, 6.0, 0.0, 12.0]]  # rank 0: experts {0,3}, rank 1: {1,3}
     assert m0 == m1 and m0["moe/l5/max_vio"] == pytest.approx(1.0) and m0["moe/l5/dead_frac"] == 0.25
+
+
+# ----------------------------------------------------------------- one batched pass per forward
+
+def per_layer_reference(logits: torch.Tensor, ids: torch.Tensor, mask, E: int) -> torch.Tensor:
+    """Window rows [L, 2E+3] computed one layer at a time, by another route where it can: counts by
+    bincount of the kept ids (boolean indexing), sums over the kept tokens in fp64 of the same fp32
+    per-token values (exp(log_softmax), entropy, logsumexp^2) the product sums."""
+    L, T = logits.shape[:2]
+    keep = torch.ones(T, dtype=torch.bool, device=logits.device) if mask is None else mask
+    rows = []
+    for layer in range(L):
+        lg = logits[layer].float()
+        logp = torch.log_softmax(lg, -1)
+        p = logp.exp()
+        rows.append(torch.cat([
+            torch.bincount(ids[layer][keep].reshape(-1), minlength=E).double(),
+            p[keep].double().sum(0),
+            keep.sum().double()[None],
+            (-(p * logp).sum(-1))[keep].double().sum()[None],
+            torch.logsumexp(lg, -1).square()[keep].double().sum()[None],
+        ]))
+    return torch.stack(rows)
+
+
+def _random_routing(L, T, E, k, dtype, masked, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(L, T, E, generator=g) * 3).to(dtype)
+    ids = torch.randint(0, E, (L, T, k), generator=g)
+    mask = torch.rand(T, generator=g) > 0.3 if masked else None
+    return logits, ids, mask
+
+
+def _assert_rows_equal(got: torch.Tensor, ref: torch.Tensor, E: int) -> None:
+    assert got.dtype == torch.float64 and got.shape == ref.shape
+    assert torch.equal(got[:, :E], ref[:, :E])  # counts: exact
+    assert ((got - ref).abs() <= 1e-12 * ref.abs().clamp_min(1)).all(), (got - ref).abs().max()
+
+
+@pytest.mark.parametrize("L,E,k,T,dtype,masked", [
+    (4, 8, 2, 50, torch.float32, False),
+    (4, 8, 2, 50, torch.float32, True),
+    (4, 8, 2, 50, torch.bfloat16, True),
+    (33, 128, 4, 24, torch.float32, True),  # 33 x 129 = 4257 histc bins: float histc misbins bin edges there
+])
+def test_batched_window_rows_equal_the_per_layer_reference(L, E, k, T, dtype, masked):
+    from align.telemetry.moe import window_stats
+
+    logits, ids, mask = _random_routing(L, T, E, k, dtype, masked)
+    _assert_rows_equal(window_stats(logits, ids, mask, E), per_layer_reference(logits, ids, mask, E), E)
+
+
+class _Router(torch.nn.Module):
+    """Returns (logits, scores, top-k ids) like OlmoeTopKRouter; its input IS the logits."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        return x, None, torch.topk(x, self.k, -1).indices
+
+
+class _Routers(torch.nn.Module):
+    """Routers under `layers.<i>`; layer i routes xs[i], so a test picks every layer's logits and
+    token count. `raise_after=i` raises after layer i (a forward that fails half way)."""
+
+    def __init__(self, L: int, k: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Router(k) for _ in range(L))
+
+    def forward(self, xs, attention_mask=None, raise_after=None):
+        for i, x in enumerate(xs):
+            self.layers[i](x)
+            if raise_after == i:
+                raise RuntimeError("forward failed")
+        return xs
+
+
+def _toy(L: int, E: int, k: int, record: bool = True):
+    from align.models.registry import RouterTap
+
+    model = _Routers(L, k).train()
+    taps = [RouterTap(i, r, lambda o: o[0], r, lambda o: o[2]) for i, r in enumerate(model.layers)]
+    return model, RouterTelemetry(model, taps, E, k, record=record)
+
+
+def _metrics_of(rows: np.ndarray, E: int, k: int) -> list[dict[str, float]]:
+    return [router_metrics(r[:E], r[E:2 * E], *r[2 * E:], top_k=k) for r in rows]
+
+
+@pytest.mark.parametrize("shapes", ["same", "mixed"])
+def test_telemetry_window_equals_the_per_layer_reference_over_two_forwards(shapes):
+    """Through the hooks: uniform layers take the one-group path; layers that saw different token
+    counts fall back to groups of equal shape (rows 0,2 and 1,3), each layer in its own row."""
+    L, E, k, B, S = 4, 8, 2, 3, 6
+    model, tel = _toy(L, E, k)
+    mask = torch.ones(B, S, dtype=torch.long)
+    mask[-1, 2:] = 0
+    ref = torch.zeros(L, 2 * E + 3, dtype=torch.float64)
+    for seed in (0, 1):  # two micro-batches of one window
+        g = torch.Generator().manual_seed(seed)
+        xs = [torch.randn(B * S if shapes == "same" or i % 2 == 0 else S, E, generator=g) * 2 for i in range(L)]
+        model(xs, attention_mask=mask)
+        for i, x in enumerate(xs):
+            m = mask.reshape(-1).bool() if x.shape[0] == B * S else None  # no mask fits the short layers
+            ref[i] += per_layer_reference(x[None], torch.topk(x, k, -1).indices[None], m, E)[0]
+    out = tel.on_step(1)
+    assert np.array_equal(tel.loads[-1], ref[:, :E].numpy())
+    for layer, want in enumerate(_metrics_of(ref.numpy(), E, k)):
+        for key, v in want.items():
+            assert out[f"moe/l{layer}/{key}"] == pytest.approx(v, rel=1e-12, abs=1e-12), (layer, key)
+
+
+def _ops_per_forward(model, tel, record: bool, **inputs) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    tel.record = record
+    with Count(), torch.no_grad():
+        model(**inputs)
+    return Count.n
+
+
+def test_telemetry_op_count_per_forward_does_not_grow_with_the_number_of_moe_layers(build, tokenizer):
+    """The aten ops the telemetry issues in one forward (record on minus record off, same model and
+    batch, padding mask given) are the same for 2 and 4 MoE layers: one batched pass, not a pass
+    per layer. An eval forward issues none."""
+    ids, mask = batch(len(tokenizer), b=2, s=12, pad_last=4)
+    got = {}
+    for n in (2, 4):
+        b = build(Family.olmoe, overrides={"num_hidden_layers": n})
+        b.model.train()
+        tel = b.runtime.moe
+        assert len(tel.layers) == n
+        inputs = dict(input_ids=ids, attention_mask=mask, use_cache=False)
+        got[n] = _ops_per_forward(b.model, tel, True, **inputs) - _ops_per_forward(b.model, tel, False, **inputs)
+        b.model.eval()
+        assert _ops_per_forward(b.model, tel, True, **inputs) == _ops_per_forward(b.model, tel, False, **inputs)
+    assert got[2] > 0 and got[2] == got[4], got
+
+
+def test_a_forward_that_raises_accumulates_nothing_and_one_without_routers_does_nothing():
+    L, E, k = 3, 6, 2
+    model, tel = _toy(L, E, k)
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(10, E, generator=g) for _ in range(L)]
+    with pytest.raises(RuntimeError, match="forward failed"):
+        model([torch.randn(10, E, generator=g) for _ in range(L)], raise_after=1)
+    assert not getattr(tel, "_stash", []) and tel._window is None  # nothing of it is kept or counted
+    model([])  # a train-mode forward in which no router runs
+    assert tel._window is None
+    model(xs)
+    tel.on_step(1)
+    ref = per_layer_reference(torch.stack(xs), torch.stack([torch.topk(x, k, -1).indices for x in xs]), None, E)
+    assert np.array_equal(tel.loads[-1], ref[:, :E].numpy())  # the good forward only
