@@ -21,7 +21,7 @@ from align.data.cache import load_dataset
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream, build_stream
 from align.data.tokenizer import load_tokenizer
-from align.control.boundary import Verdict, agree
+from align.control.boundary import Verdict, agree, read_on_host
 from align.control.checkpoint import load_checkpoint, read_meta, remove_stale_tmp, save_checkpoint
 from align.control.ckpt_index import checkpoint_root
 from align.control.nonfinite import SkipStats, halt_message, write_halt
@@ -244,12 +244,14 @@ class Trainer:
                 loss_sum += self.forward_backward(b, denom)
 
         with record_function("align.boundary"):
+            # Statistics of the window start for the host now: read later, they would wait for the step.
+            self.runtime.close_window()
             max_norm = self.cfg.optimizer.max_grad_norm
             loss_part = loss_sum / grad_scale
             if self.step_first:  # the host's boundary work below runs beside the optimizer's kernels
                 values = read_on_host(arm_fused_step(self.optimizer, self.model.parameters(), loss_part, max_norm))
                 self.stepper.step()  # the device skips it by itself when the loss or the norm is not finite
-                loss_local, grad_norm = values()
+                loss_local, grad_norm = values().tolist()
             else:
                 grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer)
                 loss_local = float(loss_part)
@@ -361,23 +363,6 @@ def apply_cuda_alloc_conf(conf: Optional[str]) -> Optional[str]:
         else:
             os.environ[key] = conf
     return os.environ.get(key)
-
-
-def read_on_host(t: torch.Tensor) -> Callable[[], list[float]]:
-    """Start copying `t` to the host; the returned call waits for that copy only, not for the work
-    queued after it on the stream (a plain `.tolist()` would wait for the optimizer step too)."""
-    if t.device.type != "cuda":
-        values = t.tolist()
-        return lambda: values
-    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    buf.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-
-    def wait() -> list[float]:
-        done.synchronize()
-        return buf.tolist()
-    return wait
 
 
 def memory_metrics(device: torch.device) -> dict[str, Any]:

@@ -44,6 +44,11 @@ class ModelRuntime:
     def aux_loss(self, scale: float = 1.0):
         return self.moe.aux_loss(scale) if self.moe is not None else 0.0
 
+    def close_window(self) -> None:
+        """The micro-batches of this optimizer step are done: start reading their statistics."""
+        if self.moe is not None:
+            self.moe.close_window()
+
     def on_step(self, step: int) -> dict[str, float]:
         metrics = self.moe.on_step(step) if self.moe is not None else {}
         if self.lora_gate is not None:

@@ -25,6 +25,7 @@ def test_the_compiled_step_trains_like_the_fused_step_and_a_schedule_recompiles_
     from torch._dynamo.utils import counters
 
     fused = build_trainer(tmp_path / "fused", *ARGS)
+    init = {n: p.detach().clone() for n, p in fused.model.named_parameters()}
     assert fused.fit() == 0
     comp = build_trainer(tmp_path / "compiled", *ARGS, "optimizer.compile=true")
     assert comp.model_info["optimizer_step"]["kind"] == "compiled" and not comp.step_first
@@ -42,6 +43,8 @@ def test_the_compiled_step_trains_like_the_fused_step_and_a_schedule_recompiles_
     for a, b in zip(ref, rows):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3)
     # Adam divides by sqrt(v): where a gradient is ~0 the two implementations' last-bit differences
-    # move single elements by up to ~lr, so parameters are compared on average (the losses above to 1e-4)
+    # move single elements by up to ~lr, so the parameters' difference is held against what training
+    # moved them (the losses above agree to 1e-4)
     for (n, p), q in zip(fused.model.named_parameters(), comp.model.parameters()):
-        assert float((q - p).abs().mean()) <= 1e-4 * float(p.abs().mean()), n
+        moved = float((p - init[n]).abs().mean())
+        assert moved > 0 and float((q - p).abs().mean()) <= 0.02 * moved, n

@@ -383,3 +383,28 @@ def test_a_forward_that_raises_accumulates_nothing_and_one_without_routers_does_
     tel.on_step(1)
     ref = per_layer_reference(torch.stack(xs), torch.stack([torch.topk(x, k, -1).indices for x in xs]), None, E)
     assert np.array_equal(tel.loads[-1], ref[:, :E].numpy())  # the good forward only
+
+
+def test_a_window_read_started_at_the_boundary_gives_the_same_metrics_and_the_trainer_starts_it_before_the_step(tmp_path):
+    """close_window() starts the host copy before the optimizer step is queued (on a GPU a later
+    .cpu() would wait for the step); on_step must then report exactly what it reports without it."""
+    from tests.conftest import build_trainer
+
+    trainer = build_trainer(tmp_path, "model=olmoe", "model.preset=tiny", "trainer.max_steps=1")
+    tel = trainer.runtime.moe
+    batches = iter(trainer.stream)
+    b = next(batches)
+    trainer.model(**b.model_inputs())
+    window = tel._window.clone()
+    direct = tel.on_step(1)
+    tel._window = window.clone()
+    tel.close_window()
+    tel._window.add_(1.0)  # later device work on the window must not reach this step's numbers
+    assert tel.on_step(1) == direct
+
+    order = []
+    trainer.runtime.close_window = lambda: order.append("close")
+    real_step = trainer.stepper.step
+    trainer.stepper.step = lambda: (order.append("step"), real_step())
+    trainer.train_step(batches)
+    assert order == ["close", "step"]
