@@ -369,12 +369,6 @@ class OptimizerConfig:
     so it survives a change of run length (playbook 4.2)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still logged)."""
-    step_first: bool = True
-    """One process with torch's fused AdamW: queue each step before the host reads the loss and the
-    gradient norm; the clip scale and the skip of a non-finite step are decided on the device, in the
-    optimizer's kernel (`grad_scale`, `found_inf`). The host's boundary work then runs beside the
-    optimizer instead of before it. false: the host decides, then steps. Resolved value: the
-    manifest's `clip_and_skip`."""
     compile: bool = False
     """torch.compile torch's own AdamW step (foreach, capturable; the learning rate is handed in as a
     device tensor so a schedule does not recompile, and the clip scale is applied inside the compiled

@@ -21,7 +21,7 @@ from align.data.cache import load_dataset
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream, build_stream
 from align.data.tokenizer import load_tokenizer
-from align.control.boundary import Verdict, agree, read_on_host
+from align.control.boundary import Verdict, agree
 from align.control.checkpoint import load_checkpoint, read_meta, remove_stale_tmp, save_checkpoint
 from align.control.ckpt_index import checkpoint_root
 from align.control.nonfinite import SkipStats, halt_message, write_halt
@@ -39,7 +39,7 @@ from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
 from align.parallel.env import DistEnv, init_distributed
 from align.parallel.export import export_model
-from align.parallel.grad import arm_fused_step, clip_grad_norm_, fused_adam
+from align.parallel.grad import clip_grad_norm_
 from align.parallel.launch import log_rank_to_file
 from align.parallel.compile import compile_blocks
 from align.parallel.wrap import parallelize
@@ -100,9 +100,6 @@ class Trainer:
     """perf_counter() when fit() started: history's `elapsed_s` counts from here."""
     t_boundary: Optional[float] = None
     """perf_counter() at the last step boundary; None: the next step times from its own start."""
-    step_first: bool = False
-    """Queue the optimizer step before the host reads the loss and norm: one process with a fused
-    optimizer, whose kernel takes the clip scale and the non-finite skip from device tensors."""
 
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None) -> "Trainer":
@@ -132,10 +129,8 @@ class Trainer:
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
         stepper = build_stepper(cfg.optimizer, optimizer, model, env.device)
-        step_first = cfg.optimizer.step_first and not env.distributed and fused_adam(optimizer)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
                 "optimizer_step": stepper.info(),
-                "clip_and_skip": "device: in the fused optimizer's kernel" if step_first else "host: before the step",
                 "loss": loss_info(cfg.trainer.loss_chunk_tokens, model), "cuda_alloc_conf": alloc_conf}
 
         name = cfg.name or run_dir.name
@@ -145,8 +140,7 @@ class Trainer:
         history = History(run_dir / "history.jsonl") if env.is_main else None
         throughput = Throughput.build(model, env.device, measure=env.is_main)
         trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler, logger, history,
-                      throughput, identity, runtime=built.runtime, loss_fn=build_loss(cfg.trainer.loss_chunk_tokens, model),
-                      step_first=step_first)
+                      throughput, identity, runtime=built.runtime, loss_fn=build_loss(cfg.trainer.loss_chunk_tokens, model))
         if resume is not None:
             trainer.restore(resume)
         return trainer
@@ -248,13 +242,8 @@ class Trainer:
             self.runtime.close_window()
             max_norm = self.cfg.optimizer.max_grad_norm
             loss_part = loss_sum / grad_scale
-            if self.step_first:  # the host's boundary work below runs beside the optimizer's kernels
-                values = read_on_host(arm_fused_step(self.optimizer, self.model.parameters(), loss_part, max_norm))
-                self.stepper.step()  # the device skips it by itself when the loss or the norm is not finite
-                loss_local, grad_norm = values().tolist()
-            else:
-                grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer)
-                loss_local = float(loss_part)
+            grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer)
+            loss_local = float(loss_part)
             # The one boundary collective: stop flags, non-finite flags and the logged sums, all ranks.
             v = agree(self.env, self.stop.requested, loss_local, grad_norm,
                       sum(b.tokens for b in window), sum(b.real_tokens for b in window))
@@ -264,7 +253,7 @@ class Trainer:
             now = time.perf_counter()
             dt, self.t_boundary = now - (self.t_boundary or t0), now
             skip = v.skip_cause
-            if skip is None and not self.step_first:
+            if skip is None:
                 self.stepper.step()
             lr = float(self.scheduler.get_last_lr()[0])
             self.scheduler.step()

@@ -59,7 +59,6 @@ def main() -> None:
     opt = torch.optim.AdamW(ps, fused=dev.type == "cuda", **kw)
     if dev.type == "cuda":
         opt.grad_scale = torch.tensor(1.5, device=dev)
-        opt.found_inf = torch.tensor(0.0, device=dev)
     res["fused AdamW (align)"] = timed(opt.step, a.reps, sync)
     del opt
     torch.cuda.empty_cache() if dev.type == "cuda" else None

@@ -44,8 +44,7 @@ class Verdict:
 
 def agree(env: DistEnv, stop: bool, loss_part: float, grad_norm: float, tokens: int, real_tokens: int) -> Verdict:
     """`loss_part` is this rank's share of the window loss (its sum over the global loss tokens), read
-    to the host. One process agrees with itself on the host: a device round trip here would wait for
-    an optimizer step already queued behind the values (align.parallel.grad.arm_fused_step)."""
+    to the host. One process agrees with itself on the host, without a device round trip."""
     row = [float(stop), float(not math.isfinite(loss_part)), loss_part, tokens, real_tokens]
     if env.distributed:
         v = torch.tensor(row, dtype=torch.float64, device=env.device)

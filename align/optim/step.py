@@ -120,8 +120,8 @@ class OverlappedStep:
     def step(self) -> None:
         self.sync()  # a chunk the last forward never reached (an unused block) still orders before this step
         self.streams.side_waits_for_main()  # gradients, their norm and the clip scale are ready
-        knobs = [getattr(self.optimizer, k, None) for k in ("grad_scale", "found_inf")]  # clip scale, skip flag
-        for t in [p.grad for c in self.chunks for p in c if p.grad is not None] + [k for k in knobs if k is not None]:
+        scale = getattr(self.optimizer, "grad_scale", None)  # the folded clip (align.parallel.grad)
+        for t in [p.grad for c in self.chunks for p in c if p.grad is not None] + ([scale] if scale is not None else []):
             self.streams.keep_for_side(t)
         with self.streams.on_side():
             for i, ids in enumerate(self._ids):

@@ -70,22 +70,3 @@ def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, optim
                 torch._foreach_mul_([_local(g) for g in grads], coef)
     return total
 
-
-def arm_fused_step(optimizer, params: Iterable[torch.nn.Parameter], loss: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """One process, `folds_clipping` optimizer: the global norm, the clip scale AND the skip of a
-    non-finite step stay on the device and ride in the optimizer's own kernel (`grad_scale`,
-    `found_inf`, the hooks GradScaler uses), so the step can be queued before the host reads a value:
-    the host's boundary work then runs beside the optimizer's kernels instead of before them.
-    Returns [loss, pre-clip norm] as one float64 device tensor for the host to read."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if grads:
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float64)), 2.0)
-    else:
-        norm = torch.zeros((), dtype=torch.float64, device=loss.device)
-    finite = torch.isfinite(norm) & torch.isfinite(loss)
-    optimizer.found_inf = (~finite).float()  # fused Adam(W) leaves params, moments and step counts alone
-    optimizer.grad_scale = None
-    if max_norm > 0:  # the same rule as clip_grad_norm_: scale by (norm + 1e-6) / max_norm above max_norm
-        optimizer.grad_scale = torch.where(finite & (norm > max_norm), (norm + 1e-6) / max_norm,
-                                           torch.ones_like(norm)).float()
-    return torch.stack([loss.double(), norm])

@@ -190,7 +190,7 @@ def test_a_cpu_run_records_overlap_resolved_off_in_the_manifest(tmp_path):
     assert trainer.fit() == 0
 
 
-def test_a_step_first_orders_any_chunk_no_forward_waited_for():
+def test_a_step_first_orders_any_chunk_the_last_forward_never_waited_for():
     model = tiny_mistral()
     opt = adamw(model)
     streams = FakeStreams(opt)
