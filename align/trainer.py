@@ -242,7 +242,7 @@ class Trainer:
             self.runtime.close_window()
             max_norm = self.cfg.optimizer.max_grad_norm
             loss_part = loss_sum / grad_scale
-            grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer)
+            grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer, self.stepper.norms_of)
             loss_local = float(loss_part)
             # The one boundary collective: stop flags, non-finite flags and the logged sums, all ranks.
             v = agree(self.env, self.stop.requested, loss_local, grad_norm,

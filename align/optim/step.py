@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from align.config import OptimizerConfig
+from align.parallel.grad import foreach_norms
 
 
 def param_chunks(model: torch.nn.Module, blocks: Sequence[torch.nn.Module], params: Sequence[torch.nn.Parameter]
@@ -86,6 +87,8 @@ class OverlappedStep:
     """Drop-in for `optimizer.step()` in the loop: `step()` queues the chunks on the side stream and
     returns at once; the forward pre-hooks make the main stream wait for each chunk's event."""
 
+    norms_of = staticmethod(foreach_norms)
+
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, blocks: Sequence[torch.nn.Module],
                  streams: Any) -> None:
         self.optimizer = optimizer
@@ -137,6 +140,8 @@ class OverlappedStep:
 class PlainStep:
     """`optimizer.step()` as is."""
 
+    norms_of = staticmethod(foreach_norms)
+
     def __init__(self, optimizer: torch.optim.Optimizer, reason: str) -> None:
         self.optimizer = optimizer
         self.reason = reason
@@ -149,6 +154,10 @@ class PlainStep:
 
     def sync(self) -> None:
         pass
+
+
+def _fp64_norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.linalg.vector_norm(g, 2.0, dtype=torch.float64) for g in grads]
 
 
 class CompiledStep:
@@ -167,6 +176,9 @@ class CompiledStep:
         self.lr = [torch.tensor(float(g["lr"]), device=device) for g in optimizer.param_groups]
         self._plain = torch.compile(self._step)
         self._scaled = torch.compile(self._step_scaled)  # a second graph: compiled the first time a step clips
+        # The gradient norm before the step, compiled too: torch's fp64 _foreach_norm reads the
+        # gradients at 2.2 TB/s on an H200 (6.3 ms at OLMoE-1B-7B's shapes, 2026-11-30).
+        self.norms_of = torch.compile(_fp64_norms)
 
     def info(self) -> dict[str, Any]:
         return {"kind": "compiled", "overlap": False, "compiled": True}

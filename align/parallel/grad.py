@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -34,10 +34,17 @@ def folds_clipping(optimizer) -> bool:
     return fused_adam(optimizer) or bool(getattr(optimizer, "align_folds_clip", False))
 
 
-def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, optimizer=None) -> float:
+def foreach_norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-tensor fp64 L2 norms of plain tensors, one fused foreach launch."""
+    return list(torch._foreach_norm(grads, 2.0, dtype=torch.float64))
+
+
+def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, optimizer=None,
+                    norms_of: Callable[[list[torch.Tensor]], list[torch.Tensor]] = foreach_norms) -> float:
     """Clip to `max_norm` (<= 0: do not clip) and return the pre-clip global L2 norm (maybe nan/inf).
     With an `optimizer` that `folds_clipping`, plain-tensor gradients are left as they are and the
-    optimizer's next step divides them by 1/coefficient instead (set here, or cleared)."""
+    optimizer's next step divides them by 1/coefficient instead (set here, or cleared). `norms_of`
+    takes the per-tensor norms of plain tensors (align.optim.step.CompiledStep passes a compiled one)."""
     groups: dict = defaultdict(list)
     for p in params:
         if p.grad is not None:
@@ -53,8 +60,8 @@ def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, optim
         # CPU), enough to make the same gradients report different norms under different shardings.
         if any(isinstance(g, DTensor) for g in grads):
             norms = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float64) for g in grads]
-        else:  # plain tensors: one fused foreach launch instead of one reduction per parameter
-            norms = list(torch._foreach_norm(grads, 2.0, dtype=torch.float64))
+        else:
+            norms = norms_of(grads)
         n = torch.linalg.vector_norm(torch.stack(norms), 2.0)
         n = n.full_tensor() if isinstance(n, DTensor) else n
         sq += float(n) ** 2

@@ -219,3 +219,15 @@ def test_the_trainer_syncs_the_side_stream_before_a_checkpoint_or_an_export_read
     assert trainer.fit() == 0
     assert [n for n, _ in seen] == ["save_checkpoint", "export_model"]
     assert all(count >= 1 for _, count in seen) and seen[1][1] > seen[0][1]  # a sync before each read
+
+
+def test_the_trainer_takes_the_gradient_norm_through_the_steppers_norms(tmp_path):
+    """optimizer.compile hands the clip a compiled norm; the loop must use the stepper's, whichever it is."""
+    from align.parallel.grad import foreach_norms
+    from tests.conftest import build_trainer
+
+    trainer = build_trainer(tmp_path, "trainer.max_steps=1")
+    calls = []
+    trainer.stepper.norms_of = lambda grads: (calls.append(len(grads)), foreach_norms(grads))[1]
+    trainer.train_step(iter(trainer.stream))
+    assert calls == [sum(1 for p in trainer.model.parameters() if p.requires_grad)]
