@@ -35,12 +35,18 @@ ALIGN_ARMS = {
     "align_8bit": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer=adamw8bit"],
     # the optimizer on a side stream, overlapping the next forward block by block (bit-identical)
     "align_overlap": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer.overlap=true"],
-    "align_8bit_overlap": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer=adamw8bit",
-                           "optimizer.overlap=true"],
+    # torch.compile of torch's AdamW and of the gradient norm (the best one-step-per-8k arm, 2026-11-30)
+    "align_compiled": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer.compile=true"],
+    "align_compiled_accum8": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer.compile=true",
+                              "trainer.grad_accum=8"],
     "align_no_telemetry": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "model.moe.telemetry=false"],
     # activation checkpointing + chunked loss: 4x the tokens per micro-batch
     "align_ac_32k": ["sampler.max_tokens=32768", "sampler.pad_to_multiple_of=8", "parallel.activation_checkpointing=true",
                      "trainer.loss_chunk_tokens=8192"],
+    # the best MFU arm: AC on 4 of 16 blocks, compiled optimizer
+    "align_ac_32k_quarter": ["sampler.max_tokens=32768", "sampler.pad_to_multiple_of=8", "parallel.activation_checkpointing=true",
+                             "parallel.activation_checkpointing_fraction=0.25", "trainer.loss_chunk_tokens=8192",
+                             "optimizer.compile=true"],
 }
 
 

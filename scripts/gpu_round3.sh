@@ -5,7 +5,8 @@
 set -u
 F="sampler.max_tokens=9216 sampler.pad_to_multiple_of=8"
 ( CUDA_VISIBLE_DEVICES=0 OUT=$OUT/g0 timeout 540 python3 bench/moe.py --steps 16 --warmup 4 \
-    --arms ref,align_step_fill,align_overlap,align_8bit,align_8bit_overlap,align_no_telemetry > $OUT/g0.txt 2>&1 ) &
+    --arms ref,align_step_fill,align_overlap,align_8bit,align_8bit_overlap,align_no_telemetry \
+    --define "align_8bit_overlap=$F optimizer=adamw8bit optimizer.overlap=true" > $OUT/g0.txt 2>&1 ) &
 ( export CUDA_VISIBLE_DEVICES=1; OUT=$OUT/g1 timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_overlap_gpu.py -p no:cacheprovider > $OUT/g1_test.txt 2>&1;
   OUT=$OUT/g1 timeout 240 python3 bench/moe.py --steps 16 --warmup 4 --arms ref,ov_accum4 \
     --define "ov_accum4=$F trainer.grad_accum=4 optimizer.overlap=true" --profile align_step_fill > $OUT/g1.txt 2>&1;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (optimizer.step_first, used by the host_first arms below, was removed after round 7: no measurable effect.)
 # Session 3, round 2 (two GPUs at once). GPU 0: the MoE one-step-per-8k arms with the step-first
 # boundary (now the default) against it turned off, with and without overlap, then the kernel tables
 # and idle gaps of two arms. GPU 1: GPU tests, the optimizer-alone micro-benchmark.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (optimizer.step_first, used by the host_first arms below, was removed after round 7: no measurable effect.)
 # Session 3, final round (two GPUs at once): the numbers behind docs/performance.md's session-3 tables.
 # GPU 0: MoE at one optimizer step per ~8.5k tokens (fused step-first, host-first, overlap, compiled
 # optimizer, telemetry off) and with 4 micro-batches per step. GPU 1: GPU tests, the dense best arm

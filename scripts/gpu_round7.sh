@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (optimizer.step_first, used by the host_first arms below, was removed after round 7: no measurable effect.)
 # Session 3, confirming round (two GPUs): the async telemetry read at the boundary, with the optimizer
 # levers, one optimizer step per ~8.5k tokens. GPU 0 and GPU 1 each run their own reference.
 set -u
