@@ -82,7 +82,8 @@ class Trainer:
     """Resolved model, parallel layout and optimizer implementation: goes into the manifest."""
     optimizer: torch.optim.Optimizer
     stepper: OverlappedStep | CompiledStep | PlainStep
-    """Steps `optimizer` at each boundary, on a side stream when `optimizer.overlap` resolves on."""
+    """Steps `optimizer` at each boundary: as is, compiled (`optimizer.compile`) or on a side stream
+    beside the next forward (`optimizer.overlap`); align.optim.step."""
     scheduler: Any
     logger: Logger
     history: Optional[History]

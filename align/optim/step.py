@@ -94,7 +94,7 @@ class OverlappedStep:
         self.optimizer = optimizer
         self.streams = streams
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.chunks = [c for c in param_chunks(model, blocks, params)]
+        self.chunks = param_chunks(model, blocks, params)
         self._ids = [{id(p) for p in c} for c in self.chunks]
         self._events: list[Optional[Any]] = [None] * len(self.chunks)
         self._handles = [model.register_forward_pre_hook(self._waiter(0))]

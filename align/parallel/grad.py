@@ -21,8 +21,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def fused_adam(optimizer) -> bool:
-    """torch's fused Adam/AdamW: one kernel that takes `grad_scale` (divides every gradient by it) and
-    `found_inf` (skips the step), the hooks GradScaler uses."""
+    """torch's fused Adam/AdamW: its one kernel divides every gradient by `optimizer.grad_scale` (the
+    hook GradScaler uses to unscale)."""
     return (isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
             and getattr(optimizer, "_step_supports_amp_scaling", False))
 
@@ -76,4 +76,3 @@ def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, optim
             for grads in groups.values():
                 torch._foreach_mul_([_local(g) for g in grads], coef)
     return total
-
