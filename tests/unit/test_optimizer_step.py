@@ -145,13 +145,19 @@ def test_the_next_forward_waits_for_each_blocks_chunk_only_when_it_reaches_that_
     assert not [e for e in log[n:] if e[0] == "wait"]
 
 
-def test_sync_orders_every_queued_chunk_before_a_checkpoint_reads_parameters():
+def stepped_once():
+    """An OverlappedStep on fake streams that has queued one step (no forward since)."""
     model = tiny_mistral()
     opt = adamw(model)
     streams = FakeStreams(opt)
     stepper = OverlappedStep(opt, model, decoder_blocks(model), streams)
     set_grads(model, 0)
     stepper.step()
+    return model, stepper, streams
+
+
+def test_sync_orders_every_queued_chunk_before_a_checkpoint_reads_parameters():
+    _, stepper, streams = stepped_once()
     stepper.sync()
     assert [e[1] for e in streams.log if e[0] == "wait"] == [e[1] for e in streams.log if e[0] == "record"]
 
@@ -191,12 +197,7 @@ def test_a_cpu_run_records_overlap_resolved_off_in_the_manifest(tmp_path):
 
 
 def test_a_step_first_orders_any_chunk_the_last_forward_never_waited_for():
-    model = tiny_mistral()
-    opt = adamw(model)
-    streams = FakeStreams(opt)
-    stepper = OverlappedStep(opt, model, decoder_blocks(model), streams)
-    set_grads(model, 0)
-    stepper.step()
+    model, stepper, streams = stepped_once()
     first = [e[1] for e in streams.log if e[0] == "record"]
     n = len(streams.log)
     set_grads(model, 1)
