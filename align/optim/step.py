@@ -170,15 +170,17 @@ class CompiledStep:
     `optimizer.grad_scale` (see `align_folds_clip`) is divided out of the gradients inside the
     compiled graph, where inductor fuses it into the update's own pass over them."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device, backend: str = "inductor") -> None:
+        """`backend`: torch.compile's; the CPU tests use "eager" (dynamo's guards and recompiles
+        without code generation)."""
         self.optimizer = optimizer
         optimizer.align_folds_clip = True
         self.lr = [torch.tensor(float(g["lr"]), device=device) for g in optimizer.param_groups]
-        self._plain = torch.compile(self._step)
-        self._scaled = torch.compile(self._step_scaled)  # a second graph: compiled the first time a step clips
+        self._plain = torch.compile(self._step, backend=backend)
+        self._scaled = torch.compile(self._step_scaled, backend=backend)  # compiled the first time a step clips
         # The gradient norm before the step, compiled too: torch's fp64 _foreach_norm reads the
         # gradients at 2.2 TB/s on an H200 (6.3 ms at OLMoE-1B-7B's shapes, 2026-11-30).
-        self.norms_of = torch.compile(_fp64_norms)
+        self.norms_of = torch.compile(_fp64_norms, backend=backend)
 
     def info(self) -> dict[str, Any]:
         return {"kind": "compiled", "overlap": False, "compiled": True}

@@ -232,3 +232,38 @@ def test_the_trainer_takes_the_gradient_norm_through_the_steppers_norms(tmp_path
     trainer.stepper.norms_of = lambda grads: (calls.append(len(grads)), foreach_norms(grads))[1]
     trainer.train_step(iter(trainer.stream))
     assert calls == [sum(1 for p in trainer.model.parameters() if p.requires_grad)]
+
+
+def test_the_compiled_step_equals_clip_then_step_and_a_changing_lr_recompiles_nothing():
+    """CompiledStep on CPU with dynamo's eager backend (guards and recompiles, no code generation):
+    the lr handed in as a persistent tensor keeps one graph per variant under a schedule, and the
+    clip scale divided inside the graph equals an explicit clip before an uncompiled step."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from align.optim.step import CompiledStep
+
+    torch._dynamo.reset()
+    a, b = tiny_mistral(), tiny_mistral()
+    kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1.0, weight_decay=0.1, foreach=True)
+    # the reference runs uncompiled, where torch allows capturable only on accelerators
+    oa, ob = torch.optim.AdamW(a.parameters(), **kw), torch.optim.AdamW(b.parameters(), capturable=True, **kw)
+    comp = CompiledStep(ob, torch.device("cpu"), backend="eager")
+    graphs = []
+    for step in range(6):
+        set_grads(a, step)
+        set_grads(b, step)
+        lr = 1e-2 / (step + 1)  # a schedule: a new value every step
+        oa.param_groups[0]["lr"] = ob.param_groups[0]["lr"] = lr
+        scale = 2.0 + step if step % 2 else None  # clipped and unclipped steps: both graphs
+        if scale is not None:
+            torch._foreach_div_([p.grad for p in a.parameters()], scale)
+            ob.grad_scale = torch.tensor(scale)
+        oa.step()
+        comp.step()
+        assert type(ob.param_groups[0]["lr"]) is float and getattr(ob, "grad_scale", None) is None  # floats back, scale used
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[-1] == graphs[1] and graphs[1] >= 2, graphs  # one graph per variant, nothing after
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):  # capturable computes bias corrections as tensors
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=n)
+    assert float((next(b.parameters()) - tiny_mistral().model.embed_tokens.weight).abs().max()) > 1e-3  # it trained
