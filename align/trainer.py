@@ -242,11 +242,9 @@ class Trainer:
             # Statistics of the window start for the host now: read later, they would wait for the step.
             self.runtime.close_window()
             max_norm = self.cfg.optimizer.max_grad_norm
-            loss_part = loss_sum / grad_scale
             grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer, self.stepper.norms_of)
-            loss_local = float(loss_part)
             # The one boundary collective: stop flags, non-finite flags and the logged sums, all ranks.
-            v = agree(self.env, self.stop.requested, loss_local, grad_norm,
+            v = agree(self.env, self.stop.requested, float(loss_sum / grad_scale), grad_norm,
                       sum(b.tokens for b in window), sum(b.real_tokens for b in window))
             # Step time runs from boundary to boundary (each waits for this step's loss and norm on the
             # device): it holds the previous step's optimizer kernels, which run after the host has moved

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -54,20 +54,3 @@ def agree(env: DistEnv, stop: bool, loss_part: float, grad_norm: float, tokens: 
     return Verdict(stop_ranks=int(s), nonfinite_loss_ranks=int(nf), grad_norm=grad_norm, loss=loss,
                    tokens=int(tok), real_tokens=int(real))
 
-
-def read_on_host(t: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """Start copying `t` to the host; the returned call waits for that copy only, not for the work
-    queued after it on the stream (a plain `.cpu()` later would wait for the optimizer step too, and
-    the host would then start the next step with an empty device queue)."""
-    if t.device.type != "cuda":
-        host = t.detach().clone() if t.device.type == "cpu" else t.detach().cpu()  # .cpu() of a CPU tensor is itself
-        return lambda: host
-    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    buf.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-
-    def wait() -> torch.Tensor:
-        done.synchronize()
-        return buf
-    return wait

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -112,6 +112,24 @@ def lb_loss(logits: torch.Tensor, num_experts: int, top_k: int, attention_mask: 
 
 def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _read_on_host(t: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """Start copying `t` to the host; the returned call waits for that copy only, not for the work
+    queued after it on the stream (a plain `.cpu()` later would wait for the optimizer step too, and
+    the host would then start the next step with an empty device queue)."""
+    if t.device.type != "cuda":
+        host = t.detach().clone() if t.device.type == "cpu" else t.detach().cpu()  # .cpu() of a CPU tensor is itself
+        return lambda: host
+    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    buf.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> torch.Tensor:
+        done.synchronize()
+        return buf
+    return wait
 
 
 class RouterTelemetry:
@@ -245,9 +263,7 @@ class RouterTelemetry:
         With ranks the window is reduced in `on_step` first."""
         self._read = None
         if self.record and self._window is not None and not _distributed():
-            from align.control.boundary import read_on_host
-
-            self._read = read_on_host(self._window)
+            self._read = _read_on_host(self._window)
 
     def on_step(self, step: int) -> dict[str, float]:
         """Close the window of optimizer step `step`: reduce over ranks, return `moe/...` metrics."""
