@@ -110,3 +110,11 @@ def activation_checkpointing(cfg: TrainConfig) -> Optional[KwargsSite]:
         checkpointing_plan(meta_model(cfg.model)[0], cfg.parallel.activation_checkpointing_fraction)
     method, kwargs = activation_checkpointing_call(model_cls)  # the call parallelize() makes
     return KwargsSite(getattr(model_cls, method), kwargs, "parallel.activation_checkpointing")
+
+
+def compile_blocks(cfg: TrainConfig) -> Optional[KwargsSite]:
+    if not cfg.trainer.compile:
+        return None
+    from align.parallel.compile import COMPILE, compile_kwargs
+
+    return KwargsSite(COMPILE, compile_kwargs(cfg.trainer.compile_dynamic), "trainer.compile_dynamic")

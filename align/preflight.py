@@ -203,6 +203,7 @@ KWARGS_SITES: dict[str, str] = {
     "model from_pretrained/_from_config": "align.kwargs_sites:model_load",
     "activation checkpointing": "align.kwargs_sites:activation_checkpointing",
     "lr scheduler": "align.kwargs_sites:scheduler",
+    "torch.compile of the blocks": "align.kwargs_sites:compile_blocks",
     "peft LoraConfig": "align.models.checks:lora_site",
     "bitsandbytes 4-bit config": "align.models.checks:qlora_site",
 }

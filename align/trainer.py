@@ -123,7 +123,7 @@ class Trainer:
             check_resumable(resume, read_meta(resume), identity, cfg.trainer.resume_despite_mismatch)
         model = built.model.to(env.device)
         check_token_ids(data, model)
-        compiled = compile_blocks(model) if cfg.trainer.compile else None
+        compiled = compile_blocks(model, cfg.trainer.compile_dynamic) if cfg.trainer.compile else None
         parallel = parallelize(model, cfg.parallel, env)
         model.train()
 

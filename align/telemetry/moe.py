@@ -219,13 +219,19 @@ class RouterTelemetry:
             return None
         return self._mask.reshape(-1).bool()
 
+    # The two router hooks run inside a compiled block (trainer.compile) as eager islands: traced, they
+    # would put this object's Python state into the block's guards (the layer number, how many layers
+    # the forward has stashed so far), and a block would recompile for every layer until dynamo's
+    # recompile limit sent it back to eager (OLMoE-1B-7B on an H200, 2026-11-30: 8 recompiles).
     def _logits_hook(self, tap):
+        @torch.compiler.disable
         def hook(module, args, output):
             if self._armed:
                 self._logits[tap.layer] = tap.logits_of(output)
         return hook
 
     def _index_hook(self, tap):
+        @torch.compiler.disable
         def hook(module, args, output):
             if not self._armed or tap.layer not in self._logits:
                 return

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from align.errors import ConfigError
@@ -15,12 +17,67 @@ from tests.conftest import build_trainer
 def test_compiled_blocks_train_and_are_recorded(tmp_path):
     t = build_trainer(tmp_path, "trainer.compile=true", "trainer.max_steps=2", "trainer.export=false",
                       "data.max_records=16", "sampler.pad_to_multiple_of=64")
-    assert t.model_info["compile"] == {"blocks": 2, "block_class": "MistralDecoderLayer", "granularity": "decoder block"}
+    assert t.model_info["compile"] == {"blocks": 2, "block_class": "MistralDecoderLayer", "granularity": "decoder block",
+                                       "dynamic": None}
     assert all(getattr(b, "_compiled_call_impl", None) is not None for b in t.model.model.layers)
     assert t.fit() == 0
     import torch._dynamo.utils as du
 
     assert du.counters["stats"]["unique_graphs"] >= 1
+
+
+@pytest.mark.parametrize("dynamic, graphs", [(True, 1), (None, 2)])
+def test_dynamic_blocks_compile_once_for_every_ragged_shape(dynamic, graphs):
+    """Ragged batches change (rows, width) every step: with dynamic=None a block compiles for the
+    first shape and again, dynamic, at the second; with dynamic=True once."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from align.parallel.compile import compile_blocks
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2))
+    info = compile_blocks(model, dynamic, backend="eager")
+    assert info["dynamic"] is dynamic
+    for rows, width in [(2, 24), (3, 40), (4, 56), (5, 16)]:  # one row would be another graph: 0/1 specialization
+        model(input_ids=torch.randint(0, 64, (rows, width)), use_cache=False).logits.sum().backward()
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def _olmoe_run(tmp_path, monkeypatch, layers: int, compiled: bool):
+    import functools
+
+    import numpy as np
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    import align.parallel.compile as comp
+    import align.trainer
+
+    monkeypatch.setattr(align.trainer, "compile_blocks", functools.partial(comp.compile_blocks, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    t = build_trainer(tmp_path / f"{layers}{compiled}", "model=olmoe", "model.preset=tiny", f"trainer.compile={compiled}",
+                      "trainer.compile_dynamic=true", f"+model.overrides.num_hidden_layers={layers}", "trainer.max_steps=4",
+                      "trainer.export=false", "sampler=budget", "sampler.max_tokens=384", "sampler.pad_to_multiple_of=8",
+                      "sampler.mask_padding=false", "model.moe.lb_weight=0.01")
+    assert t.fit() == 0
+    return int(counters["stats"]["unique_graphs"]), np.stack(t.runtime.moe.loads)
+
+
+def test_router_telemetry_inside_compiled_blocks_adds_no_graph_per_layer_and_counts_the_same(tmp_path, monkeypatch):
+    """The router hooks are eager islands in a compiled block: traced, their Python state (the layer
+    number, how much the forward had stashed) went into the guards and a block recompiled per layer
+    until dynamo's limit sent it back to eager."""
+    graphs_2, _ = _olmoe_run(tmp_path, monkeypatch, 2, True)
+    graphs_4, loads = _olmoe_run(tmp_path, monkeypatch, 4, True)
+    _, eager = _olmoe_run(tmp_path, monkeypatch, 4, False)
+    assert graphs_4 == graphs_2
+    assert loads.shape[1] == 4 and np.array_equal(loads, eager)
 
 
 def test_token_ids_outside_the_vocabulary_are_refused(tmp_path):

@@ -82,7 +82,7 @@ def _kwargs_checks(cfg):
 
 @pytest.mark.parametrize("overrides", [
     (), ("model=olmoe", "model.moe.experts=grouped_mm"), ("model=gemma4", "parallel.activation_checkpointing=true"),
-    ("optimizer=adamw8bit", "logger=none"),
+    ("optimizer=adamw8bit", "logger=none"), ("trainer.compile=true", "trainer.compile_dynamic=true"),
 ])
 def test_every_kwargs_site_on_main_passes_for_shipped_configs(overrides):
     checks = _kwargs_checks(typed("allow_dirty=true", *overrides))
@@ -110,6 +110,14 @@ def test_a_misspelt_model_override_fails_although_the_config_class_swallows_it()
     assert MistralConfig(sliding_windw=32).sliding_windw == 32  # the library accepts anything, silently
     [mc] = [c for c in _kwargs_checks(typed("allow_dirty=true", "+model.overrides.sliding_windw=32")) if c.name == "model config class"]
     assert mc.status == Status.failed and mc.key == "model.overrides" and "['sliding_windw']" in mc.detail
+
+
+def test_a_compile_kwarg_torch_does_not_take_fails_preflight(monkeypatch):
+    import align.parallel.compile as comp
+
+    monkeypatch.setattr(comp, "compile_kwargs", lambda dynamic: {"dynamc": dynamic})
+    [c] = [c for c in _kwargs_checks(typed("allow_dirty=true", "trainer.compile=true")) if c.name == "torch.compile of the blocks"]
+    assert c.status == Status.failed and c.key == "trainer.compile_dynamic" and "['dynamc']" in c.detail
 
 
 def test_a_new_call_site_registers_with_one_line(monkeypatch):
