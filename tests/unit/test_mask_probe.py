@@ -119,3 +119,26 @@ def test_probe_entry_is_registered_and_writes_its_report(tmp_path):
     assert mask_probe.run(cfg, tmp_path) == 0
     report = json.loads((tmp_path / "mask.json").read_text())
     assert report["ok"] and set(report["by_type"]) == {"sliding_attention", "full_attention"}
+
+
+def test_the_mask_check_leaves_compiled_blocks_caches_empty():
+    """The run-start mask check runs eager: traced through compiled blocks, its no-grad forwards and
+    its hook's dict filled each block's compile cache up to dynamo's recompile limit, and training
+    then ran eager (OLMoE on an H200, 2026-11-30)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from align.data.encode import encode_records
+    from align.data.sources import load_records
+    from align.data.tokenizer import load_tokenizer
+    from align.models import build_model
+    from align.parallel.compile import compile_blocks
+
+    cfg = to_typed(compose(["data.max_records=8"]))
+    tok = load_tokenizer(cfg.model)
+    model = build_model(cfg.model, cfg.attention, tok).model
+    compile_blocks(model, True, backend="eager")
+    torch._dynamo.reset()
+    counters.clear()
+    r = mask_probe.assert_masks(model, encode_records(load_records(cfg.data), tok, cfg.data), tok.pad_token_id)
+    assert r["ok"] and counters["stats"]["unique_graphs"] == 0
