@@ -40,6 +40,10 @@ ALIGN_ARMS = {
     "align_compiled_accum8": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer.compile=true",
                               "trainer.grad_accum=8"],
     "align_no_telemetry": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "model.moe.telemetry=false"],
+    # compiled decoder blocks (one dynamic graph for every ragged shape) + the compiled optimizer:
+    # the best one-step-per-8.5k arm (2026-11-30, session 4)
+    "align_fast": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "trainer.compile=true",
+                   "trainer.compile_dynamic=true", "optimizer.compile=true"],
     # activation checkpointing + chunked loss: 4x the tokens per micro-batch
     "align_ac_32k": ["sampler.max_tokens=32768", "sampler.pad_to_multiple_of=8", "parallel.activation_checkpointing=true",
                      "trainer.loss_chunk_tokens=8192"],
@@ -47,6 +51,10 @@ ALIGN_ARMS = {
     "align_ac_32k_quarter": ["sampler.max_tokens=32768", "sampler.pad_to_multiple_of=8", "parallel.activation_checkpointing=true",
                              "parallel.activation_checkpointing_fraction=0.25", "trainer.loss_chunk_tokens=8192",
                              "optimizer.compile=true"],
+    # the same with compiled decoder blocks: the best MFU arm (2026-11-30, session 4)
+    "align_ac_32k_fast": ["sampler.max_tokens=32768", "sampler.pad_to_multiple_of=8", "parallel.activation_checkpointing=true",
+                          "parallel.activation_checkpointing_fraction=0.25", "trainer.loss_chunk_tokens=8192",
+                          "optimizer.compile=true", "trainer.compile=true", "trainer.compile_dynamic=true"],
 }
 
 
