@@ -312,7 +312,10 @@ def sdpa_kernel_family(trainer: Any, resolved: Optional[str]) -> tuple[Optional[
     rows = stream.sampler.rank_batches(0)[0]
     batch = collate(stream.data, rows, stream.pad_id, stream.mult).to(trainer.env.device)
     try:
-        with torch.no_grad(), trainer.autocast(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        # Eager, as the mask check: under trainer.compile a traced no-grad forward costs every block a
+        # second compile at startup (grad mode is in dynamo's guards); SDPA's choice is the same.
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"), trainer.autocast(), \
+                profile(activities=[ProfilerActivity.CUDA]) as prof:
             trainer.model(**batch.model_inputs())
             torch.cuda.synchronize()
         names = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})

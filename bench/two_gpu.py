@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--arm", default="align_best", choices=sorted(ALIGN_ARMS))
+    ap.add_argument("--arm", default="align_eager", choices=sorted(ALIGN_ARMS))  # the arm of the measured two-GPU ratio
     ap.add_argument("--variant", action="append", default=[], metavar="'OVERRIDES'",
                     help="another two-GPU run with these extra overrides, e.g. 'parallel.reshard_after_forward=false'")
     a = ap.parse_args()

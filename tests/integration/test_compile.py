@@ -18,7 +18,7 @@ def test_compiled_blocks_train_and_are_recorded(tmp_path):
     t = build_trainer(tmp_path, "trainer.compile=true", "trainer.max_steps=2", "trainer.export=false",
                       "data.max_records=16", "sampler.pad_to_multiple_of=64")
     assert t.model_info["compile"] == {"blocks": 2, "block_class": "MistralDecoderLayer", "granularity": "decoder block",
-                                       "dynamic": None}
+                                       "dynamic": True}
     assert all(getattr(b, "_compiled_call_impl", None) is not None for b in t.model.model.layers)
     assert t.fit() == 0
     import torch._dynamo.utils as du
