@@ -1,5 +1,6 @@
 """How the optimizer steps at a boundary: as is (`PlainStep`), compiled (`CompiledStep`,
-`optimizer.compile`) or overlapped with the next forward (`OverlappedStep`, `optimizer.overlap`).
+`optimizer.compile`) or overlapped with the next forward (`OverlappedStep`, `optimizer.overlap`),
+whose chunks step through either the optimizer's own kernels or the compiled update (both options).
 
 `optimizer.overlap`: run step t's optimizer on a side CUDA stream, one decoder block at a time in
 forward order, while step t+1's forward waits for each block's parameters only when it reaches that
@@ -22,7 +23,8 @@ must call `sync()` first.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Optional, Sequence
+import functools
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -45,17 +47,24 @@ def param_chunks(model: torch.nn.Module, blocks: Sequence[torch.nn.Module], para
     return [rest, *per_block]
 
 
-def step_subset(optimizer: torch.optim.Optimizer, ids: set[int]) -> None:
-    """`optimizer.step()` over the parameters whose id() is in `ids`: the groups are viewed (same
-    hyperparameters as they are now, a subset of params) for the call and restored after it. The
-    per-parameter state (moments, step counts) is keyed by parameter, so it is shared."""
+@contextlib.contextmanager
+def viewed(optimizer: torch.optim.Optimizer, ids: set[int]) -> Iterator[None]:
+    """Within: the optimizer's groups are viewed (same hyperparameters as they are now, the params
+    whose id() is in `ids`); restored after. The per-parameter state (moments, step counts) is keyed
+    by parameter, so it is shared."""
     groups = optimizer.param_groups
     view = [dict(g, params=[p for p in g["params"] if id(p) in ids]) for g in groups]
     optimizer.param_groups = [g for g in view if g["params"]]
     try:
-        optimizer.step()
+        yield
     finally:
         optimizer.param_groups = groups
+
+
+def step_subset(optimizer: torch.optim.Optimizer, ids: set[int]) -> None:
+    """`optimizer.step()` over the parameters whose id() is in `ids`."""
+    with viewed(optimizer, ids):
+        optimizer.step()
 
 
 class CudaStreams:
@@ -85,24 +94,36 @@ class CudaStreams:
 
 class OverlappedStep:
     """Drop-in for `optimizer.step()` in the loop: `step()` queues the chunks on the side stream and
-    returns at once; the forward pre-hooks make the main stream wait for each chunk's event."""
+    returns at once; the forward pre-hooks make the main stream wait for each chunk's event.
 
-    norms_of = staticmethod(foreach_norms)
+    `compiled`: each chunk steps through that CompiledStep's update (both options on) instead of
+    the optimizer's own kernels; its norm becomes this stepper's `norms_of`."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, blocks: Sequence[torch.nn.Module],
-                 streams: Any) -> None:
+                 streams: Any, compiled: Optional[CompiledStep] = None) -> None:
         self.optimizer = optimizer
         self.streams = streams
+        self.compiled = compiled
         params = [p for g in optimizer.param_groups for p in g["params"]]
         self.chunks = param_chunks(model, blocks, params)
         self._ids = [{id(p) for p in c} for c in self.chunks]
+        self.norms_of = compiled.norms_of if compiled is not None else foreach_norms
+        self.recompile_limit = compiled.allow_param_lists(len(self.chunks)) if compiled is not None else None
         self._events: list[Optional[Any]] = [None] * len(self.chunks)
         self._handles = [model.register_forward_pre_hook(self._waiter(0))]
         self._handles += [b.register_forward_pre_hook(self._waiter(i + 1)) for i, b in enumerate(blocks)]
 
     def info(self) -> dict[str, Any]:
-        return {"kind": "overlap", "overlap": True, "compiled": False, "chunks": len(self.chunks),
+        info = {"kind": "overlap", "overlap": True, "compiled": False, "chunks": len(self.chunks),
                 "params_per_chunk": [len(c) for c in self.chunks]}
+        if self.compiled is not None:
+            info.update(kind="overlap+compiled", compiled=True, recompile_limit=self.recompile_limit)
+        return info
+
+    def _updates(self) -> contextlib.AbstractContextManager[Callable[[], None]]:
+        """The update of whatever the param_groups hold when it is called. The fused step reads the
+        clip scale from `optimizer.grad_scale` itself, for every chunk."""
+        return self.compiled.updates() if self.compiled is not None else contextlib.nullcontext(self.optimizer.step)
 
     def _waiter(self, i: int) -> Callable:
         def hook(module, args):
@@ -126,9 +147,10 @@ class OverlappedStep:
         scale = getattr(self.optimizer, "grad_scale", None)  # the folded clip (align.parallel.grad)
         for t in [p.grad for c in self.chunks for p in c if p.grad is not None] + ([scale] if scale is not None else []):
             self.streams.keep_for_side(t)
-        with self.streams.on_side():
+        with self.streams.on_side(), self._updates() as update:
             for i, ids in enumerate(self._ids):
-                step_subset(self.optimizer, ids)
+                with viewed(self.optimizer, ids):
+                    update()
                 self._events[i] = self.streams.record()
 
     def remove(self) -> None:
@@ -167,8 +189,12 @@ class CompiledStep:
     The optimizer keeps float learning rates (scheduler, checkpoints and logs see floats); each step
     copies them into persistent device tensors and hands those in for the call, so a schedule changes
     no compiled constant and nothing recompiles. The clip scale that `clip_grad_norm_` leaves in
-    `optimizer.grad_scale` (see `align_folds_clip`) is divided out of the gradients inside the
-    compiled graph, where inductor fuses it into the update's own pass over them."""
+    `optimizer.grad_scale` (see `align_folds_clip`) is divided out of the gradients in a compiled
+    graph of its own: torch's `Optimizer.step` wrapper breaks the graph on entry (`_use_grad`), so
+    the division is not fused into the update's pass (seen with dynamo on CPU, torch 2.13).
+
+    The graphs live in dynamo's cache of torch's `Adam.step` code, one entry per list of parameters
+    it is called on: OverlappedStep's chunks each add theirs (`allow_param_lists`)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device, backend: str = "inductor") -> None:
         """`backend`: torch.compile's; the CPU tests use "eager" (dynamo's guards and recompiles
@@ -185,6 +211,23 @@ class CompiledStep:
     def info(self) -> dict[str, Any]:
         return {"kind": "compiled", "overlap": False, "compiled": True}
 
+    def allow_param_lists(self, n: int, config: Any = None) -> int:
+        """Let dynamo keep the graphs of `n` parameter lists (a chunk's view each) compiled: two
+        entries per list on the same code (the first step traces while the optimizer state is being
+        created, the next one with it complete). Past `recompile_limit` (8 by default) dynamo
+        silently runs a frame eagerly, so the limit is raised to that need (never lowered). Returns
+        the limit now in force, for the manifest."""
+        config = torch._dynamo.config if config is None else config
+        if not hasattr(config, "recompile_limit"):
+            from align.errors import ConfigError
+
+            raise ConfigError("optimizer.compile", f"with optimizer.overlap=true needs torch._dynamo.config.recompile_limit, "
+                              f"which torch {torch.__version__} lacks; set optimizer.overlap=false", True)
+        need = 2 * n
+        config.recompile_limit = max(config.recompile_limit, need)
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, need)
+        return config.recompile_limit
+
     def _step(self) -> None:
         self.optimizer.step()
 
@@ -192,18 +235,27 @@ class CompiledStep:
         torch._foreach_div_([p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None], scale)
         self.optimizer.step()
 
-    def step(self) -> None:
+    @contextlib.contextmanager
+    def updates(self) -> Iterator[Callable[[], None]]:
+        """Within: `update()` runs the compiled step over the parameters the param_groups hold when
+        it is called (all, or a view of a chunk's), with this step's learning rates (copied into the
+        persistent tensors, on the stream current at entry) and clip scale (taken off the optimizer:
+        the foreach step takes no grad_scale). The float learning rates are back after."""
         opt = self.optimizer
-        scale, opt.grad_scale = getattr(opt, "grad_scale", None), None  # the foreach step takes no grad_scale
+        scale, opt.grad_scale = getattr(opt, "grad_scale", None), None
         floats = [g["lr"] for g in opt.param_groups]
         for g, t, lr in zip(opt.param_groups, self.lr, floats):
             t.fill_(lr)
             g["lr"] = t
         try:
-            self._plain() if scale is None else self._scaled(scale)
+            yield self._plain if scale is None else functools.partial(self._scaled, scale)
         finally:
             for g, lr in zip(opt.param_groups, floats):
                 g["lr"] = lr
+
+    def step(self) -> None:
+        with self.updates() as update:
+            update()
 
     def sync(self) -> None:
         pass
@@ -214,14 +266,16 @@ def build_stepper(cfg: OptimizerConfig, optimizer: torch.optim.Optimizer, model:
     """What `optimizer.compile` / `optimizer.overlap` resolve to here (config validation already
     refused the combinations that cannot hold: overlap under parallel!=single or compiled blocks,
     compile with another optimizer than adamw)."""
-    if cfg.compile:
-        if device.type != "cuda":
-            return PlainStep(optimizer, f"optimizer.compile: device {device.type}: the compiled step is capturable, a CUDA feature")
-        return CompiledStep(optimizer, device)
-    if not cfg.overlap:
+    if not (cfg.compile or cfg.overlap):
         return PlainStep(optimizer, "optimizer.overlap=false, optimizer.compile=false")
     if device.type != "cuda":
-        return PlainStep(optimizer, f"optimizer.overlap: device {device.type}: side streams are a CUDA feature")
+        why = {"optimizer.compile": "the compiled step is capturable, a CUDA feature",
+               "optimizer.overlap": "side streams are a CUDA feature"}
+        on = [k for k, v in (("optimizer.compile", cfg.compile), ("optimizer.overlap", cfg.overlap)) if v]
+        return PlainStep(optimizer, "; ".join(f"{k}: device {device.type}: {why[k]}" for k in on))
+    compiled = CompiledStep(optimizer, device) if cfg.compile else None
+    if not cfg.overlap:
+        return compiled
     if type(optimizer).__module__.startswith("bitsandbytes"):
         # its step indexes per-group configs by position: a view of the groups would shift them
         from align.errors import ConfigError
@@ -229,4 +283,4 @@ def build_stepper(cfg: OptimizerConfig, optimizer: torch.optim.Optimizer, model:
         raise ConfigError("optimizer.overlap", "does not work with bitsandbytes' AdamW8bit; use optimizer=adamw")
     from align.parallel.fsdp import decoder_blocks
 
-    return OverlappedStep(optimizer, model, decoder_blocks(model), CudaStreams(device))
+    return OverlappedStep(optimizer, model, decoder_blocks(model), CudaStreams(device), compiled)

@@ -1,6 +1,7 @@
-"""optimizer.overlap (align.optim.step): chunk-wise steps are bit-identical to one step, the
-next forward waits for each block's chunk only when it reaches that block, gradients are kept for
-the side stream, and the option resolves (or is refused) honestly."""
+"""optimizer.overlap and optimizer.compile (align.optim.step): chunk-wise steps are bit-identical to
+one step, the next forward waits for each block's chunk only when it reaches that block, gradients
+are kept for the side stream, the compiled update (alone or per chunk) keeps its graphs under a
+schedule, and the options resolve (or are refused) honestly."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import contextlib
 
 import pytest
 import torch
+import torch._dynamo
 
 from align.config import to_typed
 from align.errors import ConfigError
 from align.config import OptimizerConfig
-from align.optim.step import OverlappedStep, build_stepper, param_chunks, step_subset
+from align.optim.step import CompiledStep, OverlappedStep, build_stepper, param_chunks, step_subset
 from align.parallel.fsdp import decoder_blocks
 
 
@@ -73,17 +75,22 @@ def test_chunk_wise_steps_are_bit_identical_to_one_step_with_the_clip_scale_and_
 
 
 class FakeStreams:
-    """Logs what OverlappedStep asks of the streams, in order."""
+    """Logs what OverlappedStep asks of the streams, in order. `compiled`: log the launches of that
+    CompiledStep's compiled updates (outside dynamo's trace) instead of the optimizer's step."""
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer, compiled=None):
         self.log: list[tuple] = []
         self.side = False
-        step = optimizer.step
 
-        def logged_step(*a, **k):  # which parameters each launch covers, and on which stream
-            self.log.append(("step", frozenset(id(p) for g in optimizer.param_groups for p in g["params"]), self.side))
-            return step(*a, **k)
-        optimizer.step = logged_step
+        def logged(step):
+            def logged_step(*a, **k):  # which parameters each launch covers, and on which stream
+                self.log.append(("step", frozenset(id(p) for g in optimizer.param_groups for p in g["params"]), self.side))
+                return step(*a, **k)
+            return logged_step
+        if compiled is None:
+            optimizer.step = logged(optimizer.step)
+        else:
+            compiled._plain, compiled._scaled = logged(compiled._plain), logged(compiled._scaled)
 
     def side_waits_for_main(self):
         self.log.append(("side_waits_for_main",))
@@ -107,17 +114,39 @@ class FakeStreams:
         self.log.append(("wait", event))
 
 
-def test_the_next_forward_waits_for_each_blocks_chunk_only_when_it_reaches_that_block():
+def capturable_adamw(model):
+    """What optimizer.compile builds (foreach, capturable), with adamw()'s groups and eps."""
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in adamw(model).param_groups]
+    return torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), eps=1.0, foreach=True, capturable=True)
+
+
+def overlapped(model, compiled: bool):
+    """An OverlappedStep on fake streams: its chunks step through the optimizer's fused kernels, or
+    through a CompiledStep under dynamo's eager backend (guards and recompiles, no code generation)."""
+    if not compiled:
+        opt = adamw(model)
+        streams = FakeStreams(opt)
+        return OverlappedStep(opt, model, decoder_blocks(model), streams), streams
+    opt = capturable_adamw(model)
+    comp = CompiledStep(opt, torch.device("cpu"), backend="eager")
+    streams = FakeStreams(opt, comp)
+    return OverlappedStep(opt, model, decoder_blocks(model), streams, comp), streams
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["fused", "compiled"])
+def test_the_next_forward_waits_for_each_blocks_chunk_only_when_it_reaches_that_block(compiled):
+    torch._dynamo.reset()
     model = tiny_mistral()
     blocks = decoder_blocks(model)
-    opt = adamw(model)
-    streams = FakeStreams(opt)
-    stepper = OverlappedStep(opt, model, blocks, streams)
+    stepper, streams = overlapped(model, compiled)
+    opt = stepper.optimizer
+    opt.grad_scale = torch.tensor(2.0)  # a clipped step: the scale crosses streams too
     for i, block in enumerate(blocks):  # registered after the stepper's waits: runs after them
         block.register_forward_pre_hook(lambda m, a, i=i: streams.log.append(("forward", i)))
     x = torch.randint(0, 64, (2, 8))
 
     model(input_ids=x).logits.sum().backward()
+    scale = opt.grad_scale
     stepper.step()
     grads = {id(p.grad) for p in model.parameters()}
     model(input_ids=x)
@@ -125,7 +154,8 @@ def test_the_next_forward_waits_for_each_blocks_chunk_only_when_it_reaches_that_
 
     first_step = next(i for i, e in enumerate(log) if e[0] == "step")
     assert ("side_waits_for_main",) in log[:first_step]
-    assert {e[1] for e in log[:first_step] if e[0] == "keep"} == grads  # every gradient kept for the side stream
+    kept = {e[1] for e in log[:first_step] if e[0] == "keep"}
+    assert kept == grads | {id(scale)}  # every gradient and the clip scale kept for the side stream
     steps = [e for e in log if e[0] == "step"]
     assert all(on_side for _, _, on_side in steps)
     assert [set(s[1]) for s in steps] == [{id(p) for p in c} for c in stepper.chunks]
@@ -170,6 +200,10 @@ def test_overlap_and_compile_resolve_off_on_a_cpu_and_say_why():
                         "reason": "optimizer.overlap: device cpu: side streams are a CUDA feature"}
     s = build_stepper(OptimizerConfig(compile=True), adamw(model), model, cpu)
     assert s.info()["kind"] == "plain" and s.info()["reason"].startswith("optimizer.compile: device cpu")
+    s = build_stepper(OptimizerConfig(compile=True, overlap=True), adamw(model), model, cpu)
+    assert s.info()["kind"] == "plain" and s.info()["reason"] == (
+        "optimizer.compile: device cpu: the compiled step is capturable, a CUDA feature; "
+        "optimizer.overlap: device cpu: side streams are a CUDA feature")
     assert build_stepper(OptimizerConfig(), adamw(model), model, cpu).info()["reason"] == \
         "optimizer.overlap=false, optimizer.compile=false"
 
@@ -177,7 +211,6 @@ def test_overlap_and_compile_resolve_off_on_a_cpu_and_say_why():
 @pytest.mark.parametrize("option, bad, accepted", [
     ("optimizer.overlap=true", ["parallel=fsdp"], "parallel=single"),
     ("optimizer.overlap=true", ["trainer.compile=true"], "trainer.compile=false"),
-    ("optimizer.overlap=true", ["optimizer.compile=true"], "optimizer.compile=false"),
     ("optimizer.compile=true", ["optimizer=adamw8bit"], "optimizer=adamw"),
 ])
 def test_overlap_and_compile_are_refused_where_they_cannot_hold(compose, option, bad, accepted):
@@ -238,10 +271,7 @@ def test_the_compiled_step_equals_clip_then_step_and_a_changing_lr_recompiles_no
     """CompiledStep on CPU with dynamo's eager backend (guards and recompiles, no code generation):
     the lr handed in as a persistent tensor keeps one graph per variant under a schedule, and the
     clip scale divided inside the graph equals an explicit clip before an uncompiled step."""
-    import torch._dynamo
     from torch._dynamo.utils import counters
-
-    from align.optim.step import CompiledStep
 
     torch._dynamo.reset()
     a, b = tiny_mistral(), tiny_mistral()
@@ -267,3 +297,84 @@ def test_the_compiled_step_equals_clip_then_step_and_a_changing_lr_recompiles_no
     for (n, p), q in zip(a.named_parameters(), b.parameters()):  # capturable computes bias corrections as tensors
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=n)
     assert float((next(b.parameters()) - tiny_mistral().model.embed_tokens.weight).abs().max()) > 1e-3  # it trained
+
+
+def test_the_overlapped_compiled_step_is_bit_identical_to_clip_then_one_compiled_step():
+    """Both options on: each chunk's compiled update (its view of the groups, the tensor lrs, the clip
+    scale divided out of its own gradients only) equals dividing every gradient by the scale and then
+    one compiled step over all parameters, bit for bit, under a schedule, clipped or not."""
+    torch._dynamo.reset()
+    a, b = tiny_mistral(), tiny_mistral()
+    oa = capturable_adamw(a)
+    whole = CompiledStep(oa, torch.device("cpu"), backend="eager")
+    stepper, streams = overlapped(b, compiled=True)
+    ob = stepper.optimizer
+    groups = ob.param_groups
+    for step in range(5):
+        set_grads(a, step)
+        set_grads(b, step)
+        lr = 1e-2 / (step + 1)
+        for o in (oa, ob):
+            for g in o.param_groups:
+                g["lr"] = lr
+        scale = 2.0 + step if step % 2 else None  # eps=1: a skipped or doubled division shows
+        if scale is not None:
+            torch._foreach_div_([p.grad for p in a.parameters()], scale)  # the clip, then the step
+            ob.grad_scale = torch.tensor(scale)
+        whole.step()
+        stepper.step()
+        assert ob.param_groups is groups and all(type(g["lr"]) is float and g["lr"] == lr for g in groups)
+        assert getattr(ob, "grad_scale", None) is None  # used once, not again next step
+    assert len([e for e in streams.log if e[0] == "step"]) == 5 * len(stepper.chunks)
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(pa, pb), n
+        sa, sb = oa.state[pa], ob.state[pb]
+        assert all(torch.equal(sa[k], sb[k]) for k in ("exp_avg", "exp_avg_sq", "step")), n
+    assert float((next(b.parameters()) - tiny_mistral().model.embed_tokens.weight).abs().max()) > 1e-3  # it trained
+    assert stepper.norms_of is stepper.compiled.norms_of  # the clip takes the compiled fp64 norm
+
+
+def test_the_overlapped_compiled_step_keeps_every_chunks_graphs_and_a_changing_lr_recompiles_nothing(monkeypatch):
+    """Each chunk is another list of parameters, so another dynamo cache entry on torch's `Adam.step`
+    code: past `recompile_limit` a chunk would silently step eagerly. The stepper raises the limit to
+    two entries per chunk (OLMoE's 17 chunks need 34 > the default 8; here 4 chunks from a limit of 3)
+    and records it; then every chunk is compiled, and a schedule adds no graph."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 3)
+    torch._dynamo.reset()
+    model = tiny_mistral()
+    stepper, streams = overlapped(model, compiled=True)
+    n = len(stepper.chunks)
+    assert n == 4 and torch._dynamo.config.recompile_limit == 2 * n
+    assert stepper.info() == {"kind": "overlap+compiled", "overlap": True, "compiled": True, "chunks": n,
+                              "params_per_chunk": [len(c) for c in stepper.chunks], "recompile_limit": 2 * n}
+    graphs = []
+    before = counters["stats"]["unique_graphs"]  # the counters live as long as the process
+    for step in range(6):
+        set_grads(model, step)
+        for g in stepper.optimizer.param_groups:
+            g["lr"] = 1e-2 / (step + 1)
+        if step % 2:
+            stepper.optimizer.grad_scale = torch.tensor(2.0 + step)
+        stepper.step()
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+    # step 0: one update graph per chunk, traced while the optimizer state is being created; step 1
+    # (clipped): the division per chunk, and the update again for every chunk but the last (whose
+    # first trace already saw the whole state); then nothing more, whatever the lr
+    assert graphs == [n] + [3 * n - 1] * 5, graphs
+    update_code = torch.optim.Adam.step.__wrapped__.__code__
+    assert len(_debug_get_cache_entry_list(update_code)) == 2 * n - 1 <= torch._dynamo.config.recompile_limit
+
+
+def test_a_torch_without_recompile_limit_is_refused_in_one_line():
+    from types import SimpleNamespace
+
+    model = tiny_mistral()
+    comp = CompiledStep(capturable_adamw(model), torch.device("cpu"), backend="eager")
+    with pytest.raises(ConfigError) as e:
+        comp.allow_param_lists(17, SimpleNamespace(cache_size_limit=8))
+    assert "optimizer.compile" in str(e.value) and "recompile_limit" in str(e.value)
+    limits = SimpleNamespace(recompile_limit=64, accumulated_recompile_limit=256)
+    assert comp.allow_param_lists(17, limits) == 64 and limits.recompile_limit == 64  # never lowered
