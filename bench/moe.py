@@ -37,6 +37,7 @@ ALIGN_ARMS = {
     "align_overlap": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer.overlap=true"],
     # torch.compile of torch's AdamW and of the gradient norm (the best one-step-per-8k arm, 2026-11-30)
     "align_compiled": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer.compile=true"],
+    "align_overlap_compiled": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer.overlap=true", "optimizer.compile=true"],
     "align_compiled_accum8": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "optimizer.compile=true",
                               "trainer.grad_accum=8"],
     "align_no_telemetry": ["sampler.max_tokens=9216", "sampler.pad_to_multiple_of=8", "model.moe.telemetry=false"],

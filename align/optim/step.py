@@ -269,10 +269,9 @@ def build_stepper(cfg: OptimizerConfig, optimizer: torch.optim.Optimizer, model:
     if not (cfg.compile or cfg.overlap):
         return PlainStep(optimizer, "optimizer.overlap=false, optimizer.compile=false")
     if device.type != "cuda":
-        why = {"optimizer.compile": "the compiled step is capturable, a CUDA feature",
-               "optimizer.overlap": "side streams are a CUDA feature"}
-        on = [k for k, v in (("optimizer.compile", cfg.compile), ("optimizer.overlap", cfg.overlap)) if v]
-        return PlainStep(optimizer, "; ".join(f"{k}: device {device.type}: {why[k]}" for k in on))
+        why = [f"optimizer.compile: device {device.type}: the compiled step is capturable, a CUDA feature"] if cfg.compile else []
+        why += [f"optimizer.overlap: device {device.type}: side streams are a CUDA feature"] if cfg.overlap else []
+        return PlainStep(optimizer, "; ".join(why))
     compiled = CompiledStep(optimizer, device) if cfg.compile else None
     if not cfg.overlap:
         return compiled

@@ -220,12 +220,15 @@ def test_overlap_and_compile_are_refused_where_they_cannot_hold(compose, option,
     to_typed(compose(bad))  # the same config without the option is fine
 
 
-def test_a_cpu_run_records_overlap_resolved_off_in_the_manifest(tmp_path):
+@pytest.mark.parametrize("options", [["optimizer.overlap=true"], ["optimizer.overlap=true", "optimizer.compile=true"]],
+                         ids=["overlap", "overlap+compile"])
+def test_a_cpu_run_records_overlap_resolved_off_in_the_manifest(tmp_path, options):
     from tests.conftest import build_trainer
 
-    trainer = build_trainer(tmp_path, "optimizer.overlap=true", "trainer.max_steps=2")
+    trainer = build_trainer(tmp_path, *options, "trainer.max_steps=2")
     assert trainer.model_info["optimizer_step"]["kind"] == "plain"
     assert "side streams are a CUDA feature" in trainer.model_info["optimizer_step"]["reason"]
+    assert ("the compiled step is capturable" in trainer.model_info["optimizer_step"]["reason"]) == (len(options) == 2)
     assert trainer.fit() == 0
 
 
