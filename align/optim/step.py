@@ -202,11 +202,14 @@ class CompiledStep:
         self.optimizer = optimizer
         optimizer.align_folds_clip = True
         self.lr = [torch.tensor(float(g["lr"]), device=device) for g in optimizer.param_groups]
-        self._plain = torch.compile(self._step, backend=backend)
-        self._scaled = torch.compile(self._step_scaled, backend=backend)  # compiled the first time a step clips
+        # Static shapes: a second parameter list on the same code (OverlappedStep's chunks) would
+        # otherwise turn its sizes dynamic, and torch 2.11's dynamo then failed building that graph's
+        # guards (IndexError in produce_guards, H200, 2026-11-30). Each list gets its own static graph.
+        self._plain = torch.compile(self._step, backend=backend, dynamic=False)
+        self._scaled = torch.compile(self._step_scaled, backend=backend, dynamic=False)  # compiled the first time a step clips
         # The gradient norm before the step, compiled too: torch's fp64 _foreach_norm reads the
         # gradients at 2.2 TB/s on an H200 (6.3 ms at OLMoE-1B-7B's shapes, 2026-11-30).
-        self.norms_of = torch.compile(_fp64_norms, backend=backend)
+        self.norms_of = torch.compile(_fp64_norms, backend=backend, dynamic=False)
 
     def info(self) -> dict[str, Any]:
         return {"kind": "compiled", "overlap": False, "compiled": True}
