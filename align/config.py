@@ -536,7 +536,7 @@ class TrainerConfig:
     compile: bool = False
     """torch.compile each decoder block. On an H200 (2026-11-30) it made the whole step 1.42x faster
     for OLMoE-1B-7B and 1.45x for the dense bench model (docs/performance.md); the first steps
-    compile (about a minute there). Recompiles and graph breaks are in the manifest's dynamo
+    compile (OLMoE there: ~80 s cold with optimizer.compile; inductor's disk cache shortens reruns). Recompiles and graph breaks are in the manifest's dynamo
     counters."""
     compile_dynamic: Optional[bool] = True
     """torch.compile's `dynamic` for the blocks under trainer.compile. true: one graph with symbolic
