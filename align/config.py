@@ -535,9 +535,9 @@ class TrainerConfig:
     checkpoint's (refused by default, with the reason)."""
     compile: bool = False
     """torch.compile each decoder block. On an H200 (2026-11-30) it made the whole step 1.42x faster
-    for OLMoE-1B-7B and 1.45x for the dense bench model (docs/performance.md); the first steps
-    compile (OLMoE there: ~80 s cold with optimizer.compile; inductor's disk cache shortens reruns). Recompiles and graph breaks are in the manifest's dynamo
-    counters."""
+    for OLMoE-1B-7B and 1.45x for the dense bench model (docs/performance.md). The first steps
+    compile (OLMoE there: ~80 s cold with optimizer.compile; inductor's disk cache shortens reruns).
+    Recompiles, graph breaks and recompile-limit hits are in the manifest's dynamo counters."""
     compile_dynamic: Optional[bool] = True
     """torch.compile's `dynamic` for the blocks under trainer.compile. true: one graph with symbolic
     batch and sequence sizes from the first call (a one-row batch adds one more); on an H200

@@ -100,7 +100,7 @@ SCHEMA: dict[str, Any] = {
     },
     "seed": "trainer.seed",
     "mask_probe": "per layer type: mask None (fast path) or tensor, padded vs unpadded, band check result",
-    "dynamo": "torch._dynamo counters at the end: frames, unique graphs, graph breaks, recompiles",
+    "dynamo": "torch._dynamo counters at the end: frames, unique graphs, graph breaks, recompiles, recompile-limit hits (frames left eager)",
     "throughput": "trainer.summary() at the end: steps, tokens, real tokens, ...",
     "preflight": "the pre-launch checklist as run for this config",
     "env": "recorded environment variables (CUDA_*, NCCL_*, TORCH_*, HF_*, WANDB_*, ...; secret-named redacted)",
@@ -329,6 +329,10 @@ def dynamo_counters() -> tuple[Optional[dict[str, Any]], Optional[str]]:
             "graph_breaks": int(sum(breaks.values())),
             "graph_break_reasons": {str(k).splitlines()[0][:200]: int(v) for k, v in list(breaks.items())[:20]},
             "recompiles": None,
+            # A frame past dynamo's recompile limit runs eager from then on, silently but for a log line:
+            # compiled blocks whose caches had filled measured as eager ones (H200, 2026-11-30).
+            "recompile_limit_hits": int(sum(v for k, v in counters.get("unimplemented", {}).items()
+                                            if str(k).startswith("Dynamo recompile limit exceeded"))),
         }
         try:  # per-frame compile counts: compiles beyond the first of a frame are recompiles
             from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER

@@ -12,6 +12,7 @@ manifest in `__exit__` with the exit code, whatever ended the run.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -22,6 +23,8 @@ from align.config import TrainConfig
 from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
 from align.provenance import Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
 from align.secrets import REDACTED, recorded_env, redact, redact_argv
+
+log = logging.getLogger("align")
 
 
 def _rank() -> int:
@@ -185,6 +188,9 @@ class RunRecord:
         m = self.manifest
         counters, why = dynamo_counters()
         m.set("dynamo", counters, why)
+        if counters and counters["recompile_limit_hits"]:
+            log.warning("dynamo hit its recompile limit %d time(s): those frames ran eager from then on "
+                        "(provenance.json dynamo; TORCH_LOGS=recompiles says why)", counters["recompile_limit_hits"])
         if self.trainer is not None:
             try:
                 m.set("throughput", self.trainer.summary())

@@ -16,7 +16,7 @@ def compile_kwargs(dynamic: Optional[bool]) -> dict[str, Any]:
     return {"dynamic": dynamic}
 
 
-def compile_blocks(model, dynamic: Optional[bool] = None, backend: str = "inductor") -> dict[str, Any]:
+def compile_blocks(model, dynamic: Optional[bool] = True, backend: str = "inductor") -> dict[str, Any]:
     """Compile every decoder block in place, before sharding (fully_shard wraps the compiled block).
     `backend`: the CPU tests use "eager" (dynamo's guards and recompiles, no code generation)."""
     from align.parallel.fsdp import decoder_blocks

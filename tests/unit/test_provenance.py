@@ -79,6 +79,24 @@ def test_git_state_records_dirty_and_a_diff_hash(tmp_path):
     assert a.diff_sha256 and a.diff_sha256 != b.diff_sha256  # the hash follows the diff's content
 
 
+def test_a_frame_past_the_recompile_limit_is_counted():
+    """Past dynamo's recompile limit a frame runs eager from then on: compiled blocks whose caches had
+    filled measured as eager ones (H200, 2026-11-30). The manifest says how often it happened."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    double = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    for n in range(3):
+        double(torch.ones(n + 1))
+    assert dynamo_counters()[0]["recompile_limit_hits"] == 0
+    for n in range(3, 12):  # a graph per size: past the limit of 8
+        double(torch.ones(n + 1))
+    assert dynamo_counters()[0]["recompile_limit_hits"] >= 1
+
+
 def test_dynamo_counters_never_raise(monkeypatch):
     import torch._dynamo.utils as du
 
