@@ -71,7 +71,8 @@ def run_align(arm: str, extra: list[str], cfg: dict, rows_file: Path, out: Path,
     prov = json.loads((run_dir / "provenance.json").read_text())
     dyn = prov.get("dynamo") or {}
     notes = (f"attn={prov['model'].get('attn_implementation_resolved')}; recompiles={dyn.get('recompiles')}, "
-             f"graph_breaks={dyn.get('graph_breaks')}")
+             f"graph_breaks={dyn.get('graph_breaks')}" + (f", RECOMPILE LIMIT HIT {dyn['recompile_limit_hits']}x: frames ran eager"
+                                                           if dyn.get("recompile_limit_hits") else ""))
     return summarise(arm, seconds * gpus, sum(r["real_tokens"] for r in m), sum(r["tokens"] for r in m), len(m), peak,
                      flops_per_token, ceiling, notes + (f"; per GPU of {gpus}" if gpus > 1 else ""))
 
