@@ -337,15 +337,20 @@ def test_the_overlapped_compiled_step_is_bit_identical_to_clip_then_one_compiled
     assert stepper.norms_of is stepper.compiled.norms_of  # the clip takes the compiled fp64 norm
 
 
-def test_the_overlapped_compiled_step_keeps_every_chunks_graphs_and_a_changing_lr_recompiles_nothing(monkeypatch):
+def test_the_overlapped_compiled_step_keeps_every_chunks_graphs_and_a_changing_lr_recompiles_nothing():
     """Each chunk is another list of parameters, so another dynamo cache entry on torch's `Adam.step`
     code: past `recompile_limit` a chunk would silently step eagerly. The stepper raises the limit to
     two entries per chunk (OLMoE's 17 chunks need 34 > the default 8; here 4 chunks from a limit of 3)
     and records it; then every chunk is compiled, and a schedule adds no graph."""
+    # not monkeypatch: its undo deletes the config entry, which torch then hides for the whole process
+    with torch._dynamo.config.patch(recompile_limit=3):
+        _every_chunk_compiled()
+
+
+def _every_chunk_compiled():
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 3)
     torch._dynamo.reset()
     model = tiny_mistral()
     stepper, streams = overlapped(model, compiled=True)
