@@ -25,17 +25,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from align.provenance import dynamo_counters  # noqa: E402
 from bench.moe import olmoe_config  # noqa: E402
 
 # ~8k tokens each: the widths of a ragged budget sampler's batches, padded to 8
 RAGGED = [(4, 2048), (9, 904), (2, 4096), (21, 392), (3, 2712), (14, 584)]
-
-
-def dynamo_counts() -> dict:
-    from torch._dynamo.utils import counters
-
-    return {"graphs": int(counters["stats"]["unique_graphs"]), "breaks": dict(counters["graph_break"]),
-            "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else None}
 
 
 def groups_of(model, shapes, dev) -> dict:
@@ -86,6 +80,7 @@ def main() -> None:
     out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__}
     for form in a.forms.split(","):
         torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()  # per form (reset() keeps them)
         torch.manual_seed(0)
         with dev:
             model = OlmoeForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16)
@@ -103,7 +98,7 @@ def main() -> None:
             r[f"{name}_tok_s"] = round(timed(model, shapes, a.steps, dev))
         r["warmup_and_timing_s"] = round(time.perf_counter() - t0, 1)
         r["kernels_fixed"] = groups_of(model, fixed, dev)
-        r["dynamo"] = dynamo_counts()
+        r["dynamo"] = dynamo_counters()[0]  # what a run's manifest records
         if dev.type == "cuda":
             r["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
             torch.cuda.reset_peak_memory_stats()

@@ -16,9 +16,10 @@ def compile_kwargs(dynamic: Optional[bool]) -> dict[str, Any]:
     return {"dynamic": dynamic}
 
 
-def compile_blocks(model, dynamic: Optional[bool] = True, backend: str = "inductor") -> dict[str, Any]:
+def compile_blocks(model, dynamic: Optional[bool], backend: str = "inductor") -> dict[str, Any]:
     """Compile every decoder block in place, before sharding (fully_shard wraps the compiled block).
-    `backend`: the CPU tests use "eager" (dynamo's guards and recompiles, no code generation)."""
+    `dynamic`: trainer.compile_dynamic (its default lives in the config only). `backend`: the CPU
+    tests use "eager" (dynamo's guards and recompiles, no code generation)."""
     from align.parallel.fsdp import decoder_blocks
 
     blocks = decoder_blocks(model)
