@@ -563,6 +563,22 @@ class TrainerConfig:
         _require(self.loss_chunk_tokens >= 0, "trainer.loss_chunk_tokens", "must be >= 0", self.loss_chunk_tokens)
 
 
+# ------------------------------------------------------------------------------------- objective
+
+
+class ObjectiveKind(StrEnum):
+    sft = "sft"
+
+
+@dataclass
+class ObjectiveConfig:
+    """What the run optimises (the `objective` group); align/objectives/base.py is the seam."""
+
+    kind: ObjectiveKind = ObjectiveKind.sft
+    """sft: cross-entropy on the loss-masked tokens (chat: the assistant turns), averaged per loss
+    token over the accumulation window on all ranks."""
+
+
 # ----------------------------------------------------------------------------------------- probe
 
 
@@ -666,6 +682,7 @@ class TrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     allow_dirty: bool = False
     """Start even when the git tree has uncommitted changes (the manifest then says dirty)."""
     name: Optional[str] = None
@@ -693,6 +710,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "parallel": ParallelConfig,
     "logger": LoggerConfig,
     "trainer": TrainerConfig,
+    "objective": ObjectiveConfig,
     "probe": ProbeConfig,
 }
 

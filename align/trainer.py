@@ -30,11 +30,12 @@ from align.control.resume import check_resumable, find_resume_point, run_identit
 from align.control.signals import StopSignals
 from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, NonFiniteHalt
 from align.errors import ConfigError
-from align.loss import ChunkedCE, bypass_lm_head, ce_sum
+from align.loss import bypass_lm_head
 from align.models import build_model
 from align.models.build import token_id_tables
 from align.models.attention import sdpa_priority
 from align.models.runtime import ModelRuntime
+from align.objectives import Objective, build_objective
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
 from align.parallel.env import DistEnv, init_distributed
@@ -93,8 +94,8 @@ class Trainer:
     """What a checkpoint of this run records and a resume must match (align.control.resume)."""
     state: TrainState = field(default_factory=TrainState)
     stop: StopSignals = field(default_factory=StopSignals)
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ce_sum
-    """The loss of one micro-batch (summed over loss tokens); the probes wrap it to time it."""
+    objective: Optional[Objective] = None
+    """What the loop asks for what varies between methods (align/objectives/base.py); SFT by default."""
     runtime: ModelRuntime = field(default_factory=ModelRuntime)
     """Router losses/telemetry and the LoRA gate of the built model (align.models.runtime)."""
     t_start: float = 0.0
@@ -130,9 +131,9 @@ class Trainer:
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
         stepper = build_stepper(cfg.optimizer, optimizer, model, env.device)
+        objective = build_objective(cfg, model)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
-                "optimizer_step": stepper.info(),
-                "loss": loss_info(cfg.trainer.loss_chunk_tokens, model), "cuda_alloc_conf": alloc_conf}
+                "optimizer_step": stepper.info(), "loss": objective.describe()["loss"], "cuda_alloc_conf": alloc_conf}
 
         name = cfg.name or run_dir.name
         logger = build_logger(cfg.logger, env.is_main, wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {}))
@@ -141,7 +142,7 @@ class Trainer:
         history = History(run_dir / "history.jsonl") if env.is_main else None
         throughput = Throughput.build(model, env.device, measure=env.is_main)
         trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler, logger, history,
-                      throughput, identity, runtime=built.runtime, loss_fn=build_loss(cfg.trainer.loss_chunk_tokens, model))
+                      throughput, identity, runtime=built.runtime, objective=objective)
         if resume is not None:
             trainer.restore(resume)
         return trainer
@@ -155,7 +156,8 @@ class Trainer:
     def save_checkpoint(self, reason: str) -> Path:
         self.stepper.sync()  # the last step's parameters and moments may still be written on a side stream
         meta = {"reason": reason, "identity": self.identity, "state": self.state.to_dict(),
-                "scheduler": self.scheduler.state_dict(), "optimizer_impl": self.model_info["optimizer_impl"]}
+                "scheduler": self.scheduler.state_dict(), "optimizer_impl": self.model_info["optimizer_impl"],
+                "objective": self.objective.state_dict()}
         path = save_checkpoint(self.checkpoint_root, self.state.step, self.model, self.optimizer, self.env, meta,
                                {"stream": self.stream.state_dict()}, self.cfg.trainer.keep_last)
         log.info("checkpoint %s (%s)", path, reason)
@@ -166,6 +168,7 @@ class Trainer:
             remove_stale_tmp(self.checkpoint_root)
         meta, mine = load_checkpoint(path, self.model, self.optimizer, self.env)
         self.scheduler.load_state_dict(meta["scheduler"])
+        self.objective.load_state_dict(meta.get("objective", {}))
         self.state = TrainState.from_dict(meta["state"])
         self.stream.load_state_dict(mine["stream"], strict=not self.cfg.trainer.resume_despite_mismatch)
         self.model_info["resumed_from"] = {"path": str(path), "step": self.state.step}
@@ -209,30 +212,36 @@ class Trainer:
             export_model(self.model, self.tokenizer, self.run_dir / "export", self.env)
         return self.finish(EXIT_OK)
 
+    def forward(self, inputs: dict[str, Any], hidden_only: bool = False) -> torch.Tensor:
+        """The model's forward under the run's autocast: logits, or (`hidden_only`, for a chunked loss
+        that applies the head itself) the final hidden states."""
+        bypass = bypass_lm_head(self.model) if hidden_only else contextlib.nullcontext()
+        with self.autocast(), bypass:
+            return self.model(**inputs).logits
+
     def forward_backward(self, b: Batch, denom: float) -> torch.Tensor:
-        """One micro-batch: forward, loss / `denom`, backward. The probes time this.
-        Router losses (MoE, when weighted) weigh by the micro-batch's share of the window's loss tokens."""
+        """One micro-batch: the objective's forward and summed loss, / `denom`, backward. The probes
+        time this. Router losses (MoE, when weighted) weigh by the micro-batch's share of the window."""
         self.runtime.before_forward(b.padding_mask)
-        bypass = bypass_lm_head(self.model) if self.cfg.trainer.loss_chunk_tokens else contextlib.nullcontext()
         # The SDPA kernel choice spans backward too: activation checkpointing recomputes attention there.
         with self.sdpa_kernels():
-            with self.autocast(), bypass:  # chunked CE: the model returns hidden states, loss_fn applies the head
-                out = self.model(**b.model_inputs()).logits
-            loss = inject_nan(self.loss_fn(out, b.labels) / denom, self.env.rank, self.state.step + 1)  # test-only hook
-            (loss + self.runtime.aux_loss(scale=b.loss_tokens / denom)).backward()
+            loss = self.objective.micro_loss(self.forward, b) / denom
+            loss = inject_nan(loss, self.env.rank, self.state.step + 1)  # test-only hook
+            (loss + self.runtime.aux_loss(scale=self.objective.weight(b) / denom)).backward()
         return loss.detach()
 
     def train_step(self, batches: Iterator[Batch]) -> tuple[dict[str, Any], Verdict]:
         t0 = time.perf_counter()
         with record_function("align.data"):
-            window = [next(batches).to(self.env.device) for _ in range(self.cfg.trainer.grad_accum)]
-        # Every target token of the window weighs the same on every rank: divide by the GLOBAL count;
-        # grad_scale (the world size under FSDP) undoes FSDP2's mean of gradients over ranks.
-        loss_tokens = sum(b.loss_tokens for b in window)
+            window = self.objective.next_window(batches, self.cfg.trainer.grad_accum, self.env.device)
+        # Every loss unit of the window (a target token for SFT) weighs the same on every rank: divide
+        # by the GLOBAL count; grad_scale (the world size under FSDP) undoes FSDP2's mean over ranks.
+        units, loss_tokens = sum(self.objective.weight(b) for b in window), sum(b.loss_tokens for b in window)
         if self.env.distributed:  # one process: no device round trip (it would stall the GPU every step)
-            loss_tokens = int(self.env.all_reduce_sum(torch.tensor(loss_tokens, device=self.env.device)))
+            both = self.env.all_reduce_sum(torch.tensor([units, loss_tokens], device=self.env.device))
+            units, loss_tokens = (int(x) for x in both.tolist())
         grad_scale = self.model_info["parallel"]["grad_scale"]
-        denom = max(loss_tokens, 1) / grad_scale
+        denom = max(units, 1) / grad_scale
         loss_sum = torch.zeros((), device=self.env.device)
         with record_function("align.forward_backward"):
             for b in window:
@@ -293,6 +302,7 @@ class Trainer:
             **self.throughput.step(window, dt),
             **self.runtime.on_step(s.step),
             **self.stream.stats.step(window),
+            **self.objective.window_metrics(),
         }
 
     # ---------------------------------------------------------------------------------- endings
@@ -326,18 +336,6 @@ class Trainer:
 
 
 # ------------------------------------------------------------------------------------ build helpers
-
-
-def build_loss(chunk_tokens: int, model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    if not chunk_tokens:
-        return ce_sum
-    return ChunkedCE(model.get_output_embeddings(), chunk_tokens, getattr(model.config, "final_logit_softcapping", None))
-
-
-def loss_info(chunk_tokens: int, model: torch.nn.Module) -> dict[str, Any]:
-    return {"kind": "chunked_ce" if chunk_tokens else "ce", "chunk_tokens": chunk_tokens or None,
-            "vocab_size": model.get_output_embeddings().weight.shape[0],
-            "final_logit_softcapping": getattr(model.config, "final_logit_softcapping", None)}
 
 
 def apply_cuda_alloc_conf(conf: Optional[str]) -> Optional[str]:

@@ -3,7 +3,7 @@ trainer's own collate, and timers that wrap the trainer's own calls.
 
 A probe that re-implements the training step measures the probe (playbook 2), so nothing here runs a
 model, a loss or a collate of its own: `build_trainer` is `Trainer.build`, a timed pass is
-`Trainer.forward_backward`, a step is `Trainer.train_step`, and the loss timer wraps `Trainer.loss_fn`.
+`Trainer.forward_backward`, a step is `Trainer.train_step`, and the loss timer wraps the SFT objective's `loss_fn`.
 """
 
 from __future__ import annotations
@@ -97,14 +97,14 @@ class Instrument:
 
     def __enter__(self) -> "Instrument":
         t = self.trainer
-        self._fb, self._loss = t.forward_backward, t.loss_fn
+        self._fb, self._loss = t.forward_backward, t.objective.loss_fn
         t.forward_backward = self._wrap_fb(self._fb)
-        t.loss_fn = self._wrap_loss(self._loss)
+        t.objective.loss_fn = self._wrap_loss(self._loss)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         del self.trainer.forward_backward  # the instance attribute; the class method shows through again
-        self.trainer.loss_fn = self._loss
+        self.trainer.objective.loss_fn = self._loss
 
     def _wrap_fb(self, fn: Callable) -> Callable:
         def timed(b: Batch, denom: int) -> torch.Tensor:

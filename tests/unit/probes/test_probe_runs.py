@@ -43,7 +43,7 @@ def test_probe_leaves_the_trainer_uninstrumented(compose, tmp_path):
 
     cfg = to_typed(compose(["probe=scaling", *SMALL], config_name="probe"))
     trainer = build_trainer(cfg, tmp_path)
-    loss_fn, fb = trainer.loss_fn, trainer.forward_backward
+    loss_fn, fb = trainer.objective.loss_fn, trainer.forward_backward
     batch = fixed_width_batch(trainer.data, 2, 24, trainer.tokenizer.pad_token_id)
     assert batch.input_ids.shape == (2, 24) and batch.attention_mask is None  # no padding, no mask
     with Instrument(trainer) as inst:
@@ -51,7 +51,7 @@ def test_probe_leaves_the_trainer_uninstrumented(compose, tmp_path):
         got = inst.take()
     assert got["segments"] == [[(2, 24)]] and len(got["fwd_bwd_s"]) == 1 and len(got["ce_forward_s"]) == 1
     assert got["ce_forward_s"][0] < got["fwd_bwd_s"][0]
-    assert trainer.loss_fn is loss_fn and trainer.forward_backward == fb and "forward_backward" not in vars(trainer)
+    assert trainer.objective.loss_fn is loss_fn and trainer.forward_backward == fb and "forward_backward" not in vars(trainer)
     trainer.history.close()
 
 

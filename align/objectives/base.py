@@ -1,0 +1,62 @@
+"""The objective seam: what varies between post-training methods, asked for by the loop in
+align/trainer.py, which stays the same for all of them.
+
+An objective decides
+- how records become micro-batches (`build_data`) and how the next accumulation window is drawn
+  (`next_window`: SFT and DPO read the stream; GRPO generates a rollout and replays it for several
+  optimizer steps);
+- the forward and loss of one micro-batch (`micro_loss`, a SUM over the micro-batch's loss units)
+  and the unit the window normalises by (`weight`: loss tokens for SFT, pairs for DPO), so a window
+  cut into micro-batches any way weighs every unit the same;
+- the metrics it adds to a step's row (`window_metrics`);
+- the extra state a checkpoint must hold (`state_dict` / `load_state_dict`: a reference-cache
+  position, a rollout buffer and its RNG);
+- what the manifest records about it (`describe`) and the check it runs before the first update
+  (`gate`, e.g. DPO's "the policy equals its reference at step 0").
+
+The loop owns everything else: devices, autocast and the SDPA kernel choice (`Forward`), the
+backward, router losses, clipping, the optimizer boundary, logging, checkpoints and stops.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from align.data.collate import Batch
+
+Forward = Callable[..., torch.Tensor]
+"""`forward(inputs, hidden_only=False) -> logits` (or final hidden states when `hidden_only`): the
+trainer's model forward under its autocast; `hidden_only` bypasses the LM head for a chunked loss."""
+
+
+class Objective(Protocol):
+    name: str
+
+    def next_window(self, batches: Iterator["Batch"], n: int, device: torch.device) -> list["Batch"]:
+        """The micro-batches of the next optimizer step, on `device`."""
+        ...
+
+    def weight(self, batch: "Batch") -> int:
+        """The number of loss units in `batch`; the window's loss is divided by their global sum."""
+        ...
+
+    def micro_loss(self, forward: Forward, batch: "Batch") -> torch.Tensor:
+        """The summed loss of one micro-batch (a scalar with grad); the trainer divides and backwards."""
+        ...
+
+    def window_metrics(self) -> dict[str, Any]:
+        """Metrics of the window just closed (objective-specific); the accumulator is reset."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest records about the objective (every key present, null with a reason)."""
+        ...
