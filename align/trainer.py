@@ -17,9 +17,8 @@ from torch.profiler import record_function
 
 from align.config import ParallelKind, Precision, TrainConfig
 from align.data.collate import Batch
-from align.data.cache import load_dataset
 from align.data.encode import EncodedDataset
-from align.data.loader import BatchStream, build_stream
+from align.data.loader import BatchStream
 from align.data.tokenizer import load_tokenizer
 from align.control.boundary import Verdict, agree
 from align.control.checkpoint import load_checkpoint, read_meta, remove_stale_tmp, save_checkpoint
@@ -113,8 +112,8 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=False)
 
         tokenizer = load_tokenizer(cfg.model)
-        data = load_dataset(cfg.data, cfg.model, tokenizer)
-        stream = build_stream(cfg, data, tokenizer.pad_token_id, env.rank, env.world, pin_memory=env.device.type == "cuda")
+        objective = build_objective(cfg)
+        data, stream = objective.build_data(cfg, tokenizer, env)
 
         on_device = cfg.model.init_on_device and env.device.type == "cuda" and cfg.parallel.kind != ParallelKind.ep
         built = build_model(cfg.model, cfg.attention, tokenizer, env.device, init_on_device=on_device)
@@ -131,7 +130,7 @@ class Trainer:
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
         stepper = build_stepper(cfg.optimizer, optimizer, model, env.device)
-        objective = build_objective(cfg, model)
+        objective.bind(model)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
                 "optimizer_step": stepper.info(), "loss": objective.describe()["loss"], "cuda_alloc_conf": alloc_conf}
 

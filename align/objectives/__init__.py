@@ -8,18 +8,16 @@ from typing import TYPE_CHECKING
 from align.objectives.base import Objective
 
 if TYPE_CHECKING:
-    import torch
-
     from align.config import TrainConfig
 
 
-def build_objective(cfg: "TrainConfig", model: "torch.nn.Module") -> Objective:
-    """The objective the config names, bound to the (parallelized) model it trains."""
+def build_objective(cfg: "TrainConfig") -> Objective:
+    """The objective the config names; `bind(model)` attaches it to the model once parallelized."""
     from align.config import ObjectiveKind
     from align.objectives.sft import SFT
 
-    builders = {ObjectiveKind.sft: lambda: SFT(model, cfg.trainer.loss_chunk_tokens)}
-    return builders[cfg.objective.kind]()
+    builders = {ObjectiveKind.sft: SFT}
+    return builders[cfg.objective.kind](cfg)
 
 
 __all__ = ["Objective", "build_objective"]

@@ -2,7 +2,7 @@
 align/trainer.py, which stays the same for all of them.
 
 An objective decides
-- how records become micro-batches (`build_data`) and how the next accumulation window is drawn
+- how records become micro-batches (`build_data`), what it needs of the built model (`bind`), and how the next accumulation window is drawn
   (`next_window`: SFT and DPO read the stream; GRPO generates a rollout and replays it for several
   optimizer steps);
 - the forward and loss of one micro-batch (`micro_loss`, a SUM over the micro-batch's loss units)
@@ -25,7 +25,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 import torch
 
 if TYPE_CHECKING:
+    from align.config import TrainConfig
     from align.data.collate import Batch
+    from align.data.loader import BatchStream
+    from align.parallel.env import DistEnv
 
 Forward = Callable[..., torch.Tensor]
 """`forward(inputs, hidden_only=False) -> logits` (or final hidden states when `hidden_only`): the
@@ -34,6 +37,14 @@ trainer's model forward under its autocast; `hidden_only` bypasses the LM head f
 
 class Objective(Protocol):
     name: str
+
+    def build_data(self, cfg: "TrainConfig", tokenizer: Any, env: "DistEnv") -> tuple[Any, "BatchStream"]:
+        """The encoded records and the resumable micro-batch stream over them (this rank's share)."""
+        ...
+
+    def bind(self, model: torch.nn.Module) -> None:
+        """Attach to the model once built and parallelized (its head, a reference, an engine)."""
+        ...
 
     def next_window(self, batches: Iterator["Batch"], n: int, device: torch.device) -> list["Batch"]:
         """The micro-batches of the next optimizer step, on `device`."""

@@ -8,23 +8,35 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from align.config import TrainConfig
+from align.data.cache import load_dataset
 from align.data.collate import Batch
+from align.data.encode import EncodedDataset
+from align.data.loader import BatchStream, build_stream
 from align.loss import ChunkedCE, ce_sum
+from align.parallel.env import DistEnv
 
 
 class SFT:
     name = "sft"
 
-    def __init__(self, model: torch.nn.Module, chunk_tokens: int) -> None:
-        self.chunk_tokens = chunk_tokens
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.chunk_tokens = cfg.trainer.loss_chunk_tokens
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ce_sum
         """The loss of one micro-batch from the forward's output; the probes wrap it to time it."""
-        if chunk_tokens:
-            head = model.get_output_embeddings()
-            self.loss_fn = ChunkedCE(head, chunk_tokens, getattr(model.config, "final_logit_softcapping", None))
-        self._info = {"kind": "chunked_ce" if chunk_tokens else "ce", "chunk_tokens": chunk_tokens or None,
-                      "vocab_size": model.get_output_embeddings().weight.shape[0],
-                      "final_logit_softcapping": getattr(model.config, "final_logit_softcapping", None)}
+        self._info: dict[str, Any] = {}
+
+    def build_data(self, cfg: TrainConfig, tokenizer: Any, env: DistEnv) -> tuple[EncodedDataset, BatchStream]:
+        data = load_dataset(cfg.data, cfg.model, tokenizer)
+        pin = env.device.type == "cuda"
+        return data, build_stream(cfg, data, tokenizer.pad_token_id, env.rank, env.world, pin_memory=pin)
+
+    def bind(self, model: torch.nn.Module) -> None:
+        head, softcap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
+        if self.chunk_tokens:
+            self.loss_fn = ChunkedCE(head, self.chunk_tokens, softcap)
+        self._info = {"kind": "chunked_ce" if self.chunk_tokens else "ce", "chunk_tokens": self.chunk_tokens or None,
+                      "vocab_size": head.weight.shape[0], "final_logit_softcapping": softcap}
 
     def next_window(self, batches: Iterator[Batch], n: int, device: torch.device) -> list[Batch]:
         return [next(batches).to(device) for _ in range(n)]
