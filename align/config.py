@@ -12,7 +12,8 @@ Values are checked here; kwargs NAMES are checked against the installed librarie
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Optional
 
@@ -568,15 +569,76 @@ class TrainerConfig:
 
 class ObjectiveKind(StrEnum):
     sft = "sft"
+    dpo = "dpo"
+
+
+class ReferenceKind(StrEnum):
+    auto = "auto"
+    model = "model"
+    adapters_off = "adapters_off"
+    precomputed = "precomputed"
+    none = "none"
+
+
+class ReferenceDtype(StrEnum):
+    same = "same"
+    bf16 = "bf16"
+    fp32 = "fp32"
 
 
 @dataclass
 class ObjectiveConfig:
-    """What the run optimises (the `objective` group); align/objectives/base.py is the seam."""
+    """What the run optimises (the `objective` group); align/objectives/base.py is the seam. Keys
+    after `kind` belong to dpo (align/objectives/dpo.py); under sft they must stay at their defaults."""
 
     kind: ObjectiveKind = ObjectiveKind.sft
     """sft: cross-entropy on the loss-masked tokens (chat: the assistant turns), averaged per loss
-    token over the accumulation window on all ranks."""
+    token over the accumulation window on all ranks. dpo: a preference loss on pairs (`loss`)."""
+    loss: str = "sigmoid"
+    """dpo: sigmoid (DPO), ipo, hinge, robust, conservative (label-smoothed sigmoid), simpo and orpo
+    (both reference-free); definitions in align/objectives/preference_losses.py."""
+    beta: float = 0.1
+    """dpo: the loss's beta (for orpo, the weight of the odds-ratio term: the paper's lambda)."""
+    label_smoothing: float = 0.0
+    """dpo, robust and conservative only: the assumed label-flip rate, in [0, 0.5)."""
+    simpo_gamma: float = 0.0
+    """dpo, simpo only: the target reward margin."""
+    reference: ReferenceKind = ReferenceKind.auto
+    """dpo: what the loss is measured against. model: a frozen copy of the starting policy;
+    adapters_off: the LoRA base (adapters disabled, no copy); precomputed: the starting policy's
+    log-probs computed once and cached on their meaning; none: reference-free losses. auto:
+    none for simpo/orpo, adapters_off with LoRA, else model."""
+    reference_dtype: ReferenceDtype = ReferenceDtype.same
+    """dpo, reference=model: the frozen copy's parameter dtype (bf16 halves its memory)."""
+    gate_tolerance: Optional[float] = None
+    """dpo: the step-0 gate's bound on |batched - alone| summed log-prob per target token (nats);
+    null: 1e-4 in fp32, 5e-2 under bf16 autocast (docs/objectives.md)."""
+
+    def __post_init__(self) -> None:
+        from align.objectives.preference_spec import check_hyperparameters, needs_reference
+
+        if self.kind == ObjectiveKind.sft:
+            for f in fields(self):
+                if f.name != "kind" and getattr(self, f.name) != f.default:
+                    _require(False, f"objective.{f.name}", "is read by objective=dpo only; objective=sft ignores it",
+                             getattr(self, f.name))
+            return
+        try:
+            check_hyperparameters(self.loss, beta=self.beta, label_smoothing=self.label_smoothing,
+                                  simpo_gamma=self.simpo_gamma)
+        except ValueError as e:
+            key, _, msg = str(e).partition(": ")
+            raise ConfigError(f"objective.{key}" if key != "loss" else "objective.loss", msg) from None
+        free = not needs_reference(self.loss)
+        if free:
+            _require(self.reference in (ReferenceKind.auto, ReferenceKind.none), "objective.reference",
+                     f"loss={self.loss} is reference-free: use auto or none", self.reference.value)
+        else:
+            _require(self.reference != ReferenceKind.none, "objective.reference",
+                     f"loss={self.loss} needs a reference: auto, model, adapters_off or precomputed", "none")
+        if self.gate_tolerance is not None:
+            _require(math.isfinite(self.gate_tolerance) and self.gate_tolerance > 0, "objective.gate_tolerance",
+                     "must be a finite number > 0", self.gate_tolerance)
 
 
 # ----------------------------------------------------------------------------------------- probe

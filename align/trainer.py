@@ -121,18 +121,20 @@ class Trainer:
         resume = find_resume_point(cfg, run_dir)
         if resume is not None:  # refuse a checkpoint of another run before any sharding or loading
             check_resumable(resume, read_meta(resume), identity, cfg.trainer.resume_despite_mismatch)
+        extra = objective.prepare(built.model)  # e.g. a frozen reference: placed and sharded like the policy
         model = built.model.to(env.device)
         check_token_ids(data, model)
         compiled = compile_blocks(model, cfg.trainer.compile_dynamic) if cfg.trainer.compile else None
         parallel = parallelize(model, cfg.parallel, env)
+        for module in extra:
+            parallelize(module.to(env.device), cfg.parallel, env)
         model.train()
 
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
         stepper = build_stepper(cfg.optimizer, optimizer, model, env.device)
-        objective.bind(model)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
-                "optimizer_step": stepper.info(), "loss": objective.describe()["loss"], "cuda_alloc_conf": alloc_conf}
+                "optimizer_step": stepper.info(), "cuda_alloc_conf": alloc_conf}
 
         name = cfg.name or run_dir.name
         logger = build_logger(cfg.logger, env.is_main, wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {}))
@@ -142,6 +144,8 @@ class Trainer:
         throughput = Throughput.build(model, env.device, measure=env.is_main)
         trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler, logger, history,
                       throughput, identity, runtime=built.runtime, objective=objective)
+        objective.bind(model, trainer.forward, resuming=resume is not None)
+        info["loss"] = objective.describe()["loss"]
         if resume is not None:
             trainer.restore(resume)
         return trainer
@@ -211,12 +215,14 @@ class Trainer:
             export_model(self.model, self.tokenizer, self.run_dir / "export", self.env)
         return self.finish(EXIT_OK)
 
-    def forward(self, inputs: dict[str, Any], hidden_only: bool = False) -> torch.Tensor:
-        """The model's forward under the run's autocast: logits, or (`hidden_only`, for a chunked loss
-        that applies the head itself) the final hidden states."""
-        bypass = bypass_lm_head(self.model) if hidden_only else contextlib.nullcontext()
+    def forward(self, inputs: dict[str, Any], hidden_only: bool = False,
+                module: Optional[torch.nn.Module] = None) -> torch.Tensor:
+        """The forward of the policy (or `module`, e.g. a frozen reference) under the run's autocast:
+        logits, or (`hidden_only`, for a chunked loss that applies the head itself) the final hidden states."""
+        module = self.model if module is None else module
+        bypass = bypass_lm_head(module) if hidden_only else contextlib.nullcontext()
         with self.autocast(), bypass:
-            return self.model(**inputs).logits
+            return module(**inputs).logits
 
     def forward_backward(self, b: Batch, denom: float) -> torch.Tensor:
         """One micro-batch: the objective's forward and summed loss, / `denom`, backward. The probes

@@ -20,18 +20,18 @@ backward, router losses, clipping, the optimizer boundary, logging, checkpoints 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
 if TYPE_CHECKING:
+    import torch
+
     from align.config import TrainConfig
     from align.data.collate import Batch
     from align.data.loader import BatchStream
     from align.parallel.env import DistEnv
 
-Forward = Callable[..., torch.Tensor]
-"""`forward(inputs, hidden_only=False) -> logits` (or final hidden states when `hidden_only`): the
+Forward = Callable[..., "torch.Tensor"]
+"""`forward(inputs, hidden_only=False, module=None) -> logits` of the policy (or `module`) (or final hidden states when `hidden_only`): the
 trainer's model forward under its autocast; `hidden_only` bypasses the LM head for a chunked loss."""
 
 
@@ -42,11 +42,17 @@ class Objective(Protocol):
         """The encoded records and the resumable micro-batch stream over them (this rank's share)."""
         ...
 
-    def bind(self, model: torch.nn.Module) -> None:
-        """Attach to the model once built and parallelized (its head, a reference, an engine)."""
+    def prepare(self, model: "torch.nn.Module") -> list["torch.nn.Module"]:
+        """Before placement, on the unsharded starting model: extra modules (a frozen reference) that
+        the trainer places and shards like the policy, and identities read from the starting weights."""
         ...
 
-    def next_window(self, batches: Iterator["Batch"], n: int, device: torch.device) -> list["Batch"]:
+    def bind(self, model: "torch.nn.Module", forward: Forward, resuming: bool = False) -> None:
+        """Attach to the model once placed and parallelized (its head, a reference, an engine);
+        `resuming`: a checkpoint will be restored next (the starting policy is not the model's)."""
+        ...
+
+    def next_window(self, batches: Iterator["Batch"], n: int, device: "torch.device") -> list["Batch"]:
         """The micro-batches of the next optimizer step, on `device`."""
         ...
 
@@ -54,7 +60,7 @@ class Objective(Protocol):
         """The number of loss units in `batch`; the window's loss is divided by their global sum."""
         ...
 
-    def micro_loss(self, forward: Forward, batch: "Batch") -> torch.Tensor:
+    def micro_loss(self, forward: Forward, batch: "Batch") -> "torch.Tensor":
         """The summed loss of one micro-batch (a scalar with grad); the trainer divides and backwards."""
         ...
 
@@ -66,6 +72,11 @@ class Objective(Protocol):
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+    def gate(self, batch: "Batch") -> Optional[dict[str, Any]]:
+        """The check before the first update on this rank's first micro-batch (None: none applies);
+        raises an AlignError when it fails."""
         ...
 
     def describe(self) -> dict[str, Any]:

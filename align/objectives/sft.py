@@ -4,7 +4,7 @@ the same sum: all logits at once, or the head and CE in chunks)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -31,7 +31,10 @@ class SFT:
         pin = env.device.type == "cuda"
         return data, build_stream(cfg, data, tokenizer.pad_token_id, env.rank, env.world, pin_memory=pin)
 
-    def bind(self, model: torch.nn.Module) -> None:
+    def prepare(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        return []
+
+    def bind(self, model: torch.nn.Module, forward: Callable[..., torch.Tensor], resuming: bool = False) -> None:
         head, softcap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
         if self.chunk_tokens:
             self.loss_fn = ChunkedCE(head, self.chunk_tokens, softcap)
@@ -56,6 +59,9 @@ class SFT:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+    def gate(self, batch: Batch) -> Optional[dict[str, Any]]:
+        return None  # SFT's batches are checked by the mask gate; it has no reference to compare
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.name, "loss": dict(self._info)}

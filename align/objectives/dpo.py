@@ -1,0 +1,269 @@
+"""Direct preference optimisation and its family (`objective=dpo`, `objective.loss=...`).
+
+A micro-batch holds whole pairs (align/data/preference.py): sequence 2p is pair p's prompt+chosen,
+2p+1 its prompt+rejected, and `seq_ids` names the sequence of every target position, packed or
+padded. One forward gives every sequence's summed log-prob (align/objectives/logps.py); the
+reference's come from the strategy `objective.reference` resolved to (align/objectives/reference.py);
+the per-pair losses (align/objectives/preference_losses.py) are summed, and the loop divides by the
+window's global pair count.
+
+The step-0 gate (`gate`), before any update, on the first micro-batch this rank trains on:
+- batching: every pair's batched log-probs equal those of its two sequences forwarded ALONE, from
+  the encoded records, by an independent path. A mis-paired batch, a misaligned mask or packed
+  sequences attending to each other breaks it;
+- reference: the policy equals its reference, so the log-ratio is 0 on every pair. A wrong reference
+  (other weights, adapters left on, a stale cache) breaks it. Reference-free losses have none: the
+  manifest says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from align.config import ObjectiveConfig, ReferenceDtype, ReferenceKind, TrainConfig
+from align.data.collate import Batch
+from align.errors import AlignError, ConfigError
+from align.objectives.logps import sequence_sums, sequence_token_counts, token_logps
+from align.objectives.preference_losses import PairLogps, preference_loss
+from align.objectives.preference_spec import PreferenceLoss, needs_reference
+from align.objectives.reference import (AdaptersOff, FrozenCopy, Precomputed, cache_key, is_adapter, load_table,
+                                        save_table, weights_sha256)
+from align.parallel.env import DistEnv
+
+log = logging.getLogger("align")
+
+_DTYPES = {ReferenceDtype.bf16: torch.bfloat16, ReferenceDtype.fp32: torch.float32}
+
+
+class GateError(AlignError):
+    """The step-0 gate failed: the run would train against a wrong reference or wrong pairs."""
+
+    exit_code = 2
+
+
+def resolve_reference(cfg: TrainConfig) -> Optional[ReferenceKind]:
+    o = cfg.objective
+    if not needs_reference(o.loss):
+        return None
+    if o.reference != ReferenceKind.auto:
+        if o.reference == ReferenceKind.adapters_off and not cfg.model.lora.enabled:
+            raise ConfigError("objective.reference", "adapters_off needs model.lora.enabled=true", "adapters_off")
+        return o.reference
+    return ReferenceKind.adapters_off if cfg.model.lora.enabled else ReferenceKind.model
+
+
+class DPO:
+    name = "dpo"
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg: ObjectiveConfig = cfg.objective
+        self.train_cfg = cfg
+        self.loss = PreferenceLoss(cfg.objective.loss)
+        self.reference_kind = resolve_reference(cfg)
+        self.chunk = cfg.trainer.loss_chunk_tokens
+        self.env: Optional[DistEnv] = None
+        self.reference: Any = None
+        self.reference_sha256: Optional[str] = None
+        self.resumed_at = False
+        self.softcap: Optional[float] = None
+        self.gate_report: Optional[dict[str, Any]] = None
+        self._sums: dict[str, torch.Tensor] = {}
+        self._pairs = 0
+
+    # ----------------------------------------------------------------------------- building
+
+    def build_data(self, cfg: TrainConfig, tokenizer: Any, env: DistEnv):
+        from align.data.preference import build_pair_stream, load_pairs
+
+        self.env = env
+        self.pairs = load_pairs(cfg, tokenizer)
+        stream = build_pair_stream(cfg, self.pairs, tokenizer.pad_token_id, env.rank, env.world,
+                                   pin_memory=env.device.type == "cuda")
+        return self.pairs.dataset, stream
+
+    def prepare(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """Before placement: the reference's identity from the unsharded starting weights, and for
+        reference=model the frozen copy, which the trainer places and shards like the policy."""
+        if self.reference_kind is None:
+            return []
+        base_only = self.reference_kind == ReferenceKind.adapters_off
+        self.reference_sha256 = weights_sha256(model, skip=is_adapter if base_only else (lambda n: False))
+        if self.reference_kind != ReferenceKind.model:
+            return []
+        ref = copy.deepcopy(model)
+        if self.cfg.reference_dtype in _DTYPES:
+            ref.to(_DTYPES[self.cfg.reference_dtype])
+        self.reference = FrozenCopy(ref)
+        return [ref]
+
+    def bind(self, model: torch.nn.Module, forward: Callable[..., torch.Tensor], resuming: bool = False) -> None:
+        self.model, self.forward = model, forward
+        self.resumed_at = resuming
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        if self.reference_kind == ReferenceKind.adapters_off:
+            self.reference = AdaptersOff(model)
+        elif self.reference_kind == ReferenceKind.precomputed:
+            self.reference = self._precomputed()
+
+    # -------------------------------------------------------------------------------- loss
+
+    def sequence_logps(self, forward: Callable, batch: Batch, module: Optional[torch.nn.Module] = None) -> torch.Tensor:
+        """Summed log-prob of every sequence of `batch` ([2 * pairs], fp32) under `module` (the policy)."""
+        hidden_only = bool(self.chunk)
+        out = forward(batch.model_inputs(), hidden_only=hidden_only, module=module)
+        head = (module or self.model).get_output_embeddings() if hidden_only else None
+        values, keep = token_logps(out, batch.labels, head, self.chunk, self.softcap)
+        return sequence_sums(values, keep, batch.seq_ids, 2 * batch.pairs)
+
+    def reference_logps(self, forward: Callable, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
+        if self.reference is None:
+            return None, None
+        if isinstance(self.reference, Precomputed):
+            return self.reference.pair_logps(batch.pair_ids)
+        seq = self.reference.sequence_logps(forward, self.sequence_logps, batch)
+        return seq[batch.chosen_seq], seq[batch.rejected_seq]
+
+    def pair_logps(self, forward: Callable, batch: Batch) -> PairLogps:
+        seq = self.sequence_logps(forward, batch)
+        counts = sequence_token_counts(batch.seq_ids, 2 * batch.pairs)
+        rc, rr = self.reference_logps(forward, batch)
+        pc, pr = seq[batch.chosen_seq], seq[batch.rejected_seq]
+        nc, nr = counts[batch.chosen_seq], counts[batch.rejected_seq]
+        orpo = self.loss == PreferenceLoss.orpo
+        return PairLogps(policy_chosen=pc, policy_rejected=pr, chosen_tokens=nc, rejected_tokens=nr,
+                         reference_chosen=rc, reference_rejected=rr,
+                         chosen_nll=-pc if orpo else None, chosen_nll_tokens=nc if orpo else None)
+
+    def next_window(self, batches: Iterator[Batch], n: int, device: torch.device) -> list[Batch]:
+        return [next(batches).to(device) for _ in range(n)]
+
+    def weight(self, batch: Batch) -> int:
+        return batch.pairs
+
+    def micro_loss(self, forward: Callable[..., torch.Tensor], batch: Batch) -> torch.Tensor:
+        out = preference_loss(self.loss, self.pair_logps(forward, batch), beta=self.cfg.beta,
+                              label_smoothing=self.cfg.label_smoothing, simpo_gamma=self.cfg.simpo_gamma)
+        truncated = batch.truncated.to(out.losses.device)
+        for k, v in out.metric_sums(truncated).items():
+            if k != "loss":  # the loop logs the loss itself
+                self._sums[k] = self._sums.get(k, 0) + v
+        self._pairs += batch.pairs
+        return out.losses.sum()
+
+    def window_metrics(self) -> dict[str, Any]:
+        if not self._sums:
+            return {}
+        names = sorted(self._sums)
+        device = self._sums[names[0]].device
+        vec = torch.stack([torch.as_tensor(self._sums[k], device=device, dtype=torch.float32) for k in names]
+                          + [torch.tensor(float(self._pairs), device=device)])
+        if self.env is not None and self.env.distributed:
+            self.env.all_reduce_sum(vec)
+        values = vec.tolist()
+        pairs = max(values[-1], 1.0)
+        self._sums, self._pairs = {}, 0
+        return {"pairs": int(values[-1]), **{k: v / pairs for k, v in zip(names, values[:-1])}}
+
+    # ------------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        ref = self.reference
+        return {"reference": None if self.reference_kind is None else self.reference_kind.value,
+                "reference_sha256": self.reference_sha256,
+                "reference_cache_key": ref.key if isinstance(ref, Precomputed) else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resume must train against the reference the run started with."""
+        mine = self.state_dict()
+        for k in ("reference", "reference_sha256", "reference_cache_key"):
+            if state.get(k) != mine[k]:
+                raise ConfigError(f"objective.{k}", f"the checkpoint was trained against {state.get(k)!r}, "
+                                  f"this run resolves {mine[k]!r}: resume with the run's own reference", mine[k])
+
+    # --------------------------------------------------------------------------- precomputed
+
+    def _precomputed(self) -> Precomputed:
+        from align.data.preference import pair_batches
+
+        parts = {"reference_sha256": self.reference_sha256, "encode_cache_key": self.pairs.meta.get("encode_cache_key"),
+                 "chat_template_sha256": self.pairs.meta.get("chat_template_sha256"),
+                 "pairing": self.pairs.meta.get("pairing_version"), "pairs": len(self.pairs),
+                 "precision": str(self._autocast_dtype()), "chunk": bool(self.chunk),
+                 "logps": "sum over completion target tokens, fp32 accumulation"}
+        key = cache_key(parts)
+        path = self._cache_root() / f"{key}.npy"
+        table = load_table(path, len(self.pairs))
+        hit = table is not None
+        if table is None:
+            if self.resumed_at:
+                raise ConfigError("objective.reference", f"precomputed reference {key} is missing and the policy has "
+                                  "trained since: it cannot be recomputed from this run", "precomputed")
+            table = self._compute_table(pair_batches(self.pairs, self.train_cfg))
+            if self.env is None or self.env.is_main:
+                save_table(path, table)
+        log.info("reference: precomputed %s (%s)", key, "cache hit" if hit else "computed")
+        return Precomputed(table.to(self._device()), key, hit, path)
+
+    def _compute_table(self, batches: Iterator[Batch]) -> torch.Tensor:
+        """Every pair's (chosen, rejected) summed log-probs under the starting policy; every rank
+        forwards the same batches in the same order (a sharded forward is collective)."""
+        table = torch.zeros(len(self.pairs), 2, dtype=torch.float32)
+        was = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            for b in batches:
+                b = b.to(self._device())
+                seq = self.sequence_logps(self.forward, b).cpu()
+                ids = b.pair_ids.cpu()
+                table[ids, 0], table[ids, 1] = seq[b.chosen_seq.cpu()], seq[b.rejected_seq.cpu()]
+        self.model.train(was)
+        return table
+
+    def _cache_root(self):
+        from align.data.cache import cache_root
+
+        return cache_root() / "reference"
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _autocast_dtype(self) -> Optional[torch.dtype]:
+        return torch.get_autocast_dtype(self._device().type) if self._device().type == "cuda" else None
+
+    # ---------------------------------------------------------------------------------- gate
+
+    def gate(self, batch: Batch) -> dict[str, Any]:
+        """Run the step-0 checks on `batch` (this rank's first micro-batch) and return the report;
+        raises GateError when one fails. Skipped on a resume (the policy has moved on)."""
+        from align.objectives.gate import run_gate
+
+        if self.resumed_at:
+            self.gate_report = {"ran": False, "why": "resumed: the policy has trained since step 0"}
+            return self.gate_report
+        self.gate_report = run_gate(self, batch)
+        return self.gate_report
+
+    def describe(self) -> dict[str, Any]:
+        ref = self.reference
+        free_why = f"loss={self.loss.value} is reference-free"
+        return {
+            "kind": self.name, "loss": self.loss.value, "beta": self.cfg.beta,
+            "label_smoothing": self.cfg.label_smoothing, "simpo_gamma": self.cfg.simpo_gamma,
+            "logps": {"chunk_tokens": self.chunk or None, "final_logit_softcapping": self.softcap},
+            "reference": {
+                "requested": self.cfg.reference.value,
+                "resolved": None if self.reference_kind is None else self.reference_kind.value,
+                "why_null": free_why if self.reference_kind is None else None,
+                "weights_sha256": self.reference_sha256,
+                "dtype": self.cfg.reference_dtype.value if self.reference_kind == ReferenceKind.model else None,
+                "cache_key": ref.key if isinstance(ref, Precomputed) else None,
+                "cache_hit": ref.hit if isinstance(ref, Precomputed) else None,
+                "cache_path": str(ref.path) if isinstance(ref, Precomputed) else None,
+            },
+            "data": {"pairs": len(self.pairs), **dict(self.pairs.meta.get("pair_stats", {}))},
+            "gate": self.gate_report,
+        }

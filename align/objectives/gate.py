@@ -1,0 +1,88 @@
+"""The preference objective's step-0 gate (align/objectives/dpo.py describes what it proves).
+
+The "alone" path is deliberately independent of collation: it reads a sequence's tokens and loss
+mask from the encoded records, forwards that one sequence with no mask and no position ids, and sums
+log p(token[t+1] | tokens[:t+1]) over the targets. Batched and alone agree to float noise only when
+the batch put every pair's sides, masks and positions where `seq_ids`, `chosen_seq` and
+`rejected_seq` say; the tolerance is per target token, so a long sequence is not held to a tighter
+bound than a short one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from align.data.collate import Batch
+
+FP32_TOLERANCE = 1e-4
+BF16_TOLERANCE = 5e-2
+
+
+def _alone_logps(forward: Any, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    logits = forward({"input_ids": tokens[None], "use_cache": False}).float()[0]
+    logp = torch.log_softmax(logits[:-1], dim=-1).gather(1, tokens[1:, None])[:, 0]
+    return (logp * mask[1:].to(logp.dtype)).sum()
+
+
+def _max_count(env: Any, n: int, device: torch.device) -> int:
+    t = torch.tensor([n], device=device)
+    if env is not None and env.distributed:
+        import torch.distributed as dist
+
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def alone_sequence_logps(obj: Any, pair_ids: list[int]) -> torch.Tensor:
+    """[2 * len(pair_ids)] summed log-probs of each pair's chosen and rejected sequence, one forward
+    each; every rank runs as many forwards (a sharded forward is collective), repeating its first."""
+    data, device = obj.pairs.dataset, obj._device()
+    seqs = [2 * p + side for p in pair_ids for side in (0, 1)]
+    n = _max_count(obj.env, len(seqs), device)
+    out = []
+    for i in range(n):
+        tokens, mask = data.row(seqs[min(i, len(seqs) - 1)])
+        lp = _alone_logps(obj.forward, torch.as_tensor(tokens, dtype=torch.long, device=device),
+                          torch.as_tensor(mask, device=device))
+        if i < len(seqs):
+            out.append(lp)
+    return torch.stack(out)
+
+
+def run_gate(obj: Any, batch: Batch) -> dict[str, Any]:
+    from align.objectives.dpo import GateError
+
+    model = obj.model
+    was = model.training
+    model.eval()  # dropout (LoRA's included) would make two forwards of the same tokens differ
+    try:
+        with torch.no_grad():
+            seq = obj.sequence_logps(obj.forward, batch).float()
+            counts = torch.bincount(batch.seq_ids[batch.seq_ids >= 0].reshape(-1), minlength=seq.numel()).clamp(min=1)
+            alone = alone_sequence_logps(obj, batch.pair_ids.tolist()).float()
+            rc, rr = obj.reference_logps(obj.forward, batch)
+    finally:
+        model.train(was)
+    tol = obj.cfg.gate_tolerance or (BF16_TOLERANCE if obj._autocast_dtype() == torch.bfloat16 else FP32_TOLERANCE)
+    order = torch.stack([batch.chosen_seq, batch.rejected_seq], 1).reshape(-1)
+    batched = seq[order]
+    per_token = ((batched - alone).abs() / counts[order]).max().item()
+    report: dict[str, Any] = {"ran": True, "pairs": int(batch.pairs), "tolerance_per_token": tol,
+                              "batching_max_abs_per_token": per_token, "batching_ok": per_token <= tol}
+    if rc is None:
+        report.update(reference_max_abs_per_token=None, reference_ok=None,
+                      reference_why_null=f"loss={obj.loss.value} is reference-free: no log-ratio to check")
+    else:
+        ref = torch.stack([rc, rr], 1).reshape(-1).float()
+        r = ((batched - ref).abs() / counts[order]).max().item()
+        report.update(reference_max_abs_per_token=r, reference_ok=r <= tol, reference_why_null=None)
+    failed = [k for k in ("batching_ok", "reference_ok") if report[k] is False]
+    if failed:
+        what = {"batching_ok": f"batched log-probs differ from each sequence alone by {per_token:.3g} nats/token "
+                               "(mis-paired batch, misaligned mask or attention across packed sequences)",
+                "reference_ok": f"the policy differs from its reference at step 0 by "
+                                f"{report['reference_max_abs_per_token']:.3g} nats/token (wrong reference)"}
+        raise GateError("objective gate: " + "; ".join(what[k] for k in failed) + f" > tolerance {tol:g}")
+    return report

@@ -1,0 +1,110 @@
+"""The reference a preference (or KL-regularised) loss is measured against, three ways
+(`objective.reference`):
+
+- `model`: a frozen copy of the starting policy (optionally in a smaller dtype), placed and sharded
+  like the policy;
+- `adapters_off`: with LoRA, the policy itself with its adapters disabled: the base, no second copy;
+- `precomputed`: the starting policy's log-probs of every pair, computed once before the first update
+  and cached on disk under a key of what they MEAN (`cache_key`): a changed weight, mask, template,
+  precision or version is a different entry, a legitimate resume the same one.
+
+Every strategy has an identity for the manifest and the checkpoint: the content hash of the
+reference's weights, read from the unsharded model before any update.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+REFERENCE_CACHE_VERSION = 1
+"""Bump when what a cached entry holds changes meaning (how log-probs are summed, masked, ordered)."""
+
+
+def weights_sha256(model: torch.nn.Module, skip: Callable[[str], bool] = lambda name: False) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of every parameter and buffer (sorted by name)
+    of an unsharded model, `skip`ped names left out (LoRA adapters, for the base's identity)."""
+    h = hashlib.sha256()
+    tensors = dict(model.named_parameters())
+    tensors.update(dict(model.named_buffers()))
+    for name in sorted(tensors):
+        if skip(name):
+            continue
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def is_adapter(name: str) -> bool:
+    return "lora_" in name
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    """The precomputed reference's key: sha256 of the canonical JSON of what the log-probs mean."""
+    blob = json.dumps({"version": REFERENCE_CACHE_VERSION, **parts}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class FrozenCopy:
+    """`reference=model`: a separate module that never trains."""
+
+    kind = "model"
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        module.requires_grad_(False)
+        module.eval()
+
+    def sequence_logps(self, forward: Callable, logps_of: Callable, batch: Any) -> torch.Tensor:
+        with torch.no_grad():
+            return logps_of(forward, batch, module=self.module)
+
+
+class AdaptersOff:
+    """`reference=adapters_off`: the LoRA policy with its adapters disabled (peft's `disable_adapter`)."""
+
+    kind = "adapters_off"
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        if not hasattr(policy, "disable_adapter"):
+            raise TypeError(f"{type(policy).__name__} has no disable_adapter(): not a peft model")
+        self.policy = policy
+
+    def sequence_logps(self, forward: Callable, logps_of: Callable, batch: Any) -> torch.Tensor:
+        with torch.no_grad(), self.policy.disable_adapter():
+            return logps_of(forward, batch)
+
+
+class Precomputed:
+    """`reference=precomputed`: a [pairs, 2] table (chosen, rejected) of summed log-probs."""
+
+    kind = "precomputed"
+
+    def __init__(self, table: torch.Tensor, key: str, hit: bool, path: Optional[Path]) -> None:
+        self.table, self.key, self.hit, self.path = table, key, hit, path
+
+    def pair_logps(self, pair_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.table.index_select(0, pair_ids.to(self.table.device))
+        return rows[:, 0], rows[:, 1]
+
+
+def load_table(path: Path, pairs: int) -> Optional[torch.Tensor]:
+    """A cached table, or None when absent or not of this data set's size (a torn write is never
+    read: entries are renamed into place complete)."""
+    if not path.is_file():
+        return None
+    table = torch.from_numpy(np.load(path))
+    return table if table.shape == (pairs, 2) else None
+
+
+def save_table(path: Path, table: torch.Tensor) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{id(table)}.npy")
+    np.save(tmp, table.detach().cpu().numpy())
+    tmp.replace(path)
