@@ -67,7 +67,8 @@ def test_redact_argv():
 
 def test_recorded_env_redacts_and_ignores_unrelated():
     env, found = recorded_env({"HF_TOKEN": "hf_abc", "CUDA_VISIBLE_DEVICES": "0", "WANDB_API_KEY": "w",
-                               "MY_PASSWORD": "p", "HOME": "/root", "WANDB_NOTES": SK, "TOKENIZERS_PARALLELISM": "false"})
+                               "MY_PASSWORD": "p", "HOME": "/root", "WANDB_NOTES": SK,
+                               "TOKENIZERS_PARALLELISM": "false"})
     assert env == {"CUDA_VISIBLE_DEVICES": "0", "HF_TOKEN": REDACTED, "WANDB_API_KEY": REDACTED,
                    "WANDB_NOTES": REDACTED, "TOKENIZERS_PARALLELISM": "false"}
     assert found == ["HF_TOKEN", "WANDB_API_KEY", "WANDB_NOTES"]
