@@ -1,5 +1,6 @@
-"""W&B on rank 0: offline by default, one run per job (finished per job, LANDMINES 14), metrics
-under train/ stepped by our own `train/step` key so a resume never drops rows (LANDMINES 15).
+"""W&B on rank 0: offline by default, one run per job (finished per job: a second `wandb.init`
+without `finish` hands back the first run), metrics under train/ stepped by our own `train/step`
+key, so a resume never drops rows (W&B drops a row whose step is below its current one).
 
 A run dir is one W&B run: its id is stored in `<run_dir>/wandb/align_run_id` when the run starts,
 and a resume from that run dir's checkpoint reuses it (`resume="allow"`), so the resumed attempt

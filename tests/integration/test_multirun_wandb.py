@@ -41,7 +41,7 @@ def test_sweep_gives_each_job_its_own_run_dir_and_wandb_run(tmp_path):
         runs.append(run)
         assert run["run"]["group"] == sweep.name
         assert run["run"]["name"] == f"optimizer.lr={lr}"  # what the job is, not its number
-        assert run["config"]["optimizer"]["lr"] == float(lr)  # each job logged its own config (LANDMINES 14)
+        assert run["config"]["optimizer"]["lr"] == float(lr)  # each job logged its own config, not job 0's
         assert isinstance(run["config"]["model"], dict) and run["config"]["model"]["family"] == "mistral"
         logged = [h for h in run["history"] if "train/loss" in h]
         assert [h["train/step"] for h in logged] == [1, 2, 3]

@@ -47,3 +47,15 @@ def test_the_summary_holds_flat_chartable_values():
                            "resumed_from": None, "x": {"y": {"z": 1.5}}})
     assert out == {"steps": 4, "loss/kind": "ce", "loss/chunk_tokens": 0, "parallel/mesh": json.dumps([2, 1]),
                    "resumed_from": None, "x/y/z": 1.5}
+
+
+def test_log_model_without_an_export_is_refused_at_config_time(compose):
+    import pytest
+
+    from align.config import to_typed
+    from align.errors import ConfigError
+
+    assert to_typed(compose(["logger.log_model=true"])).logger.log_model is True
+    for bad in (["trainer.export=false"], ["logger=none"]):
+        with pytest.raises(ConfigError, match="logger.log_model: needs logger=wandb and trainer.export=true"):
+            to_typed(compose(["logger.log_model=true", *bad]))
