@@ -67,15 +67,41 @@ def _schema_fields(group: str) -> list[str]:
     return [f.name for f in dataclasses.fields(schema)] if schema else []
 
 
-def compose(overrides: Sequence[str] = (), config_name: str = "train", return_hydra_config: bool = False) -> DictConfig:
-    """Compose conf/ the way `@hydra.main` would (used by validation, tests and probes)."""
+def compose(overrides: Sequence[str] = (), config_name: str = "train", return_hydra_config: bool = False,
+            config_dir: Path = CONF_DIR) -> DictConfig:
+    """Compose conf/ (or `config_dir`, a run's .hydra/ when replaying) the way `@hydra.main` would
+    (used by validation, tests and probes)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     import align.config  # noqa: F401  (registers the schemas)
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
+_CONFIG_PATH_FLAGS = ("--config-path", "-cp")
+
+
+def absolute_config_path(argv: Sequence[str]) -> list[str]:
+    """`--config-path` made absolute against the working directory: Hydra would read a relative one
+    against the package's own directory, so `--config-path outputs/<run>/.hydra` would not be found."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        flag, eq, value = a.partition("=")
+        if flag in _CONFIG_PATH_FLAGS and eq and value and not value.startswith("pkg://"):
+            out[i] = f"{flag}={Path(value).absolute()}"
+        elif a in _CONFIG_PATH_FLAGS and i + 1 < len(out) and not out[i + 1].startswith("pkg://"):
+            out[i + 1] = str(Path(out[i + 1]).absolute())
+    return out
+
+
+def config_source(argv: Sequence[str], config_name: str) -> tuple[Path, str]:
+    """The directory and primary config the command line composes (`--config-path`, `--config-name`)."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(list(argv))
+    return Path(args.config_path) if args.config_path else CONF_DIR, args.config_name or config_name
 
 
 def job_override_lists(argv: Sequence[str]) -> tuple[list[list[str]], bool]:
@@ -99,7 +125,8 @@ def validate_command_line(argv: Sequence[str], config_name: str = "train") -> li
 
     try:
         jobs, _ = job_override_lists(argv)
-        return [to_typed(compose(job, config_name=config_name)) for job in jobs]
+        config_dir, config_name = config_source(absolute_config_path(argv), config_name)
+        return [to_typed(compose(job, config_name=config_name, config_dir=config_dir)) for job in jobs]
     except SystemExit:
         raise
     except Exception as exc:  # every composition/value error becomes one line

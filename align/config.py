@@ -475,6 +475,9 @@ class LoggerConfig:
     """W&B entity (team or user); null: the default of the logged-in user."""
     tags: list[str] = field(default_factory=list)
     """W&B tags."""
+    log_model: bool = False
+    """Log the exported model (`<run_dir>/export`, needs trainer.export=true) as a W&B model artifact
+    `run-<id>-model` (aliases latest, step-<n>) when the run completes. Off: exports stay local."""
 
 
 # --------------------------------------------------------------------------------------- trainer
@@ -757,6 +760,9 @@ class TrainConfig:
             _require(self.parallel.kind == ParallelKind.single, "optimizer.overlap",
                      f"needs parallel=single (got parallel={self.parallel.kind.value})", True)
             _require(not self.trainer.compile, "optimizer.overlap", "needs trainer.compile=false", True)
+        if self.logger.log_model:
+            _require(self.logger.kind == LoggerKind.wandb and self.trainer.export, "logger.log_model",
+                     "needs logger=wandb and trainer.export=true (the artifact is the export)", True)
         if self.optimizer.compile:
             _require(self.optimizer.name == OptimizerName.adamw, "optimizer.compile",
                      f"needs optimizer=adamw (got {self.optimizer.name.value})", True)

@@ -41,6 +41,23 @@ def wandb_init(cfg: TrainConfig) -> Optional[KwargsSite]:
     return KwargsSite("wandb:init", wandb_init_kwargs(cfg.logger, Path("."), "preflight", None, {}), "logger")
 
 
+def wandb_model_artifact(cfg: TrainConfig) -> Optional[KwargsSite]:
+    if cfg.logger.kind != LoggerKind.wandb or not cfg.logger.log_model:
+        return None
+    from align.telemetry.wandb_logger import artifact_kwargs
+
+    return KwargsSite("wandb:Artifact", artifact_kwargs("preflight", 0, Path("export"))[0], "logger.log_model")
+
+
+def wandb_log_artifact(cfg: TrainConfig) -> Optional[KwargsSite]:
+    if cfg.logger.kind != LoggerKind.wandb or not cfg.logger.log_model:
+        return None
+    from align.telemetry.wandb_logger import artifact_kwargs
+
+    return KwargsSite("wandb.sdk.wandb_run:Run.log_artifact", artifact_kwargs("preflight", 0, Path("export"))[1],
+                      "logger.log_model")
+
+
 def _per_device(cfg: TrainConfig, target: str, key: str, build: Callable[[str], dict[str, Any]]) -> KwargsSite:
     """A site whose kwargs depend on the device type. trainer.device=auto is decided by
     torch.cuda.is_available(), and importing torch costs a second: the names the call would get on

@@ -197,6 +197,8 @@ def check_site(name: str, site: KwargsSite) -> Check:
 # Register yours with one line next to the call you add (docs/provenance.md).
 KWARGS_SITES: dict[str, str] = {
     "wandb.init": "align.kwargs_sites:wandb_init",
+    "wandb model artifact": "align.kwargs_sites:wandb_model_artifact",
+    "wandb log_artifact": "align.kwargs_sites:wandb_log_artifact",
     "DataLoader": "align.kwargs_sites:data_loader",
     "optimizer": "align.kwargs_sites:optimizer",
     "model config class": "align.kwargs_sites:model_config",

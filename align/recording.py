@@ -236,7 +236,7 @@ def exit_of(exc: BaseException) -> tuple[int, str]:
 
 def scrub_hydra_dir(hydra_dir: Path) -> None:
     """Hydra writes the composed config and the command-line overrides to .hydra/ before any align
-    code runs; rewrite them with secret-named values redacted (only when there is one)."""
+    code runs: rewrite them with credentials redacted, and config.yaml as a config that replays the run."""
     if not hydra_dir.is_dir():
         return
     from omegaconf import OmegaConf
@@ -247,10 +247,13 @@ def scrub_hydra_dir(hydra_dir: Path) -> None:
             continue
         node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
         found: list[str] = []
+        if name == "config.yaml":
+            write_replay_config(path, redact(node, found=found))
+            continue
         if name == "overrides.yaml":
             clean: Any = redact_argv(node)
             found = ["x"] if clean != node else []
-        elif name == "hydra.yaml":
+        else:
             clean = node
             task = node.get("hydra", {}).get("overrides", {}).get("task", [])
             if task and redact_argv(task) != task:
@@ -259,10 +262,31 @@ def scrub_hydra_dir(hydra_dir: Path) -> None:
                 if job.get("override_dirname"):
                     job["override_dirname"] = ",".join(redact_argv(job["override_dirname"].split(",")))
                 found = ["x"]
-        else:
-            clean = redact(node, found=found)
         if found:
             OmegaConf.save(OmegaConf.create(clean), path)
+
+
+REPLAY_HEADER = """\
+# The composed config of this run, replayable into a new run dir (docs/provenance.md, "Replay"):
+#   python -m align.train --config-path {dir} --config-name config [overrides]
+# `defaults` puts the schema back under the values (Hydra saved them without it), so they are
+# typed and validated as in the original run; `hydra` is conf/hydra/default.yaml, so the replay
+# gets a fresh run dir instead of writing into this one. Redacted credentials must be passed again.
+"""
+
+
+def write_replay_config(path: Path, values: dict[str, Any]) -> None:
+    """config.yaml = the schema default, the conf/hydra run-dir settings, then the run's values."""
+    from omegaconf import OmegaConf
+
+    from align.cli import CONF_DIR
+
+    body = {k: v for k, v in values.items() if k not in ("defaults", "hydra")}
+    hydra = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "hydra" / "default.yaml"), resolve=False)
+    text = OmegaConf.to_yaml(OmegaConf.create({"defaults": ["train_schema", "_self_"], "hydra": hydra, **body}))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(REPLAY_HEADER.format(dir=path.parent.resolve()) + text)
+    os.replace(tmp, path)
 
 
 def sampler_stats(stream: Any) -> dict[str, Any]:

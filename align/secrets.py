@@ -1,10 +1,15 @@
-"""Redaction: values whose NAME looks like a credential never reach the manifest, logs or W&B.
+"""Redaction: credentials never reach the manifest, logs, the run dir's `.hydra/` or W&B.
 
-A name is secret when it contains KEY, TOKEN, SECRET or PASSWORD (any case, anywhere: `HF_TOKEN`,
-`wandb_api_key`, `db.password`). The one exception is the tokenizer's integer ids (`pad_token_id`,
-`eos_token_ids`, ...) and token counts (`max_tokens`): they match TOKEN but are configuration that
-provenance must keep, and an int id or count is not a string credential. Everything else that matches is replaced by REDACTED,
-whatever its type (a numeric password is still a password).
+A value is a credential when its NAME is a credential's name or when the value has a credential's
+SHAPE. Names are compared as whole words after folding case and camelCase (`apiKey` is `api_key`):
+exactly `password`, `secret`, `api_key`, `token`, `hf_token`, `wandb_api_key`, ... (`CREDENTIAL_NAMES`),
+or ending in `_password`, `_secret`, `_api_key`, `_token`, ... (`CREDENTIAL_SUFFIXES`: `db_password`,
+`HF_TOKEN`, `GITHUB_TOKEN`). A word merely containing KEY or TOKEN is configuration (`data.tokens_field`,
+`sampler.max_tokens`, `cache_key`): redacting it would make the recorded config unable to replay the
+run. A `*_token` that holds an integer id or a bracketed marker (`pad_token: "<pad>"`) is a tokenizer
+setting, not a credential. Shapes (`CREDENTIAL_SHAPES`) catch a key under any name: `hf_...`,
+`sk-...`, GitHub, Slack and AWS key ids, JWTs, and W&B's 40-hex API keys (a 40-hex value under a
+name that says sha/commit/revision/hash is a digest, and kept).
 """
 
 from __future__ import annotations
@@ -14,8 +19,30 @@ import re
 from typing import Any, Mapping
 
 REDACTED = "<redacted>"
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
-_TOKEN_ID = re.compile(r"token_ids?$|tokens$", re.IGNORECASE)
+
+CREDENTIAL_NAMES = frozenset({
+    "password", "passwd", "secret", "api_key", "apikey", "token", "access_token", "auth_token", "api_token",
+    "bearer_token", "refresh_token", "hf_token", "wandb_api_key", "client_secret", "secret_key", "private_key",
+    "access_key", "secret_access_key",
+})
+CREDENTIAL_SUFFIXES = ("_password", "_passwd", "_secret", "_api_key", "_apikey", "_secret_key", "_private_key",
+                       "_access_key", "_token")
+CREDENTIAL_SHAPES = re.compile("|".join((
+    r"\bhf_[A-Za-z0-9]{30,}",                      # Hugging Face
+    r"\bsk-[A-Za-z0-9_-]{20,}",                    # OpenAI / Anthropic style secret keys
+    r"\bgh[pousr]_[A-Za-z0-9]{36,}|\bgithub_pat_[A-Za-z0-9_]{22,}",
+    r"\bxox[abprs]-[A-Za-z0-9-]{10,}",             # Slack
+    r"\bAKIA[0-9A-Z]{16}\b",                       # AWS access key id
+    r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]+",  # JWT: base64 '{"' header and payload
+)))
+_WANDB_KEY = re.compile(r"(local-)?[0-9a-f]{40}")
+_DIGEST_NAME = re.compile(r"sha|commit|revision|hash|digest|fingerprint", re.IGNORECASE)
+_MARKER = re.compile(r"<[^<>\s]{1,30}>|\[[^\[\]\s]{1,30}\]")
+
+
+def _words(name: str) -> str:
+    """`wandbApiKey` / `WANDB-API-KEY` / `wandb_api_key` -> `wandb_api_key`."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(name)).replace("-", "_").lower()
 
 
 def _is_int_like(value: Any) -> bool:
@@ -24,12 +51,31 @@ def _is_int_like(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
-def is_secret(name: str, value: Any = None) -> bool:
-    """Whether a value stored under `name` must be redacted."""
-    leaf = str(name).rsplit(".", 1)[-1]
-    if not SECRET_NAME.search(leaf):
+def secret_name(leaf: str, value: Any = None) -> bool:
+    """Whether `leaf` (the last part of a dotted name) names a credential, given what it holds."""
+    w = _words(leaf)
+    if w in CREDENTIAL_NAMES:
+        return True
+    if not w.endswith(CREDENTIAL_SUFFIXES):
         return False
-    return not (_TOKEN_ID.search(leaf) and _is_int_like(value))
+    if w.endswith("_token") and (_is_int_like(value) or (isinstance(value, str) and _MARKER.fullmatch(value))):
+        return False  # a tokenizer's special token or its id
+    return True
+
+
+def secret_shape(value: Any, leaf: str = "") -> bool:
+    """Whether a string value looks like a credential whatever its name."""
+    if not isinstance(value, str):
+        return False
+    if CREDENTIAL_SHAPES.search(value):
+        return True
+    return bool(_WANDB_KEY.fullmatch(value)) and not _DIGEST_NAME.search(leaf)
+
+
+def is_secret(name: str, value: Any = None) -> bool:
+    """Whether a value stored under `name` must be redacted (a numeric password is still a password)."""
+    leaf = str(name).rsplit(".", 1)[-1]
+    return secret_name(leaf, value) or secret_shape(value, leaf)
 
 
 def redact(obj: Any, path: str = "", found: list[str] | None = None) -> Any:
@@ -56,7 +102,7 @@ def redact_override(override: str) -> str:
     key, sep, value = override.partition("=")
     if sep and is_secret(key.lstrip("+~"), _parse_scalar(value)):
         return f"{key}={REDACTED}"
-    return override
+    return REDACTED if not sep and secret_shape(override) else override
 
 
 def _parse_scalar(text: str) -> Any:
@@ -77,8 +123,8 @@ ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TOKENIZERS
 
 
 def recorded_env(environ: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
-    """The environment variables that belong in the manifest (secret-named ones redacted), and the
-    names that were redacted."""
+    """The environment variables that belong in the manifest (credentials redacted), and the names
+    that were redacted."""
     environ = os.environ if environ is None else environ
     found: list[str] = []
     env: dict[str, str] = {}

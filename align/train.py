@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from align.cli import CONF_DIR, die, preflight_command_line, wants_hydra_only
+from align.cli import CONF_DIR, absolute_config_path, die, preflight_command_line, wants_hydra_only
 from align.config import to_typed
 from align.errors import AlignError
 from align.parallel.launch import rank_overrides, record_exit
@@ -48,6 +48,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    sys.argv[1:] = absolute_config_path(sys.argv[1:])  # a replay's `--config-path <run>/.hydra` (docs/provenance.md)
     if not wants_hydra_only(sys.argv[1:]):
         preflight_command_line(sys.argv[1:])  # every job, before Hydra creates a run dir
     sys.argv += rank_overrides()  # under torchrun, ranks > 0 write no .hydra/ (LANDMINES 10)

@@ -137,7 +137,8 @@ class Trainer:
                 "optimizer_step": stepper.info(), "cuda_alloc_conf": alloc_conf}
 
         name = cfg.name or run_dir.name
-        logger = build_logger(cfg.logger, env.is_main, wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {}))
+        wandb_kw = wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {}, resuming=resume is not None)
+        logger = build_logger(cfg.logger, env.is_main, wandb_kw)
         if resume is not None and env.is_main:
             trim_history(run_dir / "history.jsonl", read_meta(resume)["step"])
         history = History(run_dir / "history.jsonl") if env.is_main else None

@@ -44,18 +44,19 @@ def _payloads(path: Path) -> Iterator[bytes]:
 
 
 def read_run(run_dir: Path) -> dict:
-    """{'run': {...}, 'config': {...}, 'history': [rows], 'summary': {...}} of an offline run dir."""
+    """{'run': {...}, 'config': {...}, 'history': [rows], 'summary': {...}, 'metrics': [...],
+    'artifacts': [{name, type, aliases, metadata, paths}]} of an offline run dir."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     (log_file,) = list(Path(run_dir).glob("run-*.wandb"))
-    out: dict = {"run": {}, "config": {}, "history": [], "summary": {}, "metrics": []}
+    out: dict = {"run": {}, "config": {}, "history": [], "summary": {}, "metrics": [], "artifacts": []}
     for payload in _payloads(log_file):
         rec = pb.Record()
         rec.ParseFromString(payload)
         kind = rec.WhichOneof("record_type")
         if kind == "run":
             out["run"] = {"id": rec.run.run_id, "name": rec.run.display_name, "group": rec.run.run_group,
-                          "project": rec.run.project}
+                          "project": rec.run.project, "resume": rec.run.resume}
             out["config"].update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
         elif kind == "config":
             out["config"].update({i.key: json.loads(i.value_json) for i in rec.config.update})
@@ -63,6 +64,11 @@ def read_run(run_dir: Path) -> dict:
             out["history"].append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
         elif kind == "summary":
             out["summary"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
+        elif kind == "artifact":
+            a = rec.artifact
+            out["artifacts"].append({"name": a.name, "type": a.type, "aliases": list(a.aliases),
+                                     "metadata": json.loads(a.metadata) if a.metadata else {},
+                                     "paths": sorted(e.path for e in a.manifest.contents)})
         elif kind == "metric":
             out["metrics"].append({"name": rec.metric.name, "step_metric": rec.metric.step_metric})
     return out

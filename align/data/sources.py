@@ -133,16 +133,42 @@ def _rows(spec: SourceSpec) -> Iterator[tuple[int, Any]]:
             yield lineno, row if isinstance(row, dict) else BadRecord(f"a record must be a JSON object, got {type(row).__name__}")
 
 
+ROLES = ("system", "user", "assistant")
+"""Roles a chat may hold. Assistant turns are trained on; the others are context. Any other role
+(a typo, or `tool`, whose calls and ids a {role, content} record cannot carry) would be rendered
+as the template pleases and trained around: refused."""
+
+
+def _text(value: Any, what: str) -> str:
+    # str(None) is "None" and str(3) is "3": the model would be trained on text nobody wrote.
+    if not isinstance(value, str):
+        got = "null" if value is None else f"of type {type(value).__name__}"
+        raise BadRecord(f"{what} is {got}; accepted: a string")
+    return value
+
+
+def _message(m: Any, i: int, field: str) -> dict[str, str]:
+    where = f"'{field}'[{i}]"
+    if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        got = f"keys {sorted(m)}" if isinstance(m, dict) else f"type {type(m).__name__}"
+        raise BadRecord(f"{where} must be an object with 'role' and 'content' (got {got})")
+    role = _text(m["role"], f"{where}.role")
+    if role not in ROLES:
+        raise BadRecord(f"{where}.role is {role!r}; accepted: {', '.join(ROLES)}")
+    # A list of content parts is for multimodal templates; the loss mask is cut from rendered text.
+    return {"role": role, "content": _text(m["content"], f"{where}.content")}
+
+
 def to_messages(row: dict, spec: SourceSpec) -> list[dict[str, str]]:
     if spec.messages_field in row:
         msgs = row[spec.messages_field]
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
+        if not isinstance(msgs, list):
             raise BadRecord(f"field '{spec.messages_field}' must be a list of {{role, content}}")
-        return [{"role": str(m["role"]), "content": str(m["content"])} for m in msgs]
+        return [_message(m, i, spec.messages_field) for i, m in enumerate(msgs)]
     if spec.prompt_field in row and spec.response_field in row:
         return [
-            {"role": "user", "content": str(row[spec.prompt_field])},
-            {"role": "assistant", "content": str(row[spec.response_field])},
+            {"role": "user", "content": _text(row[spec.prompt_field], f"field '{spec.prompt_field}'")},
+            {"role": "assistant", "content": _text(row[spec.response_field], f"field '{spec.response_field}'")},
         ]
     raise BadRecord(
         f"record has neither '{spec.messages_field}' nor '{spec.prompt_field}'+'{spec.response_field}' "

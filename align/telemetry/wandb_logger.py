@@ -1,27 +1,116 @@
-"""W&B on rank 0: offline by default, one run per job (finished per job, LANDMINES 14), metrics
-under train/ stepped by our own `train/step` key so a resume never drops rows (LANDMINES 15)."""
+"""W&B on rank 0: offline by default, one run per job (finished per job: a second `wandb.init`
+without `finish` hands back the first run), metrics under train/ stepped by our own `train/step`
+key, so a resume never drops rows (W&B drops a row whose step is below its current one).
+
+A run dir is one W&B run: its id is stored in `<run_dir>/wandb/align_run_id` when the run starts,
+and a resume from that run dir's checkpoint reuses it (`resume="allow"`), so the resumed attempt
+continues the same W&B run, its `train/step` carrying on from the checkpoint. A fresh start in the
+same dir (no checkpoint, or `trainer.resume=never`) gets a new id: its steps restart at 1.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import secrets
+import string
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from align.config import LoggerConfig, LoggerKind
 
+log = logging.getLogger("align")
 
-def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path, name: str, group: Optional[str], config: dict) -> dict[str, Any]:
+RUN_ID_FILE = Path("wandb") / "align_run_id"
+"""Where a run dir keeps its W&B run id, relative to the run dir."""
+
+
+def new_run_id() -> str:
+    # W&B's own alphabet and length (wandb.util.generate_id), without importing wandb for it.
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+def wandb_run_id(run_dir: Path, resuming: bool) -> str:
+    """The W&B run id of `run_dir`: the stored one when this run resumes, else a new one."""
+    path = Path(run_dir) / RUN_ID_FILE
+    if resuming and path.is_file():
+        stored = path.read_text().strip()
+        if stored:
+            return stored
+    return new_run_id()
+
+
+def sweep_job_name(task_overrides: list[str], sweep_overrides: Optional[list[str]]) -> Optional[str]:
+    """A multirun job's name: its values of the swept keys (`optimizer.lr=0.0001,data.max_seq_len=512`).
+    `sweep_overrides` is the sweep's command line (multirun.yaml); without it, all the job's overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from align.secrets import redact_argv
+
+    swept = None
+    if sweep_overrides:
+        parsed = OverridesParser.create().parse_overrides(list(sweep_overrides))
+        swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
+    mine = [o for o in task_overrides if swept is None or o.split("=", 1)[0].lstrip("+~") in swept]
+    return ",".join(redact_argv(mine)) or None
+
+
+def hydra_job_name() -> Optional[str]:
+    """`sweep_job_name` of the Hydra multirun job this process runs, or None outside a multirun."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return None
+    sweep_file = Path(hc.sweep.dir) / "multirun.yaml"
+    sweep = None
+    if sweep_file.is_file():  # written by Hydra in the sweep dir before the first job starts
+        sweep = list(OmegaConf.load(sweep_file).hydra.overrides.task)
+    return sweep_job_name(list(hc.overrides.task), sweep)
+
+
+def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path, name: str, group: Optional[str], config: dict,
+                      resuming: bool = False) -> dict[str, Any]:
     """Kwargs for `wandb.init`, built as data so preflight can check their names."""
     return {
         "project": cfg.project,
         "entity": cfg.entity,
-        "name": name,
+        "name": (hydra_job_name() or name) if group else name,
         "group": group,
         "tags": list(cfg.tags),
         "dir": str(run_dir),
         "mode": cfg.mode.value,
         "config": config,
         "reinit": "finish_previous",
+        "id": wandb_run_id(run_dir, resuming),
+        "resume": "allow",
     }
+
+
+def artifact_kwargs(run_id: str, step: int, export_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Kwargs of `wandb.Artifact` and of `Run.log_artifact` for the exported model."""
+    return ({"name": f"run-{run_id}-model", "type": "model",
+             "metadata": {"step": step, "export_dir": str(export_dir)}},
+            {"aliases": ["latest", f"step-{step}"]})
+
+
+def summary_scalars(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`values` as flat chartable leaves: a nested mapping becomes `key/sub` keys, a list a JSON
+    string (W&B would store a dict or a list as one opaque value)."""
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(summary_scalars(v, f"{key}/"))
+        elif v is None or isinstance(v, (str, int, float, bool)):
+            out[key] = v
+        else:
+            out[key] = json.dumps(v, default=str, sort_keys=True)
+    return out
 
 
 class Logger:
@@ -40,29 +129,53 @@ class Logger:
 
 
 class WandbLogger(Logger):
-    def __init__(self, init_kwargs: dict[str, Any]) -> None:
+    def __init__(self, init_kwargs: dict[str, Any], log_model: bool = False) -> None:
         import wandb
 
-        Path(init_kwargs["dir"]).mkdir(parents=True, exist_ok=True)
+        run_dir = Path(init_kwargs["dir"])
+        (run_dir / RUN_ID_FILE).parent.mkdir(parents=True, exist_ok=True)
+        # Stored before init: an attempt killed during init still leaves the id its resume will use.
+        (run_dir / RUN_ID_FILE).write_text(init_kwargs["id"] + "\n")
         self.run = wandb.init(**init_kwargs)
         self.run.define_metric("train/step")
         self.run.define_metric("train/*", step_metric="train/step")
         self.run.define_metric("moe/*", step_metric="train/step")
         self.run_path = Path(self.run.dir).parent if self.run.dir else None
+        self.export_dir = run_dir / "export" if log_model else None
+        self.step = 0
+        self.loss: Optional[float] = None
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.step = step
+        if isinstance(metrics.get("loss"), (int, float)):
+            self.loss = float(metrics["loss"])
         # Keys that carry their own namespace (moe/l{i}/...) keep it.
         self.run.log({"train/step": step, **{k if "/" in k else f"train/{k}": v for k, v in metrics.items()}})
 
     def summary(self, values: dict[str, Any]) -> None:
-        for k, v in values.items():
-            self.run.summary[k] = v
+        flat = summary_scalars(values)
+        if self.loss is not None:  # the headline number; the loss function's settings are under loss/
+            flat["loss"] = self.loss
+        self.run.summary.update(flat)
 
     def finish(self, exit_code: int = 0) -> None:
+        if exit_code == 0 and self.export_dir is not None:
+            self.log_model()
         self.run.finish(exit_code=exit_code)
+
+    def log_model(self) -> None:
+        import wandb
+
+        if not (self.export_dir / "config.json").is_file():
+            log.warning("logger.log_model: no export in %s, no model artifact logged", self.export_dir)
+            return
+        art_kw, log_kw = artifact_kwargs(self.run.id, self.step, self.export_dir)
+        artifact = wandb.Artifact(**art_kw)
+        artifact.add_dir(str(self.export_dir))
+        self.run.log_artifact(artifact, **log_kw)
 
 
 def build_logger(cfg: LoggerConfig, is_main: bool, init_kwargs: dict[str, Any]) -> Logger:
     if cfg.kind == LoggerKind.none or not is_main:
         return Logger()
-    return WandbLogger(init_kwargs)
+    return WandbLogger(init_kwargs, log_model=cfg.log_model)

@@ -168,3 +168,15 @@ def test_a_writer_killed_mid_write_leaves_no_entry_a_reader_could_take(tmp_path,
     again = load_dataset(cfg, ModelConfig(), tok)
     assert (first.meta["cache_hit"], again.meta["cache_hit"]) == (False, True)
     assert np.array_equal(first.tokens, again.tokens)
+
+
+@pytest.mark.parametrize("bad", [{"role": "assistant", "content": None}, {"role": "wizard", "content": "w"}])
+def test_a_bad_chat_writes_no_cache_entry_and_skip_counts_it_in_the_meta(tmp_path, tok, bad):
+    f = write_jsonl(tmp_path / "c.jsonl", [chat("q", "a"), {"messages": [{"role": "user", "content": "q"}, bad]}])
+    with pytest.raises(ConfigError, match=f"{f}:2: "):
+        load_dataset(data_cfg(f, tmp_path), ModelConfig(), tok)
+    assert _cache_is_empty(tmp_path)
+    data = load_dataset(data_cfg(f, tmp_path, on_bad_record="skip"), ModelConfig(), tok)
+    # the meta is what the manifest records as data.encode_meta
+    assert data.ids == ["c:1"] and data.meta["skipped_bad"] == 1 and data.stats["skipped_where"][0].startswith(f"{f}:2: ")
+    assert "None" not in tok.decode(data.tokens.tolist())

@@ -88,3 +88,46 @@ def test_duplicate_ids_and_missing_fields_are_bad_records(tmp_path):
         load_records(data_cfg(f, tmp_path, id_field="id"))
     with pytest.raises(ConfigError, match="no root field 'topic'"):
         load_records(data_cfg(f, tmp_path, root_field="topic"))
+
+
+def _msgs(*pairs) -> dict:
+    return {"messages": list(pairs)}
+
+
+BAD_CHATS = [
+    (_msgs({"role": "user", "content": "q"}, {"role": "assistant", "content": None}),
+     "'messages'[1].content is null; accepted: a string"),
+    (_msgs({"role": "wizard", "content": "abracadabra"}, {"role": "assistant", "content": "a"}),
+     "'messages'[0].role is 'wizard'; accepted: system, user, assistant"),
+    (_msgs({"role": "user", "content": 42}, {"role": "assistant", "content": "a"}),
+     "'messages'[0].content is of type int; accepted: a string"),
+    (_msgs({"role": "user", "content": [{"type": "text", "text": "q"}]}, {"role": "assistant", "content": "a"}),
+     "'messages'[0].content is of type list; accepted: a string"),
+    (_msgs({"role": "user"}, {"role": "assistant", "content": "a"}),
+     "'messages'[0] must be an object with 'role' and 'content' (got keys ['role'])"),
+    (_msgs({"role": None, "content": "q"}, {"role": "assistant", "content": "a"}), "'messages'[0].role is null"),
+    (_msgs("just text", {"role": "assistant", "content": "a"}), "'messages'[0] must be an object"),
+    ({"question": None, "answer": "a"}, "field 'question' is null; accepted: a string"),
+    ({"question": "q", "answer": 7}, "field 'answer' is of type int; accepted: a string"),
+]
+
+
+@pytest.mark.parametrize("row,match", BAD_CHATS, ids=[m.split(";")[0] for _, m in BAD_CHATS])
+def test_a_chat_that_would_train_invented_text_is_refused_with_file_line(tmp_path, row, match):
+    # str(None) would train the literal "None"; an unknown role would be rendered as the template pleases
+    f = write_jsonl(tmp_path / "c.jsonl", [chat("fine", "ok"), row])
+    with pytest.raises(ConfigError) as e:
+        load_records(data_cfg(f, tmp_path, prompt_field="question", response_field="answer"))
+    msg = str(e.value)
+    assert msg.startswith(f"{f}:2: ") and match in msg and "\n" not in msg, msg
+
+
+def test_skip_policy_counts_and_drops_bad_chats(tmp_path):
+    rows = [chat("q", "a"), *(row for row, _ in BAD_CHATS), chat("q2", "a2")]
+    f = write_jsonl(tmp_path / "c.jsonl", rows)
+    report: dict = {}
+    recs = load_records(data_cfg(f, tmp_path, prompt_field="question", response_field="answer", on_bad_record="skip"),
+                        report)
+    assert [r.id for r in recs] == ["c:1", f"c:{len(rows)}"]
+    assert report["skipped_bad"] == len(BAD_CHATS)
+    assert all("None" not in m["content"] for r in recs for m in r.messages)

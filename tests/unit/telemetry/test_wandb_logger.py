@@ -1,0 +1,61 @@
+"""The W&B seams without a W&B run: the run id a resume reuses, a sweep job's name, the summary's
+flattening, and the init kwargs checked by name against the installed wandb."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+from align.config import LoggerConfig
+from align.secrets import REDACTED
+from align.telemetry.wandb_logger import (RUN_ID_FILE, artifact_kwargs, summary_scalars, sweep_job_name,
+                                          wandb_init_kwargs, wandb_run_id)
+
+
+def test_a_resume_reuses_the_run_dirs_wandb_id_and_a_fresh_start_does_not(tmp_path):
+    assert wandb_run_id(tmp_path, resuming=True) != wandb_run_id(tmp_path, resuming=True)  # nothing stored yet
+    (tmp_path / RUN_ID_FILE).parent.mkdir(parents=True)
+    (tmp_path / RUN_ID_FILE).write_text("abc12345\n")
+    assert wandb_run_id(tmp_path, resuming=True) == "abc12345"
+    assert wandb_run_id(tmp_path, resuming=False) != "abc12345"
+    kw = wandb_init_kwargs(LoggerConfig(), tmp_path, "n", None, {}, resuming=True)
+    assert kw["id"] == "abc12345" and kw["resume"] == "allow"
+
+
+def test_init_and_artifact_kwargs_are_names_the_installed_wandb_accepts(tmp_path):
+    import wandb
+    from wandb.sdk.wandb_run import Run
+
+    assert set(wandb_init_kwargs(LoggerConfig(), tmp_path, "n", None, {})) <= set(inspect.signature(wandb.init).parameters)
+    art, log = artifact_kwargs("abc", 3, tmp_path)
+    assert set(art) <= set(inspect.signature(wandb.Artifact).parameters)
+    assert set(log) <= set(inspect.signature(Run.log_artifact).parameters)
+
+
+def test_a_sweep_job_is_named_by_its_swept_values():
+    task = ["optimizer.lr=3e-4", "trainer.max_steps=3", "sampler.bucket_size=32", "allow_dirty=true"]
+    sweep = ["optimizer.lr=1e-4,3e-4", "trainer.max_steps=3", "sampler.bucket_size=range(2,64)", "allow_dirty=true"]
+    assert sweep_job_name(task, sweep) == "optimizer.lr=3e-4,sampler.bucket_size=32"
+    assert sweep_job_name(task, None) == ",".join(task)  # a sweeper plugin's params: every override of the job
+    assert sweep_job_name(["+logger.api_key=sk-x", "optimizer.lr=1"], ["+logger.api_key=a,b"]) == \
+        f"+logger.api_key={REDACTED}"
+    assert sweep_job_name([], ["optimizer.lr=1,2"]) is None
+
+
+def test_the_summary_holds_flat_chartable_values():
+    out = summary_scalars({"steps": 4, "loss": {"kind": "ce", "chunk_tokens": 0}, "parallel": {"mesh": [2, 1]},
+                           "resumed_from": None, "x": {"y": {"z": 1.5}}})
+    assert out == {"steps": 4, "loss/kind": "ce", "loss/chunk_tokens": 0, "parallel/mesh": json.dumps([2, 1]),
+                   "resumed_from": None, "x/y/z": 1.5}
+
+
+def test_log_model_without_an_export_is_refused_at_config_time(compose):
+    import pytest
+
+    from align.config import to_typed
+    from align.errors import ConfigError
+
+    assert to_typed(compose(["logger.log_model=true"])).logger.log_model is True
+    for bad in (["trainer.export=false"], ["logger=none"]):
+        with pytest.raises(ConfigError, match="logger.log_model: needs logger=wandb and trainer.export=true"):
+            to_typed(compose(["logger.log_model=true", *bad]))
