@@ -158,15 +158,16 @@ def fwd_bwd_arm(arm: str, typed, steps: int, warmup: int) -> dict:
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times = []
-    for _ in range(warmup + steps):
+    for _ in range(steps):
         sync()
         t = time.perf_counter()
         model(input_ids=x, labels=x, use_cache=False).loss.backward()
         model.zero_grad(set_to_none=True)
         sync()
         times.append(time.perf_counter() - t)
-    flops = ModelFlops.from_model(model).per_batch(rows, width) * steps
-    return measurement(arm, sum(times[warmup:]), steps, rows * width * steps, rows * width * steps, flops, flops,
+    n = steps - warmup
+    flops = ModelFlops.from_model(model).per_batch(rows, width) * n
+    return measurement(arm, sum(times[warmup:]), n, rows * width * n, rows * width * n, flops, flops,
                        torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,
                        attn=model.config._attn_implementation,
                        experts=getattr(model.config, "_experts_implementation", None))
@@ -175,8 +176,8 @@ def fwd_bwd_arm(arm: str, typed, steps: int, warmup: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arm", required=True, choices=sorted(REFERENCE_ARMS))
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=30, help="steps in all, the warm-up included")
+    ap.add_argument("--warmup", type=int, default=8, help="first steps not measured")
     ap.add_argument("--tiny", action="store_true", help="the experiment's tiny preset on the CPU: measures nothing")
     ap.add_argument("--rows-file", type=Path, help="the bimodal token rows every arm draws from (Trainer arms)")
     ap.add_argument("--out", type=Path, required=True)

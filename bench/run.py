@@ -243,7 +243,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None,
                     help="trainer.max_steps of every align arm (default: each experiment's own)")
     ap.add_argument("--warmup", type=int, default=10, help="align steps not measured (compiled arms compile in them)")
-    ap.add_argument("--hf-steps", type=int, default=30, help="steps of the reference arms")
+    ap.add_argument("--hf-steps", type=int, default=30, help="steps of the reference arms, the warm-up included")
     ap.add_argument("--hf-warmup", type=int, default=8, help="reference steps not measured")
     ap.add_argument("--rows", type=int, default=4000, help="bimodal rows in the shared data file")
     ap.add_argument("--nproc", type=int, default=2, help="processes (GPUs) of an arm with parallel=fsdp or ep")
