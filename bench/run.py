@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,7 +57,7 @@ class Arm:
     typed: Any = None
 
 
-def die(message: str) -> None:
+def die(message: str) -> NoReturn:
     from align.cli import die as align_die
 
     align_die(message)
