@@ -1,38 +1,34 @@
-"""Shared by every benchmark arm: the model shape, the data, the FLOPs convention, the measurement.
+"""What every benchmark arm shares: the data, the model an experiment builds, the FLOPs convention and
+the one place rates and MFU are derived from raw measurements.
 
-Every arm trains the same model (Mistral architecture, random init, fp32 weights under bf16
-autocast, fused AdamW, clip 1.0, constant lr) on token rows drawn from the same bimodal length
-distribution, for a fixed number of optimizer steps. Throughput is measured over the steps after
-`warmup`, in REAL (unpadded) tokens per second, between step boundaries with CUDA synchronised.
+Every arm draws from the same bimodal length distribution (token rows written once per command) and
+is measured over the steps after its warm-up, between step boundaries with CUDA synchronised.
 
-MFU here is "useful" MFU: model FLOPs of the real tokens (align.telemetry.throughput's convention:
-6N plus attention over each row's own length, full square) per second, over a bf16 matmul ceiling
-measured in the same command. Padding therefore earns nothing, and every arm is counted alike.
+Two MFU columns, both over the bf16 matmul ceiling measured once per command:
+- useful MFU: model FLOPs of the REAL tokens, each row at its own length (align.telemetry.throughput's
+  convention: 6N on active parameters plus attention over the full square). Padding earns nothing,
+  and every arm is counted alike.
+- counted MFU: the FLOPs of the batches as they were shaped (padding included), as align counts them
+  per micro-batch in history.jsonl.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from dataclasses import asdict, dataclass
+import math
 from pathlib import Path
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# The issue's model: about 0.89 B parameters.
-MODEL = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
-             num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=4096, sliding_window=None)
-# A CPU-sized stand-in with the same code path, for shaking out the harness.
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, sliding_window=None)
+EXPERIMENTS = ROOT / "conf" / "experiment" / "bench"
 
 # 70% lognormal around 350 tokens (sigma 0.5), 30% around 1800 (sigma 0.4), clipped to 16..4096.
 MIXTURE = [(0.7, 350.0, 0.5), (0.3, 1800.0, 0.4)]
 MIN_LEN, MAX_LEN = 16, 4096
+FIRST_ID = 3  # ids below this are the tokenizers' special tokens
 
 
 def bimodal_lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -45,7 +41,7 @@ def bimodal_lengths(n: int, seed: int = 0) -> np.ndarray:
 
 def token_rows(lengths: np.ndarray, vocab: int, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed + 1)
-    return [rng.integers(3, vocab, size=int(n), dtype=np.int64) for n in lengths]
+    return [rng.integers(FIRST_ID, vocab, size=int(n), dtype=np.int64) for n in lengths]
 
 
 def write_rows(path: Path, rows: list[np.ndarray]) -> None:
@@ -59,77 +55,105 @@ def read_rows(path: Path) -> list[np.ndarray]:
         return [np.asarray(json.loads(line)["input_ids"], dtype=np.int64) for line in f]
 
 
-def model_flops(cfg: dict):
-    """align's FLOPs counter over a meta-device build of the bench model (no memory, no init)."""
-    from transformers import MistralConfig, MistralForCausalLM
+# ------------------------------------------------------------------------------------ experiments
 
+
+def experiment_names() -> list[str]:
+    """The align arms: every config under conf/experiment/bench/ (`experiment=bench/<name>`)."""
+    return sorted(p.stem for p in EXPERIMENTS.glob("*.yaml"))
+
+
+def compose_typed(overrides: Sequence[str]):
+    """The typed train config of `overrides`, composed as `python -m align.train` would."""
+    from align.cli import compose
+    from align.config import to_typed
+
+    return to_typed(compose(list(overrides)))
+
+
+def tiny_overrides(typed) -> list[str]:
+    """Overrides that turn an experiment (its typed config) into its family's CPU-sized `tiny` preset on
+    the CPU: they drop the experiment's model-shape overrides (a null one stays: Hydra cannot delete a
+    null), so the harness's code path runs but nothing is measured."""
+    drop = [f"~model.overrides.{k}" for k, v in typed.model.overrides.items() if v is not None]
+    return ["model.preset=tiny", *drop, "trainer.device=cpu"]
+
+
+def experiment_config(experiment: str, tiny: bool = False):
+    """The typed config of `experiment=<experiment>` (tiny: its family's CPU-sized preset)."""
+    typed = compose_typed([f"experiment={experiment}"])
+    return compose_typed([f"experiment={experiment}", *tiny_overrides(typed)]) if tiny else typed
+
+
+def hf_config(typed):
+    """The transformers config align builds for this typed config (its own tokenizer's special ids)."""
+    from align.data.tokenizer import load_tokenizer
+    from align.models.build import model_config
+
+    return model_config(typed.model, load_tokenizer(typed.model))
+
+
+def model_class(typed):
+    from align.models.registry import FAMILIES
+
+    return FAMILIES[typed.model.family].classes()[1]
+
+
+def model_flops(typed):
+    """align's FLOPs counter over a meta-device build of the experiment's model (no memory, no init)."""
     from align.telemetry.throughput import ModelFlops
 
+    config = hf_config(typed)
     with torch.device("meta"):
-        model = MistralForCausalLM(MistralConfig(**cfg))
+        model = model_class(typed)._from_config(config)
     return ModelFlops.from_model(model)
 
 
-def useful_flops_per_token(cfg: dict, lengths: np.ndarray) -> float:
+def useful_flops_per_token(flops, lengths: np.ndarray) -> float:
     """Model FLOPs per real token when every row is computed at its own length."""
-    mf = model_flops(cfg)
-    return float(sum(mf.per_batch(1, int(n)) for n in lengths) / lengths.sum())
+    return float(sum(flops.per_batch(1, int(n)) for n in lengths) / lengths.sum())
 
 
-def matmul_ceiling_tflops() -> float:
+def matmul_ceiling_tflops() -> Optional[float]:
     from align.telemetry.throughput import measure_matmul_ceiling
 
     if not torch.cuda.is_available():
-        return float("nan")
+        return None
     return measure_matmul_ceiling(torch.device("cuda")).tflops
 
 
-@dataclass
-class ArmResult:
-    arm: str
-    steps_measured: int
-    real_tokens_per_s: float
-    tokens_per_s: float
-    padding_waste: float
-    peak_mem_gib: float
-    mfu: float
-    tflops: float
-    notes: str = ""
-
-    def dump(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self)))
+# ------------------------------------------------------------------------------------ measurement
 
 
-def summarise(arm: str, seconds: float, real: int, padded: int, steps: int, peak_gib: float,
-              flops_per_token: float, ceiling: float, notes: str = "") -> ArmResult:
-    tflops = real / seconds * flops_per_token / 1e12
-    return ArmResult(arm=arm, steps_measured=steps, real_tokens_per_s=real / seconds, tokens_per_s=padded / seconds,
-                     padding_waste=1 - real / padded if padded else 0.0, peak_mem_gib=peak_gib, mfu=tflops / ceiling,
-                     tflops=tflops, notes=notes)
+def measurement(arm: str, seconds: float, steps: int, real_tokens: float, tokens: float, counted_flops: Optional[float],
+                useful_flops: float, peak_mem_gib: Optional[float], **extra: Any) -> dict[str, Any]:
+    """The raw numbers of one arm over its measured steps (per GPU for a several-GPU arm)."""
+    return dict(arm=arm, seconds=seconds, steps_measured=steps, real_tokens=real_tokens, tokens=tokens,
+                counted_flops=counted_flops, useful_flops=useful_flops, peak_mem_gib=peak_mem_gib, **extra)
 
 
-def parse_defines(defines: list[str]) -> dict[str, list[str]]:
-    """`--define NAME='ov1 ov2 ...'`: an extra align arm from the command line (exploration without
-    editing the arm table; a lever that wins moves into the table with its measurement)."""
-    arms = {}
-    for d in defines:
-        name, sep, overrides = d.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"--define: expected NAME='override override ...', got {d!r}")
-        arms[name] = overrides.split()
-    return arms
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
 
 
-def profile_kernels(overrides: list[str], out: Path, name: str, env: dict, steps: int = 3) -> None:
-    """The kernel table (align.probe probe=kernels) of an align arm's exact configuration, printed:
-    where its step time goes on the device, and how much of the wall the kernels fill."""
-    run_dir = out / f"kernels_{name}"
-    cmd = [sys.executable, "-m", "align.probe", "probe=kernels", "probe.kernels.warmup=6",
-           "probe.kernels.timed_steps=4", f"probe.kernels.steps={steps}",
-           *[o for o in overrides if not o.startswith(("trainer.max_steps=", "hydra.run.dir="))],
-           f"hydra.run.dir={run_dir}"]
-    with (out / f"kernels_{name}.log").open("w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
-    report = run_dir / "kernels.md"
-    print(f"---- kernels of {name} (exit {rc}) ----")
-    print(report.read_text() if report.exists() else (out / f"kernels_{name}.log").read_text()[-3000:], flush=True)
+def summarise(m: dict[str, Any], ceiling_tflops: Optional[float]) -> dict[str, Any]:
+    """Rates, padding waste and both MFUs of a measurement, against the command's matmul ceiling."""
+    sec = m["seconds"]
+    useful_tflops = m["useful_flops"] / sec / 1e12
+    counted_tflops = m["counted_flops"] / sec / 1e12 if m.get("counted_flops") is not None else None
+    return {**m, "real_tokens_per_s": m["real_tokens"] / sec, "tokens_per_s": m["tokens"] / sec,
+            "tokens_per_step": m["tokens"] / m["steps_measured"],
+            "padding_waste": 1 - m["real_tokens"] / m["tokens"] if m["tokens"] else 0.0,
+            "useful_tflops": useful_tflops, "useful_mfu": _ratio(useful_tflops, ceiling_tflops),
+            "counted_tflops": counted_tflops, "counted_mfu": _ratio(counted_tflops, ceiling_tflops)}
+
+
+def add_ratios(results: list[dict[str, Any]], baselines: Sequence[str]) -> None:
+    """`vs_<baseline>`: each arm's real tokens/s over a baseline arm's from the same command."""
+    by = {r["arm"]: r for r in results if "error" not in r}
+    for r in results:
+        for b in baselines:
+            base = by.get(b)
+            r[f"vs_{b}"] = _ratio(r.get("real_tokens_per_s"), base["real_tokens_per_s"]) if base else None

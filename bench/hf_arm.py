@@ -1,12 +1,21 @@
-"""The HF Trainer arms: (1) right-padded batches, (2) DataCollatorWithFlattening (padding-free),
-(3) the ceiling: rows of exactly 2048 tokens, no padding, no mask.
+"""The reference arms: not align runs, so they live here as code. Each builds the model of an align
+bench experiment (the same transformers config align builds) and measures the reference loop:
 
-    python bench/hf_arm.py --arm hf_padded --steps 40 --warmup 8 --out result.json [--tiny]
+  hf_padded       HF Trainer, right-padded batches of 8 bimodal rows (attention mask on padding)
+  hf_flatten      HF Trainer + DataCollatorWithFlattening (padding-free, position ids)
+  hf_ceiling      HF Trainer, 8 rows of exactly 2048 tokens: no padding, no mask
+  hf_moe_fwd_bwd  transformers' own model, bf16, default experts kernel, 4 x 2048 tokens,
+                  forward+backward only: no optimizer, no data, no logging
+
+    python bench/hf_arm.py --arm hf_padded --steps 30 --warmup 8 --rows-file rows.jsonl --out m.json [--tiny]
+
+Writes the raw measurement (bench.common.measurement) to --out; bench/run.py derives rates and MFU.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -16,8 +25,26 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import (MODEL, TINY, matmul_ceiling_tflops, read_rows, summarise, token_rows,  # noqa: E402
+from bench.common import (experiment_config, hf_config, measurement, model_class, read_rows, token_rows,  # noqa: E402
                           useful_flops_per_token)
+
+# reference arm -> the align experiment whose model it builds
+REFERENCE_ARMS = {"hf_padded": "bench/base_dense", "hf_flatten": "bench/base_dense", "hf_ceiling": "bench/base_dense",
+                  "hf_moe_fwd_bwd": "bench/base_moe"}
+ROWS_PER_STEP = 8
+CEILING_WIDTH = 2048
+FWD_BWD_SHAPE, FWD_BWD_SHAPE_TINY = (4, 2048), (4, 128)
+
+
+def reference_config(arm: str, tiny: bool):
+    """The typed config of the arm's experiment (tiny: its CPU-sized preset)."""
+    return experiment_config(REFERENCE_ARMS[arm], tiny)
+
+
+def device_of(typed) -> torch.device:
+    if typed.trainer.device.value == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
 
 
 class RowsDataset(torch.utils.data.Dataset):
@@ -32,16 +59,21 @@ class RowsDataset(torch.utils.data.Dataset):
 
 
 class Counting:
-    """Wraps a collator and records (real, padded) tokens of every batch it builds, in order."""
+    """Wraps a collator and records, per batch it builds in order: real tokens, tokens as shaped
+    (padding included) and the model FLOPs of that shape (a packed batch per document, as align counts)."""
 
-    def __init__(self, fn):
-        self.fn, self.real, self.padded = fn, [], []
+    def __init__(self, fn, flops, packed: bool):
+        self.fn, self.flops, self.packed = fn, flops, packed
+        self.real, self.padded, self.counted = [], [], []
 
     def __call__(self, features):
         batch = self.fn(features)
-        real = sum(len(f["input_ids"]) for f in features)
-        self.real.append(real)
+        lengths = [len(f["input_ids"]) for f in features]
+        self.real.append(sum(lengths))
         self.padded.append(int(batch["input_ids"].numel()))
+        shaped = sum(self.flops.per_batch(1, n) for n in lengths) if self.packed else \
+            self.flops.per_batch(*batch["input_ids"].shape)
+        self.counted.append(shaped)
         return batch
 
 
@@ -62,34 +94,26 @@ def right_pad(features, pad_id=0):
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--arm", required=True, choices=["hf_padded", "hf_flatten", "hf_ceiling"])
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--warmup", type=int, default=8)
-    ap.add_argument("--rows", type=int, default=8)
-    ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--rows-file", type=Path, required=True, help="the bimodal token rows every arm draws from")
-    ap.add_argument("--out", type=Path, required=True)
-    a = ap.parse_args()
-
-    from transformers import (DataCollatorWithFlattening, MistralConfig, MistralForCausalLM, Trainer,
-                              TrainerCallback, TrainingArguments)
+def trainer_arm(arm: str, typed, rows_file: Path, steps: int, warmup: int) -> dict:
+    """HF Trainer over the bench rows (or ceiling rows), fp32 weights under bf16 autocast, fused AdamW,
+    clip 1.0, constant lr: the dense experiment's optimizer settings."""
+    from transformers import DataCollatorWithFlattening, Trainer, TrainerCallback, TrainingArguments
 
     from align.preflight import check_kwargs
+    from align.telemetry.throughput import ModelFlops
 
-    cfg = TINY if a.tiny else MODEL
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    ceiling = matmul_ceiling_tflops()
-    n_rows = a.steps * a.rows
-    if a.arm == "hf_ceiling":
-        rows = token_rows(np.full(n_rows, 2048, dtype=np.int64), cfg["vocab_size"])
+    config = hf_config(typed)
+    device = device_of(typed)
+    n_rows = steps * ROWS_PER_STEP
+    if arm == "hf_ceiling":
+        rows = token_rows(np.full(n_rows, CEILING_WIDTH, dtype=np.int64), config.vocab_size)
     else:
-        rows = read_rows(a.rows_file)[:n_rows]
-    collator = Counting(DataCollatorWithFlattening(return_position_ids=True) if a.arm == "hf_flatten" else right_pad)
-
-    torch.manual_seed(0)
-    model = MistralForCausalLM(MistralConfig(**cfg, attn_implementation="sdpa"))
+        rows = read_rows(rows_file)[:n_rows]
+    torch.manual_seed(typed.trainer.seed)
+    model = model_class(typed)._from_config(config, attn_implementation="sdpa")
+    flops = ModelFlops.from_model(model)
+    flatten = arm == "hf_flatten"
+    collator = Counting(DataCollatorWithFlattening(return_position_ids=True) if flatten else right_pad, flops, flatten)
     times: list[float] = []
 
     class StepClock(TrainerCallback):
@@ -98,26 +122,75 @@ def main() -> None:
                 torch.cuda.synchronize()
             times.append(time.perf_counter())
 
+    cuda = device.type == "cuda"
     with tempfile.TemporaryDirectory() as tmp:
-        targs = dict(output_dir=tmp, per_device_train_batch_size=a.rows, max_steps=a.steps, learning_rate=1e-4,
-                     lr_scheduler_type="constant", warmup_steps=0, bf16=device.type == "cuda",
-                     optim="adamw_torch_fused" if device.type == "cuda" else "adamw_torch", save_strategy="no",
-                     report_to=[], logging_steps=10_000, remove_unused_columns=False, max_grad_norm=1.0,
-                     use_cpu=device.type != "cuda")
+        targs = dict(output_dir=tmp, per_device_train_batch_size=ROWS_PER_STEP, max_steps=steps,
+                     learning_rate=typed.optimizer.lr, lr_scheduler_type="constant", warmup_steps=0, bf16=cuda,
+                     optim="adamw_torch_fused" if cuda else "adamw_torch", save_strategy="no", report_to=[],
+                     logging_steps=10_000, remove_unused_columns=False, max_grad_norm=typed.optimizer.max_grad_norm,
+                     use_cpu=not cuda)
         check_kwargs(TrainingArguments.__init__, targs, "bench.hf_arm TrainingArguments")
         trainer = Trainer(model=model, args=TrainingArguments(**targs), train_dataset=RowsDataset(rows),
                           data_collator=collator, callbacks=[StepClock()])
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.reset_peak_memory_stats()
         trainer.train()
-    n = len(times)
-    w = a.warmup
-    lengths = np.array([len(r) for r in rows])
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
-    res = summarise(a.arm, times[-1] - times[w - 1], sum(collator.real[w:n]), sum(collator.padded[w:n]), n - w, peak,
-                    useful_flops_per_token(cfg, lengths), ceiling, notes=f"attn={model.config._attn_implementation}")
-    res.dump(a.out)
-    print(res)
+    n, w = len(times), warmup
+    real = sum(collator.real[w:n])
+    fpt = useful_flops_per_token(flops, np.array([len(r) for r in rows]))
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    return measurement(arm, times[-1] - times[w - 1], n - w, real, sum(collator.padded[w:n]),
+                       sum(collator.counted[w:n]), real * fpt, peak, attn=model.config._attn_implementation)
+
+
+def fwd_bwd_arm(arm: str, typed, steps: int, warmup: int) -> dict:
+    """transformers' model alone in bf16: forward+backward of one fixed batch, no optimizer step."""
+    from align.telemetry.throughput import ModelFlops
+
+    config = hf_config(typed)
+    dev = device_of(typed)
+    rows, width = FWD_BWD_SHAPE_TINY if typed.model.preset.value == "tiny" else FWD_BWD_SHAPE
+    with dev:
+        model = model_class(typed)._from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16)
+    model.train()
+    x = torch.randint(3, config.vocab_size, (rows, width), device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        sync()
+        t = time.perf_counter()
+        model(input_ids=x, labels=x, use_cache=False).loss.backward()
+        model.zero_grad(set_to_none=True)
+        sync()
+        times.append(time.perf_counter() - t)
+    n = steps - warmup
+    flops = ModelFlops.from_model(model).per_batch(rows, width) * n
+    return measurement(arm, sum(times[warmup:]), n, rows * width * n, rows * width * n, flops, flops,
+                       torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,
+                       attn=model.config._attn_implementation,
+                       experts=getattr(model.config, "_experts_implementation", None))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arm", required=True, choices=sorted(REFERENCE_ARMS))
+    ap.add_argument("--steps", type=int, default=30, help="steps in all, the warm-up included")
+    ap.add_argument("--warmup", type=int, default=8, help="first steps not measured")
+    ap.add_argument("--tiny", action="store_true", help="the experiment's tiny preset on the CPU: measures nothing")
+    ap.add_argument("--rows-file", type=Path, help="the bimodal token rows every arm draws from (Trainer arms)")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    typed = reference_config(a.arm, a.tiny)
+    if a.arm == "hf_moe_fwd_bwd":
+        m = fwd_bwd_arm(a.arm, typed, a.steps, a.warmup)
+    else:
+        if a.rows_file is None:
+            raise SystemExit(f"bench/hf_arm.py: --arm {a.arm} needs --rows-file")
+        m = trainer_arm(a.arm, typed, a.rows_file, a.steps, a.warmup)
+    a.out.write_text(json.dumps(m, indent=1))
+    print(json.dumps(m))
 
 
 if __name__ == "__main__":

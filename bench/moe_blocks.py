@@ -1,7 +1,7 @@
 """Does torch.compile of OLMoE's decoder blocks pay, once recompiles are out of the way?
 
 transformers' own OlmoeForCausalLM (bf16, grouped_mm experts, sdpa), forward+backward only, no
-optimizer (bench/moe.py's reference), in three forms on one GPU in one process:
+optimizer (bench/hf_arm.py's hf_moe_fwd_bwd reference), in three forms on one GPU in one process:
   eager        the reference;
   static       each decoder block compiled, one fixed shape (4 x 2048): compile's best case;
   dynamic      each decoder block compiled with dynamic=True, fed a cycle of ragged shapes
@@ -26,7 +26,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from align.provenance import dynamo_counters  # noqa: E402
-from bench.moe import olmoe_config  # noqa: E402
+from bench.common import experiment_config, hf_config  # noqa: E402
+
+MOE = "bench/base_moe"  # the experiment whose model is measured
 
 # ~8k tokens each: the widths of a ragged budget sampler's batches, padded to 8
 RAGGED = [(4, 2048), (9, 904), (2, 4096), (21, 392), (3, 2712), (14, 584)]
@@ -73,7 +75,7 @@ def main() -> None:
     a = ap.parse_args()
     from transformers import OlmoeForCausalLM
 
-    config, _ = olmoe_config(a.tiny)
+    config = hf_config(experiment_config(MOE, a.tiny))
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     fixed = [(4, 2048)] if not a.tiny else [(2, 64)]
     ragged = RAGGED if not a.tiny else [(2, 64), (3, 40), (1, 128)]

@@ -16,7 +16,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.moe import olmoe_config  # noqa: E402
+from bench.common import experiment_config, hf_config  # noqa: E402
+
+MOE = "bench/base_moe"  # the experiment whose model is measured
 
 
 def timed(fn, reps: int, sync) -> float:
@@ -36,7 +38,7 @@ def main() -> None:
     a = ap.parse_args()
     from transformers import OlmoeForCausalLM
 
-    config, _ = olmoe_config(a.tiny)
+    config = hf_config(experiment_config(MOE, a.tiny))
     with torch.device("meta"):
         shapes = [p.shape for p in OlmoeForCausalLM._from_config(config).parameters()]
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,0 +1,124 @@
+"""bench/run.py on the CPU, running nothing: arm names resolve to experiment configs or reference arms,
+the command lines carry what the command owns, bad arms exit 2 before any run, and the measurement
+arithmetic (per GPU, both MFUs, ratios) is what the table says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import run as harness
+from bench.common import EXPERIMENTS, add_ratios, compose_typed, experiment_names, summarise
+
+
+@pytest.fixture
+def out(tmp_path, monkeypatch):
+    d = tmp_path / "out"
+    monkeypatch.setenv("OUT", str(d))
+    return d
+
+
+def dry_run(capsys, *argv: str) -> dict[str, str]:
+    assert harness.main(["--dry-run", *argv]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    return dict(line.split(": ", 1) for line in lines)
+
+
+@pytest.mark.parametrize("token", ["dense_best", "bench/dense_best", "experiment=bench/dense_best"])
+def test_an_experiment_name_resolves_to_its_config(token):
+    arm = harness.resolve(token)
+    assert (arm.name, arm.experiment) == ("dense_best", "bench/dense_best")
+
+
+def test_every_bench_config_is_an_arm_and_reference_arms_are_not_configs():
+    assert experiment_names() == sorted(p.stem for p in EXPERIMENTS.glob("*.yaml"))
+    for ref in harness.REFERENCE_ARMS:
+        assert harness.resolve(ref).experiment is None
+        assert ref not in experiment_names()
+
+
+def test_an_unknown_arm_exits_2_naming_what_exists(out, capsys):
+    with pytest.raises(SystemExit) as e:
+        harness.main(["--dry-run", "dense_bset"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "dense_bset: no such arm" in err and "dense_best" in err and "hf_padded" in err
+    assert not out.exists()
+
+
+def test_dry_run_prints_each_command_and_writes_nothing(out, capsys):
+    cmds = dry_run(capsys, "hf_padded", "dense_best", "dense_eager_fsdp", "--nproc", "4", "--profile", "dense_best")
+    rows = out / "rows.jsonl"
+    assert " -m align.train experiment=bench/dense_best " in cmds["dense_best"]
+    assert f"data.path={rows}" in cmds["dense_best"]
+    assert cmds["dense_best"].endswith(f"hydra.run.dir={out}/runs/dense_best")
+    fsdp = cmds["dense_eager_fsdp"]
+    assert fsdp.startswith("bash ") and "launchers/torchrun.sh --nproc 4 experiment=bench/dense_eager_fsdp" in fsdp
+    assert "bench/hf_arm.py --arm hf_padded --steps 30 --warmup 8" in cmds["hf_padded"]
+    kernels = cmds["kernels of dense_best"]
+    assert "-m align.probe probe=kernels" in kernels and "experiment=bench/dense_best" in kernels
+    assert not out.exists()
+
+
+def test_the_command_composes_to_the_experiment_plus_what_the_command_owns(out):
+    a = harness.parse_args(["dense_eager", "--steps", "12", "--warmup", "3", "--tiny"])
+    arm = harness.plan_align(harness.resolve("dense_eager"), a, out, out / "rows.jsonl")
+    typed = compose_typed(arm.overrides)
+    assert typed.trainer.max_steps == 12 and typed.data.path == str(out / "rows.jsonl")
+    assert typed.sampler.max_tokens == 24576  # the experiment's own value survives
+    # --tiny: the family's tiny preset on the CPU, the 0.89 B shape overrides gone
+    assert typed.model.preset.value == "tiny" and typed.trainer.device.value == "cpu"
+    assert "hidden_size" not in typed.model.overrides
+
+
+def test_warmup_must_leave_measured_steps(out, capsys):
+    with pytest.raises(SystemExit) as e:
+        harness.main(["--dry-run", "vocab_chunked"])  # its max_steps is 8, --warmup defaults to 10
+    assert e.value.code == 2 and "trainer.max_steps=8" in capsys.readouterr().err
+
+
+def test_a_value_the_schema_refuses_exits_2_naming_the_arm(out, capsys):
+    with pytest.raises(SystemExit) as e:
+        harness.main(["--dry-run", "dense_eager", "--steps", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "dense_eager" in err and "trainer.max_steps" in err
+
+
+def test_baselines_default_to_the_reference_arms_of_the_command():
+    assert harness.parse_args(["hf_padded", "dense_best", "hf_ceiling"]).baseline == ["hf_padded", "hf_ceiling"]
+    assert harness.parse_args(["dense_best", "dense_eager", "--baseline", "dense_eager"]).baseline == ["dense_eager"]
+
+
+def _write_run(run_dir: Path, per_step: list[tuple[float, int, int, float]]) -> None:
+    run_dir.mkdir(parents=True)
+    rows = [dict(elapsed_s=t, real_tokens=real, tokens=tok, model_flops=fl, step_time_s=0.5, loss=1.0,
+                 mem_peak_gib=10.0 + i, mem_alloc_retries=0) for i, (t, real, tok, fl) in enumerate(per_step)]
+    (run_dir / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "provenance.json").write_text(json.dumps({"model": {"attn_implementation_resolved": "sdpa"},
+                                                         "dynamo": {"recompiles": 0, "graph_breaks": 0}}))
+
+
+def test_an_align_run_is_measured_after_warmup_and_per_gpu(tmp_path):
+    arm = harness.Arm("two", "bench/dense_eager_fsdp", run_dir=tmp_path / "two", gpus=2)
+    # step 1 (warm-up) is not measured: the clock starts at its end
+    _write_run(arm.run_dir, [(5.0, 999, 999, 9e12), (6.0, 800, 1000, 2e12), (7.0, 800, 1000, 2e12)])
+    m = harness.read_align_run(arm, warmup=1, useful_per_token=1e9)
+    assert (m["seconds"], m["steps_measured"]) == (2.0, 2)
+    assert (m["real_tokens"], m["tokens"]) == (800, 1000)  # history sums ranks; the bench reports per GPU
+    assert m["counted_flops"] == 4e12 and m["useful_flops"] == 800 * 1e9 and m["peak_mem_gib"] == 12.0
+    r = summarise(m, ceiling_tflops=2.0)
+    assert r["real_tokens_per_s"] == 400 and r["padding_waste"] == pytest.approx(0.2)
+    assert r["useful_mfu"] == pytest.approx(0.2) and r["counted_mfu"] == pytest.approx(1.0)
+    assert "per GPU of 2" in harness.notes(r)
+
+
+def test_ratios_and_the_table_read_the_same_command(tmp_path):
+    results = [summarise(dict(arm=n, seconds=1.0, steps_measured=1, real_tokens=real, tokens=real, counted_flops=None,
+                              useful_flops=0.0, peak_mem_gib=None), ceiling_tflops=None)
+               for n, real in (("hf_padded", 100.0), ("dense_best", 700.0))]
+    results.append({"arm": "broken", "error": "exit 1: boom"})
+    add_ratios(results, ["hf_padded"])
+    assert results[1]["vs_hf_padded"] == pytest.approx(7.0) and results[2]["vs_hf_padded"] is None
+    md = harness.table(results, None, ["hf_padded"])
+    assert "| (2) dense_best | 700 |" in md and "| 7.00x |" in md and "exit 1: boom" in md
