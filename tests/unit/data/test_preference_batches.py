@@ -176,3 +176,23 @@ def test_the_budget_sampler_sees_what_a_padded_pair_costs(tmp_path, tok, pairs, 
         assert len(unit_batch) * int(inner.lengths[unit_batch].max()) == b.tokens <= 1600
     chosen, rejected = pairs.side_lengths
     assert (np.abs(chosen - rejected) > 0).any(), "the data must hold pairs of unequal sides for this to show anything"
+
+
+def test_a_mixture_of_pair_sources_weighs_pairs_per_source(tmp_path, tok):
+    from omegaconf import OmegaConf
+
+    from tests.unit.data.conftest import write_jsonl
+
+    a = write_jsonl(tmp_path / "a.jsonl", [{"prompt": f"qa{i}", "chosen": "yes", "rejected": "no"} for i in range(6)])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"prompt": f"qb{i}", "chosen": "yes", "rejected": "no"} for i in range(6)])
+    mix = {"a": {"kind": "preference", "path": str(a), "weight": 2.0}, "b": {"kind": "preference", "path": str(b)}}
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), {
+        "data": {"mixture": mix, "cache_dir": str(tmp_path / "c"), "encode_workers": 0},
+        "sampler": {"micro_batch_size": 2}}))
+    pairs = load_pairs(cfg, tok)
+    assert pairs.pair_ids[:1] == ["a:1"] and pairs.meta["records_per_source"] == [6, 6]
+    s = build_pair_stream(cfg, pairs, tok.pad_token_id)
+    served = np.concatenate(s.sampler.rank_batches(0))
+    assert np.array_equal(served[0::2] + 1, served[1::2])
+    by_source = Counter(pairs.pair_ids[int(r) // 2].split(":")[0] for r in served[0::2])
+    assert by_source == {"a": 12, "b": 6}
