@@ -191,6 +191,19 @@ class Source(StrEnum):
     jsonl = "jsonl"
     parquet = "parquet"
     tokens = "tokens"
+    preference = "preference"
+    """A local JSONL file of preference records ({prompt, chosen, rejected}; align/data/preference.py)."""
+    gsm8k_pairs = "gsm8k_pairs"
+    """The bundled preference pairs derived from GSM8K train (align/data/assets/gsm8k_pairs)."""
+
+    @property
+    def bundled(self) -> bool:
+        return self in (Source.gsm8k, Source.gsm8k_pairs)
+
+    @property
+    def pairs(self) -> bool:
+        """The source holds preference pairs (for a preference objective), not chat records."""
+        return self in (Source.preference, Source.gsm8k_pairs)
 
 
 class Truncation(StrEnum):
@@ -210,7 +223,8 @@ class SourceConfig:
 
     kind: Source = Source.jsonl
     """gsm8k: the bundled copy (`split`). jsonl/parquet: the local file `path`. tokens: a local JSONL
-    file of pre-tokenized rows (`tokens_field`)."""
+    file of pre-tokenized rows (`tokens_field`). preference: a local JSONL file of preference pairs;
+    gsm8k_pairs: the bundled pairs (a mixture holds pairs only or chat records only)."""
     path: Optional[str] = None
     """Local file for kind=jsonl or kind=parquet."""
     split: str = "train"
@@ -234,7 +248,7 @@ class SourceConfig:
     def check(self, key: str) -> None:
         _require(self.split in ("train", "test"), f"{key}.split", "must be one of: train, test", self.split)
         _require(self.weight > 0, f"{key}.weight", "must be > 0", self.weight)
-        if self.kind != Source.gsm8k:
+        if not self.kind.bundled:
             _require(bool(self.path), f"{key}.path", f"is required when {key}.kind={self.kind.value}", self.path)
 
 
@@ -243,7 +257,9 @@ class DataConfig:
     source: Source = Source.gsm8k
     """gsm8k: the copy bundled in the package. jsonl/parquet: a local file given by `path`. tokens:
     a local JSONL file of pre-tokenized rows (no chat template; every token after the first is a
-    target unless the row has a `loss_mask`). Ignored when `mixture` is set."""
+    target unless the row has a `loss_mask`). preference: a local JSONL file of preference pairs
+    ({prompt, chosen, rejected}, or two chats sharing a prefix); gsm8k_pairs: the bundled pairs.
+    Ignored when `mixture` is set."""
     path: Optional[str] = None
     """Local data file for `source=jsonl` (one JSON object per line) or `source=parquet`."""
     split: str = "train"
@@ -289,7 +305,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         _require(self.max_seq_len >= 8, "data.max_seq_len", "must be >= 8", self.max_seq_len)
         _require(self.split in ("train", "test"), "data.split", "must be one of: train, test", self.split)
-        if self.source != Source.gsm8k and not self.mixture:
+        if not self.source.bundled and not self.mixture:
             _require(bool(self.path), "data.path", f"is required when data.source={self.source.value}", self.path)
         if self.max_records is not None:
             _require(self.max_records >= 1, "data.max_records", "must be >= 1 or null", self.max_records)
@@ -297,6 +313,15 @@ class DataConfig:
             _require(self.encode_workers >= 0, "data.encode_workers", "must be >= 0 or null", self.encode_workers)
         for name, src in self.mixture.items():
             src.check(f"data.mixture.{name}")
+        kinds = {n: s.kind.pairs for n, s in self.mixture.items()}
+        _require(len(set(kinds.values())) <= 1, "data.mixture",
+                 "mixes preference pairs with chat records; accepted: only pair kinds (preference, gsm8k_pairs) "
+                 "or only chat kinds", {n: s.kind.value for n, s in self.mixture.items()})
+
+    @property
+    def holds_pairs(self) -> bool:
+        """The sources are preference pairs (a preference objective's data), not chat records."""
+        return next(iter(self.mixture.values())).kind.pairs if self.mixture else self.source.pairs
 
 
 # --------------------------------------------------------------------------------------- sampler

@@ -4,8 +4,9 @@
 every source file and of every auxiliary mask file (never a path: a path is stable across an edit),
 the tokenizer files' content, the chat template, max_seq_len, the truncation and bad-record
 policies, the fields that pick prompt/response/roots/ids, the tokenizer libraries' versions and
-`ENCODE_VERSION`. Everything here is computed from files, without loading the tokenizer, so
-preflight can compute the key in milliseconds (`cache_key_parts(cfg.data, cfg.model)`).
+`ENCODE_VERSION`; for preference pairs also `PAIRING_VERSION`. Everything here is computed from
+files, without loading the tokenizer, so preflight can compute the key in milliseconds
+(`cache_key_parts(cfg.data, cfg.model)`).
 
 An entry is `<cache_dir>/<key>/` holding .npy arrays and meta.json; it is written into a temporary
 sibling and renamed into place, so a reader sees a whole entry or none, and a failed encode (bad
@@ -45,16 +46,23 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.txt", "merges.txt")
 """Files a transformers tokenizer reads from its directory (plus additional_chat_templates/*)."""
 
+PAIRING_VERSION = 1
+"""Bump whenever the pair encoder's output can change for identical inputs: how a record becomes a
+prompt and two completions (the implicit-prompt rule), the sequence layout (2i chosen, 2i+1 rejected),
+which tokens carry loss (the completion and its closing EOS), truncation of a pair. Part of the key
+of every preference encoding (align/data/preference.py) and of no chat encoding."""
+
 _ARRAYS = ("tokens", "loss_mask", "offsets", "source_index")
 
 
 def encode_cache_key(*, sources: Sequence[dict[str, Any]], tokenizer_sha256: str, chat_template_sha256: str,
                      max_seq_len: int, truncation: str, on_bad_record: str, max_records: Optional[int],
                      aux_sha256s: Sequence[str] = (), libraries: Optional[dict[str, str]] = None,
-                     encode_version: int = ENCODE_VERSION) -> str:
+                     encode_version: int = ENCODE_VERSION, pairing: Optional[dict[str, Any]] = None) -> str:
     """sha256 over the meaning of an encoding. `sources`: per source, in order, its `meaning()` plus
     `sha256` (file content). `aux_sha256s`: content hashes of the mask files; they are OR-merged, so
-    their order does not matter and is not part of the key."""
+    their order does not matter and is not part of the key. `pairing`: how preference records become
+    pairs of sequences (null for chat records, whose keys it leaves as they were)."""
     payload = {
         "encode_version": encode_version,
         "sources": list(sources),
@@ -67,6 +75,8 @@ def encode_cache_key(*, sources: Sequence[dict[str, Any]], tokenizer_sha256: str
         "aux_sha256s": sorted(aux_sha256s),
         "libraries": dict(sorted((libraries or {}).items())),
     }
+    if pairing is not None:
+        payload["pairing"] = pairing
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -139,6 +149,7 @@ def cache_key_parts(data_cfg: DataConfig, model_cfg: ModelConfig) -> dict[str, A
         "max_records": data_cfg.max_records,
         "aux_sha256s": [a["sha256"] for a in aux],
         "libraries": _libraries(),
+        "pairing": {"version": PAIRING_VERSION} if data_cfg.holds_pairs else None,
     }
     parts["key"] = encode_cache_key(**{k: v for k, v in parts.items()})
     parts["aux_files"] = aux
@@ -154,14 +165,17 @@ def encode_cache_key_for(cfg) -> str:
 # ----------------------------------------------------------------------------------- read / write
 
 
-def _write_entry(entry: Path, data: EncodedDataset, content: dict[str, Any]) -> None:
-    """Write into a temporary sibling, then rename: readers see a whole entry or none."""
+def _write_entry(entry: Path, data: EncodedDataset, content: dict[str, Any], extra_arrays: Sequence[str] = (),
+                 extra_meta: Sequence[str] = ()) -> None:
+    """Write into a temporary sibling, then rename: readers see a whole entry or none. `extra_*`: the
+    names of further attributes of `data` to keep (arrays as .npy, the rest in meta.json)."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
     try:
-        for name in _ARRAYS:
+        for name in (*_ARRAYS, *extra_arrays):
             np.save(tmp / f"{name}.npy", getattr(data, name))
-        meta = {"ids": data.ids, "roots": data.roots, "stats": data.stats, "content": content}
+        meta = {"ids": data.ids, "roots": data.roots, "stats": data.stats, "content": content,
+                **{name: getattr(data, name) for name in extra_meta}}
         with (tmp / "meta.json").open("w") as f:
             json.dump(meta, f)
             f.flush()
@@ -175,27 +189,61 @@ def _write_entry(entry: Path, data: EncodedDataset, content: dict[str, Any]) -> 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _read_entry(entry: Path, key: str) -> EncodedDataset:
+def _read_raw(entry: Path, key: str, extra_arrays: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(meta.json, arrays) of an entry, refused unless it holds `key`."""
     try:
         meta = json.loads((entry / "meta.json").read_text())
-        arrays = {name: np.load(entry / f"{name}.npy") for name in _ARRAYS}
+        arrays = {name: np.load(entry / f"{name}.npy") for name in (*_ARRAYS, *extra_arrays)}
     except (OSError, ValueError) as e:
         raise ConfigError("data.cache_dir", f"unreadable encode cache entry {entry} ({e}); delete it to re-encode") from None
     if meta["content"].get("encode_cache_key") != key:
         raise ConfigError("data.cache_dir", f"encode cache entry {entry} holds key {meta['content'].get('encode_cache_key')}; delete it")
+    return meta, arrays
+
+
+def _read_entry(entry: Path, key: str) -> EncodedDataset:
+    meta, arrays = _read_raw(entry, key)
     return EncodedDataset(ids=meta["ids"], roots=meta["roots"], stats=meta["stats"], meta=dict(meta["content"]), **arrays)
+
+
+def check_chat_template(tokenizer, model_cfg: ModelConfig, parts: dict[str, Any]) -> None:
+    """The key covers the template read from the files; refuse a loaded tokenizer that holds another."""
+    loaded = chat_template_sha256(tokenizer.chat_template) if tokenizer.chat_template is not None else None
+    if loaded != parts["chat_template_sha256"]:
+        raise ConfigError("model.pretrained", f"the loaded tokenizer's chat template (sha256 {loaded}) is not the "
+                          f"one read from {tokenizer_dir(model_cfg)} ({parts['chat_template_sha256']}): the cache key "
+                          "would not cover it")
+
+
+def provenance(data: EncodedDataset, parts: dict[str, Any], entry: Path, cache: bool, hit: bool,
+               seconds: float) -> None:
+    """What the manifest records of where the encoding came from, into `data.meta` (parts: cache_key_parts)."""
+    specs = parts["source_specs"]
+    data.meta.update(
+        cache_hit=bool(hit),
+        cache_entry=str(entry) if cache else None,
+        load_seconds=round(seconds, 3),
+        # Paths and weights are this run's; the content hashes are what the key covered.
+        sources=[{"name": s.name, "kind": s.kind.value, "path": str(s.path), "weight": s.weight,
+                  "sha256": p["sha256"], "records": n}
+                 for s, p, n in zip(specs, parts["sources"], data.meta["records_per_source"])],
+        aux_files=parts["aux_files"],
+        truncation={k: data.stats[k] for k in ("truncation_policy", "max_seq_len", "truncated", "dropped_too_long",
+                                                "dropped_no_loss", "truncated_ids", "dropped_ids")},
+        skipped_bad=data.stats.get("skipped_bad", 0),
+    )
 
 
 def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer) -> EncodedDataset:
     """The encoded data set of a run: from the cache when its key matches, else encoded (in worker
     processes) and cached. `.meta` carries the provenance the manifest records."""
     t0 = time.perf_counter()
+    if data_cfg.holds_pairs:
+        raise ConfigError("data.source", "holds preference pairs (data=gsm8k_pairs or data=preference), which a "
+                          "preference objective trains on; chat records: data=gsm8k, jsonl, parquet or tokens")
     parts = cache_key_parts(data_cfg, model_cfg)
     key = parts["key"]
-    loaded = chat_template_sha256(tokenizer.chat_template) if tokenizer.chat_template is not None else None
-    if loaded != parts["chat_template_sha256"]:
-        raise ConfigError("model.pretrained", f"the loaded tokenizer's chat template (sha256 {loaded}) is not the one read "
-                          f"from {tokenizer_dir(model_cfg)} ({parts['chat_template_sha256']}): the cache key would not cover it")
+    check_chat_template(tokenizer, model_cfg, parts)
     entry = Path(data_cfg.cache_dir) / key
     hit = data_cfg.cache and (entry / "meta.json").is_file()
     if hit:
@@ -217,20 +265,7 @@ def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer) -> Enc
         dataset_fingerprint(data)
         if data_cfg.cache:
             _write_entry(entry, data, data.meta)
-    specs = parts.pop("source_specs")
-    data.meta.update(
-        cache_hit=bool(hit),
-        cache_entry=str(entry) if data_cfg.cache else None,
-        load_seconds=round(time.perf_counter() - t0, 3),
-        # Paths and weights are this run's; the content hashes are what the key covered.
-        sources=[{"name": s.name, "kind": s.kind.value, "path": str(s.path), "weight": s.weight,
-                  "sha256": p["sha256"], "records": n}
-                 for s, p, n in zip(specs, parts["sources"], data.meta["records_per_source"])],
-        aux_files=parts["aux_files"],
-        truncation={k: data.stats[k] for k in ("truncation_policy", "max_seq_len", "truncated", "dropped_too_long",
-                                                "dropped_no_loss", "truncated_ids", "dropped_ids")},
-        skipped_bad=data.stats.get("skipped_bad", 0),
-    )
+    provenance(data, parts, entry, data_cfg.cache, hit, time.perf_counter() - t0)
     log.info("data: %d records, %d tokens, encode cache %s (%s), %.2fs", len(data), data.stats["tokens"],
              "hit" if hit else "miss", key[:12], data.meta["load_seconds"])
     return data

@@ -38,6 +38,21 @@ class Batch:
     padding_mask: Optional[torch.Tensor] = None
     """[B, L] 1 on real tokens, whenever a row is padded, whether or not the model gets it as its
     attention mask (sampler.mask_padding): MoE router statistics leave padding out with it."""
+    # Preference pairs (align.data.pairs.collate_pairs); None for chat records. Sequence s of the
+    # micro-batch is row s when padded, document s when packed; pair p is sequences 2p (chosen) and 2p+1.
+    seq_ids: Optional[torch.Tensor] = None
+    """[B, L] int64: the sequence each LABEL position belongs to, -1 where the label is IGNORE (prompt,
+    padding, a document's last token): per-sequence sums are an index_add over it."""
+    chosen_seq: Optional[torch.Tensor] = None
+    """[P] int64: the sequence of pair p's chosen side."""
+    rejected_seq: Optional[torch.Tensor] = None
+    """[P] int64: the sequence of pair p's rejected side."""
+    pairs: Optional[int] = None
+    """P, the pairs in this micro-batch."""
+    truncated_pairs: Optional[int] = None
+    """Pairs of this micro-batch with a side cut at data.max_seq_len (data.truncation=truncate)."""
+    pair_rows: Optional[np.ndarray] = None
+    """[P] the pairs' indices in the encoded pairs (EncodedPairs), e.g. to look up per-pair state."""
 
     @property
     def packed(self) -> bool:
@@ -64,8 +79,10 @@ class Batch:
                 self.attention_mask = self.padding_mask
         if self.attention_mask is not None and self.attention_mask.device != device:
             self.attention_mask = self.attention_mask.to(device, non_blocking=nb)
-        if self.position_ids is not None:
-            self.position_ids = self.position_ids.to(device, non_blocking=nb)
+        for name in ("position_ids", "seq_ids", "chosen_seq", "rejected_seq"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.to(device, non_blocking=nb))
         return self
 
 

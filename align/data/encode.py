@@ -9,12 +9,13 @@ result is identical to encoding in-process (tested), so the worker count is not 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_all_start_methods, get_context
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -135,8 +136,12 @@ def _worker_init(tok) -> None:
     _WORKER_TOK = tok
 
 
-def _encode_chunk(chunk: list[tuple[Record, frozenset[int]]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [_pack(*encode_one(_WORKER_TOK, r, ex)) for r, ex in chunk]
+def _map_chunk(fn: Callable[[Any, Any], Any], chunk: list) -> list:
+    return [fn(_WORKER_TOK, item) for item in chunk]
+
+
+def _encode_item(tok, item: tuple[Record, frozenset[int]]) -> tuple[np.ndarray, np.ndarray]:
+    return _pack(*encode_one(tok, *item))
 
 
 def _pack(t: list[int], m: list[bool]) -> tuple[np.ndarray, np.ndarray]:
@@ -154,21 +159,28 @@ def resolve_workers(requested: Optional[int], n_records: int) -> int:
     return min(8, per_rank)
 
 
-def encode_all(records: Sequence[Record], tok, excluded: dict[str, set[int]], workers: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Encode every record, in order, in `workers` processes (0: in-process)."""
-    items = [(r, frozenset(excluded.get(r.id, ()))) for r in records]
+def map_with_tokenizer(fn: Callable[[Any, Any], Any], items: Sequence[Any], tok, workers: int) -> list:
+    """`fn(tok, item)` for every item, in order, in `workers` processes (0: in-process). `fn` must be a
+    module-level function (the workers get it by reference)."""
     if workers <= 0:
-        return [_pack(*encode_one(tok, r, ex)) for r, ex in items]
+        return [fn(tok, item) for item in items]
     n_chunks = workers * 4
     size = -(-len(items) // n_chunks)
-    chunks = [items[i : i + size] for i in range(0, len(items), size)]
+    chunks = [list(items[i : i + size]) for i in range(0, len(items), size)]
     # fork: the workers inherit the loaded tokenizer (spawn would re-import transformers and reload
     # it in each worker, seconds on 2 cores). They run no torch op and no tokenizer batch (the Rust
     # thread pool, which tokenizers itself disables after a fork), so no thread state is at risk.
     # Where fork is missing, spawn pickles the tokenizer (slower, same result).
     ctx = get_context("fork" if "fork" in get_all_start_methods() else "spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(tok,)) as pool:
-        return [x for part in pool.map(_encode_chunk, chunks) for x in part]
+        return [x for part in pool.map(functools.partial(_map_chunk, fn), chunks) for x in part]
+
+
+def encode_all(records: Sequence[Record], tok, excluded: dict[str, set[int]],
+               workers: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Encode every record, in order, in `workers` processes (0: in-process)."""
+    items = [(r, frozenset(excluded.get(r.id, ()))) for r in records]
+    return map_with_tokenizer(_encode_item, items, tok, workers)
 
 
 def encode_records(records: Sequence[Record], tok, cfg: DataConfig,

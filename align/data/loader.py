@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
@@ -28,17 +28,22 @@ from align.errors import ConfigError
 log = logging.getLogger("align")
 
 
+Collate = Callable[..., Batch]
+"""`collate(data, rows, pad_id, pad_to_multiple_of, packed, mask_padding) -> Batch` (align.data.collate.collate
+or align.data.pairs.collate_pairs); a module-level function, so loader workers can pickle it."""
+
+
 class _EpochBatches(Dataset):
     def __init__(self, data: EncodedDataset, batches: list[np.ndarray], pad_id: int, pad_to_multiple_of: int,
-                 packed: bool, mask_padding: bool = True) -> None:
+                 packed: bool, mask_padding: bool = True, collate_fn: Collate = collate) -> None:
         self.data, self.batches, self.pad_id, self.mult, self.packed = data, batches, pad_id, pad_to_multiple_of, packed
-        self.mask_padding = mask_padding
+        self.mask_padding, self.collate_fn = mask_padding, collate_fn
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> Batch:
-        return collate(self.data, self.batches[i], self.pad_id, self.mult, self.packed, self.mask_padding)
+        return self.collate_fn(self.data, self.batches[i], self.pad_id, self.mult, self.packed, self.mask_padding)
 
 
 @dataclass
@@ -52,9 +57,9 @@ class BatchStream:
 
     def __init__(self, data: EncodedDataset, sampler: MicroBatchSampler, pad_id: int, pad_to_multiple_of: int = 1,
                  num_workers: int = NUM_WORKERS, pin_memory: bool = False, packed: Optional[bool] = None,
-                 stats: Optional[DataStats] = None, mask_padding: bool = True) -> None:
+                 stats: Optional[DataStats] = None, mask_padding: bool = True, collate_fn: Collate = collate) -> None:
         self.data, self.sampler = data, sampler
-        self.mask_padding = mask_padding
+        self.mask_padding, self.collate_fn = mask_padding, collate_fn
         self.pad_id, self.mult = pad_id, pad_to_multiple_of
         self.packed = sampler.packed if packed is None else packed
         self.kwargs = loader_kwargs(num_workers, pin_memory)
@@ -65,7 +70,9 @@ class BatchStream:
         while True:
             epoch, start = self.position.epoch, self.position.index
             batches = self.sampler.rank_batches(epoch)[start:]
-            loader = DataLoader(_EpochBatches(self.data, batches, self.pad_id, self.mult, self.packed, self.mask_padding), **self.kwargs)
+            epoch_batches = _EpochBatches(self.data, batches, self.pad_id, self.mult, self.packed, self.mask_padding,
+                                          self.collate_fn)
+            loader = DataLoader(epoch_batches, **self.kwargs)
             for i, batch in enumerate(loader):
                 self.position = Position(epoch, start + i + 1)
                 yield batch

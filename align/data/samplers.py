@@ -88,6 +88,13 @@ class MicroBatchSampler:
     def _extra(self) -> dict:
         return {}
 
+    def shuffle_baseline(self, rows: int) -> "MicroBatchSampler":
+        """A pure shuffle of the same pool with `rows` rows per micro-batch: what roots per window
+        are compared with (align.data.stats.plan_stats)."""
+        shuffle = ShuffleSampler(self.lengths, rows, self.seed, mixture=None)
+        shuffle.mixture = self.mixture
+        return shuffle
+
     plan: Optional[dict] = None
     """Epoch-0 plan stats with roots per window, set by `build_stream` (align.data.stats.plan_stats)."""
 

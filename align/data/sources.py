@@ -73,6 +73,11 @@ def bundled_gsm8k(split: str) -> Path:
     return Path(str(resources.files("align.data") / "assets" / "gsm8k" / f"{split}.jsonl"))
 
 
+def bundled_gsm8k_pairs() -> Path:
+    """The bundled preference pairs (scripts/make_gsm8k_pairs.py writes them from GSM8K train)."""
+    return Path(str(resources.files("align.data") / "assets" / "gsm8k_pairs" / "gsm8k_pairs.jsonl"))
+
+
 def source_path(cfg: DataConfig) -> Path:
     """The single source's file (kept for callers that predate mixtures)."""
     return source_specs(cfg)[0].path
@@ -82,7 +87,8 @@ def source_specs(cfg: DataConfig) -> list[SourceSpec]:
     """The sources of `cfg` in order: the mixture entries, or the one source of `data.*`."""
 
     def spec(name: Optional[str], kind: Source, path: Optional[str], split: str, weight: float, key: str, over=None) -> SourceSpec:
-        p = bundled_gsm8k(split) if kind == Source.gsm8k else Path(path or "")
+        p = bundled_gsm8k(split) if kind == Source.gsm8k else bundled_gsm8k_pairs() if kind == Source.gsm8k_pairs \
+            else Path(path or "")
         pick = lambda f: getattr(over, f) if over is not None and getattr(over, f) is not None else getattr(cfg, f)  # noqa: E731
         return SourceSpec(
             name=name or ("gsm8k" if kind == Source.gsm8k else p.stem), kind=kind, path=p, split=split, weight=weight,

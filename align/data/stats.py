@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from align.data.samplers import MicroBatchSampler, ShuffleSampler, padded_len
+from align.data.samplers import MicroBatchSampler, padded_len
 
 
 def length_moments(lengths: np.ndarray) -> dict[str, float]:
@@ -80,9 +80,8 @@ def plan_stats(sampler: MicroBatchSampler, codes: np.ndarray, window: int, epoch
     out = padding_stats(batches, sampler.lengths, sampler.pad_to_multiple_of, sampler.packed)
     out["roots_per_window"] = roots_per_window(batches, codes, window)
     mbs = max(1, int(round(out["mean_rows"])))
-    shuffle = ShuffleSampler(sampler.lengths, mbs, sampler.seed, mixture=None)
-    shuffle.mixture = sampler.mixture
-    out["shuffle_roots_per_window"] = roots_per_window(shuffle.global_batches(epoch), codes, window)
+    baseline = sampler.shuffle_baseline(mbs).global_batches(epoch)
+    out["shuffle_roots_per_window"] = roots_per_window(baseline, codes, window)
     out["window"] = window
     out["dropped_by_rank_trim"] = len(batches) % sampler.world
     return out

@@ -22,7 +22,7 @@ def test_the_walk_found_every_group_the_design_names():
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_and_converts(group, option, compose, tmp_path):
     extra = []
-    if (group, option) in (("data", "jsonl"), ("data", "parquet"), ("data", "tokens")):
+    if (group, option) in (("data", "jsonl"), ("data", "parquet"), ("data", "tokens"), ("data", "preference")):
         f = tmp_path / f"d.{option}"
         f.write_text('{"prompt": "hi", "response": "there"}\n')
         extra = [f"data.path={f}"]

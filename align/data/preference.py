@@ -1,0 +1,431 @@
+"""Preference pairs: records -> validated (prompt, chosen, rejected) -> two encoded sequences per pair.
+
+A record is one JSON object per line, in one of two forms:
+- explicit: `{"prompt": P, "chosen": C, "rejected": R}`. P is a string (one user turn) or a chat
+  (a list of {role, content} that does not end with an assistant turn); C and R are each a string or a
+  list holding one assistant message.
+- implicit prompt: `{"chosen": [chat], "rejected": [chat]}`, two whole conversations that share every
+  turn but their last: the shared turns are the prompt, the two last (assistant) turns the completions.
+
+Encoding renders prompt + completion through the tokenizer's chat template. The prompt's tokens are
+those of the prompt rendered with the generation prompt, and they must be a token prefix of each side
+(checked: the two sides then start from the same context). Only completion tokens carry loss: the
+completion and the EOS that closes it (appended when the template leaves the answer open), exactly as
+an SFT assistant turn (align/data/encode.py). Pair i becomes sequences 2i (prompt + chosen) and 2i + 1
+(prompt + rejected) of one EncodedDataset, so everything that reads an encoded data set (collate, the
+mask probe, the manifest) reads the pairs' sequences as they are.
+
+Bad records (a missing side, chosen identical to rejected, an empty completion, a prompt with no room
+for a completion within data.max_seq_len, malformed JSON or fields) are refused with file:line, or,
+under data.on_bad_record=skip, counted per reason and dropped; the counts go into the manifest. A side
+longer than data.max_seq_len follows data.truncation for the whole pair (drop it, cut the side from the
+right and flag the pair truncated, or fail).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from align.config import DataConfig, OnBadRecord, TrainConfig, Truncation
+from align.data.cache import (ENCODE_VERSION, PAIRING_VERSION, _read_raw, _write_entry, cache_key_parts,
+                              check_chat_template, provenance)
+from align.data.encode import EncodedDataset, dataset_fingerprint, map_with_tokenizer, resolve_workers
+from align.data.sources import BadRecord, SourceSpec, _rows, source_specs
+from align.errors import ConfigError
+
+log = logging.getLogger("align")
+
+ROLES = ("system", "user", "assistant")
+SIDES = ("chosen", "rejected")
+FORMAT = 'accepted: {"prompt": str | chat, "chosen": str | [assistant message], "rejected": ...} or two chats ' \
+         '{"chosen": [...], "rejected": [...]} that differ only in their last (assistant) turn'
+
+
+class BadPair(BadRecord):
+    """A bad preference record; `reason` is the name it is counted under when skipped."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class PreferenceRecord:
+    id: str
+    """`<source>:<line number>` (or `<source>:<id_field value>`)."""
+    root: str
+    """`<source>` or `<source>/<root_field>=<value>`, as for chat records."""
+    where: str
+    """`<file>:<line>`, what an error about this record names."""
+    prompt: list[dict[str, str]]
+    """The shared context: a chat that does not end with an assistant turn."""
+    chosen: dict[str, str]
+    """The preferred completion: one assistant message."""
+    rejected: dict[str, str]
+    """The dispreferred completion: one assistant message."""
+    source: int = 0
+    """Index of the record's source in `source_specs(cfg)`."""
+
+
+# --------------------------------------------------------------------------------------- parsing
+
+
+def _text(value: Any, what: str) -> str:
+    # str(None) is "None": the model would be trained on text nobody wrote.
+    if not isinstance(value, str):
+        got = "null" if value is None else f"of type {type(value).__name__}"
+        raise BadPair("malformed", f"{what} is {got}; accepted: a string")
+    return value
+
+
+def _message(m: Any, what: str) -> dict[str, str]:
+    if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        got = f"keys {sorted(m)}" if isinstance(m, dict) else f"type {type(m).__name__}"
+        raise BadPair("malformed", f"{what} must be an object with 'role' and 'content' (got {got})")
+    role = _text(m["role"], f"{what}.role")
+    if role not in ROLES:
+        raise BadPair("malformed", f"{what}.role is {role!r}; accepted: {', '.join(ROLES)}")
+    return {"role": role, "content": _text(m["content"], f"{what}.content")}
+
+
+def _chat(value: Any, what: str) -> list[dict[str, str]]:
+    if not isinstance(value, list):
+        raise BadPair("malformed", f"'{what}' must be a string or a list of {{role, content}}; {FORMAT}")
+    return [_message(m, f"'{what}'[{i}]") for i, m in enumerate(value)]
+
+
+def _prompt(value: Any) -> list[dict[str, str]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    chat = _chat(value, "prompt")
+    if not chat or chat[-1]["role"] == "assistant":
+        raise BadPair("malformed", "'prompt' must be a non-empty chat that does not end with an assistant turn "
+                                   "(the completions are the assistant's answer to it)")
+    return chat
+
+
+def _completion(value: Any, side: str) -> dict[str, str]:
+    if isinstance(value, str):
+        return {"role": "assistant", "content": value}
+    chat = _chat(value, side)
+    if len(chat) != 1 or chat[0]["role"] != "assistant":
+        raise BadPair("malformed", f"'{side}' must be a string or a list holding one assistant message "
+                                   f"(got roles {[m['role'] for m in chat]})")
+    return chat[0]
+
+
+def _implicit(chosen: Any, rejected: Any) -> tuple[list[dict[str, str]], dict[str, str], dict[str, str]]:
+    """Two whole conversations: their shared turns are the prompt, their last turns the completions."""
+    if not isinstance(chosen, list) or not isinstance(rejected, list):
+        raise BadPair("malformed", f"a record without 'prompt' needs 'chosen' and 'rejected' as chats; {FORMAT}")
+    c, r = _chat(chosen, "chosen"), _chat(rejected, "rejected")
+    if c == r:
+        raise BadPair("identical", "'chosen' and 'rejected' are the same conversation: the pair prefers nothing")
+    k = 0
+    while k < min(len(c), len(r)) and c[k] == r[k]:
+        k += 1
+    if len(c) != k + 1 or len(r) != k + 1 or c[k]["role"] != "assistant" or r[k]["role"] != "assistant":
+        raise BadPair("no_shared_prompt", f"'chosen' and 'rejected' must share every turn but their last, an assistant "
+                                          f"turn (they share {k} of {len(c)} and {len(r)} turns)")
+    if k == 0 or c[k - 1]["role"] == "assistant":
+        raise BadPair("no_shared_prompt", "the shared turns (the prompt) must be non-empty and not end with an "
+                                          "assistant turn")
+    return c[:k], c[k], r[k]
+
+
+def parse_record(row: dict, spec: SourceSpec, lineno: int, index: int) -> PreferenceRecord:
+    """One record of a preference source, validated; raises BadPair naming what is wrong."""
+    missing = [s for s in SIDES if row.get(s) is None]
+    if missing:
+        raise BadPair("missing_side", f"record has no '{missing[0]}' (keys: {sorted(row)}); {FORMAT}")
+    if row.get("prompt") is not None:
+        prompt = _prompt(row["prompt"])
+        chosen, rejected = _completion(row["chosen"], "chosen"), _completion(row["rejected"], "rejected")
+    else:
+        prompt, chosen, rejected = _implicit(row["chosen"], row["rejected"])
+    for side, m in zip(SIDES, (chosen, rejected)):
+        if not m["content"].strip():
+            raise BadPair("empty_completion", f"the '{side}' completion is empty: it would teach the model nothing "
+                                              "to prefer")
+    if chosen == rejected:
+        raise BadPair("identical", "'chosen' and 'rejected' are identical: the pair prefers nothing")
+    return PreferenceRecord(id=_field_id(row, spec, lineno), root=_root(row, spec), where=f"{spec.path}:{lineno}",
+                            prompt=prompt, chosen=chosen, rejected=rejected, source=index)
+
+
+def _field_id(row: dict, spec: SourceSpec, lineno: int) -> str:
+    if spec.id_field is None:
+        return f"{spec.name}:{lineno}"
+    if spec.id_field not in row:
+        raise BadPair("malformed", f"record has no id field '{spec.id_field}' (data.id_field)")
+    return f"{spec.name}:{row[spec.id_field]}"
+
+
+def _root(row: dict, spec: SourceSpec) -> str:
+    if spec.root_field is None:
+        return spec.name
+    if spec.root_field not in row:
+        raise BadPair("malformed", f"record has no root field '{spec.root_field}' (data.root_field)")
+    return f"{spec.name}/{spec.root_field}={row[spec.root_field]}"
+
+
+class BadRecords:
+    """Bad records: refused (exit 2, naming file:line) or, under on_bad_record=skip, counted per reason."""
+
+    def __init__(self, policy: OnBadRecord) -> None:
+        self.policy = policy
+        self.where: list[str] = []
+        self.by_reason: dict[str, int] = {}
+
+    def __call__(self, where: str, e: BadRecord) -> None:
+        if self.policy == OnBadRecord.fail:
+            raise ConfigError(where, f"{e} (set data.on_bad_record=skip to skip such records)") from None
+        reason = getattr(e, "reason", "malformed")
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+        self.where.append(f"{where}: {e}")
+
+    def report(self) -> dict[str, Any]:
+        if self.where:
+            log.warning("data: skipped %d bad preference record(s), first: %s", len(self.where), self.where[0])
+        return {"skipped_bad": len(self.where), "skipped_by_reason": dict(sorted(self.by_reason.items())),
+                "skipped_where": self.where[:100]}
+
+
+def load_preference_records(cfg: DataConfig, bad: BadRecords) -> list[PreferenceRecord]:
+    """Every preference record of every source, in order (the first `max_records` usable ones of each)."""
+    records: list[PreferenceRecord] = []
+    seen: set[str] = set()
+    for index, spec in enumerate(source_specs(cfg)):
+        n, skipped = 0, len(bad.where)
+        for lineno, row in _rows(spec):
+            where = f"{spec.path}:{lineno}"
+            try:
+                if isinstance(row, BadRecord):
+                    raise row
+                rec = parse_record(row, spec, lineno, index)
+                if rec.id in seen:
+                    raise BadPair("duplicate_id", f"duplicate record id {rec.id!r}")
+            except BadRecord as e:
+                bad(where, e)
+                continue
+            seen.add(rec.id)
+            records.append(rec)
+            n += 1
+            if cfg.max_records is not None and n >= cfg.max_records:
+                break
+        if n == 0:
+            skipped = len(bad.where) - skipped
+            raise ConfigError(spec.key, f"no usable preference records in {spec.path}"
+                              + (f" ({skipped} skipped as bad)" if skipped else ""))
+    return records
+
+
+def check_pair_sources(cfg: DataConfig) -> None:
+    """Refuse chat-record sources (and mask files, which name chat turns) where pairs are expected."""
+    if not cfg.holds_pairs:
+        kind = next(iter(cfg.mixture.values())).kind if cfg.mixture else cfg.source
+        raise ConfigError("data.mixture" if cfg.mixture else "data.source",
+                          f"a preference objective trains on preference pairs, got {kind.value} (chat records); "
+                          "accepted: data=gsm8k_pairs (bundled) or data=preference data.path=pairs.jsonl")
+    if cfg.mask_files:
+        raise ConfigError("data.mask_files", "name turns of chat records; a preference pair's loss covers its two "
+                                             "completions by construction: leave data.mask_files empty")
+
+
+# -------------------------------------------------------------------------------------- encoding
+
+
+@dataclass
+class EncodedPairs(EncodedDataset):
+    """Encoded pairs: pair i is sequences 2i (prompt + chosen) and 2i + 1 (prompt + rejected). What is
+    inherited (tokens, loss_mask, offsets, ids, roots, source_index, lengths, row) is per SEQUENCE, so
+    every reader of an encoded data set works on it unchanged; the pair views are below."""
+
+    truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """bool per pair: a side was cut at data.max_seq_len (data.truncation=truncate)."""
+    pair_ids: list[str] = field(default_factory=list)
+    """Record id per pair (the sequences' ids are `<pair id>/chosen` and `<pair id>/rejected`)."""
+
+    @property
+    def pairs(self) -> int:
+        return len(self.pair_ids)
+
+    @property
+    def pair_lengths(self) -> np.ndarray:
+        """Tokens of each pair, both sides (a sequence's own length is `lengths`)."""
+        lens = self.lengths
+        return lens[0::2] + lens[1::2]
+
+    @property
+    def side_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """(chosen, rejected) lengths per pair."""
+        lens = self.lengths
+        return lens[0::2], lens[1::2]
+
+
+def render_ids(tok, messages: list[dict[str, str]], **kw) -> list[int]:
+    return tok(tok.apply_chat_template(messages, tokenize=False, **kw), add_special_tokens=False)["input_ids"]
+
+
+def encode_side(tok, prompt_ids: list[int], prompt: list[dict[str, str]], completion: dict[str, str]) -> list[int]:
+    """Token ids of prompt + completion, closed by EOS; raises BadPair when the prompt is not a prefix."""
+    ids = render_ids(tok, [*prompt, completion])
+    if ids[: len(prompt_ids)] != prompt_ids:
+        raise BadPair("template_prefix", "the chat template does not render the prompt (with its generation prompt) "
+                                         "as a token prefix of prompt + completion: no loss mask can be cut")
+    if tok.eos_token_id not in ids[len(prompt_ids):]:
+        ids.append(tok.eos_token_id)  # the template leaves the answer open: close it so the model learns to stop
+    return ids
+
+
+def encode_pair(tok, rec: PreferenceRecord, max_seq_len: int) -> tuple[int, list[int], list[int]]:
+    """(prompt length, chosen ids, rejected ids), unbounded; raises BadPair for a prompt with no room."""
+    prompt_ids = render_ids(tok, rec.prompt, add_generation_prompt=True)
+    if len(prompt_ids) >= max_seq_len:
+        raise BadPair("prompt_too_long", f"the prompt is {len(prompt_ids)} tokens: data.max_seq_len={max_seq_len} "
+                                         "leaves no room for a completion")
+    return len(prompt_ids), encode_side(tok, prompt_ids, rec.prompt, rec.chosen), \
+        encode_side(tok, prompt_ids, rec.prompt, rec.rejected)
+
+
+def _encode_item(tok, item: tuple[PreferenceRecord, int]) -> tuple[int, list[int], list[int]] | tuple[str, str]:
+    # A bad pair comes back as (reason, message): an exception raised in a worker would end the pool.
+    try:
+        return encode_pair(tok, *item)
+    except BadPair as e:
+        return e.reason, str(e)
+
+
+def encode_pairs(records: Sequence[PreferenceRecord], tok, cfg: DataConfig, bad: BadRecords,
+                 workers: Optional[int] = 0) -> EncodedPairs:
+    """Encode every pair (in `workers` processes, as chat records: align.data.encode.resolve_workers),
+    apply the truncation policy per pair; the report goes into `stats`."""
+    seqs: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    kept: list[PreferenceRecord] = []
+    truncated: list[bool] = []
+    dropped: list[str] = []
+    m = cfg.max_seq_len
+    items = [(r, m) for r in records]
+    for rec, out in zip(records, map_with_tokenizer(_encode_item, items, tok, resolve_workers(workers, len(items)))):
+        if len(out) == 2:
+            bad(rec.where, BadPair(*out))
+            continue
+        n_prompt, chosen, rejected = out
+        longest = max(len(chosen), len(rejected))
+        if longest > m:
+            if cfg.truncation == Truncation.fail:
+                raise ConfigError(rec.where, f"a side of pair {rec.id} has {longest} tokens, more than "
+                                  f"data.max_seq_len={m} (data.truncation=fail; accepted: drop, truncate, or a larger "
+                                  "data.max_seq_len)")
+            if cfg.truncation == Truncation.drop:
+                dropped.append(rec.id)
+                continue
+        for ids in (chosen, rejected):
+            ids = ids[:m]
+            seqs.append(np.asarray(ids, dtype=np.int32))
+            masks.append(np.arange(len(ids)) >= n_prompt)
+        kept.append(rec)
+        truncated.append(longest > m)
+    if not kept:
+        raise ConfigError("data.max_seq_len", f"no pair is left to train on: {len(dropped)} longer than {m} tokens "
+                          f"(data.truncation={cfg.truncation.value}), {len(bad.where)} skipped as bad")
+    return _assemble(kept, seqs, masks, truncated, dropped, cfg, len(records))
+
+
+def _assemble(kept: list[PreferenceRecord], seqs: list[np.ndarray], masks: list[np.ndarray], truncated: list[bool],
+              dropped: list[str], cfg: DataConfig, n_in: int) -> EncodedPairs:
+    lengths = np.array([len(t) for t in seqs], dtype=np.int64)
+    flags = np.asarray(truncated, dtype=bool)
+    stats: dict[str, Any] = {
+        "records_in": n_in,
+        "records_kept": len(kept),
+        "pairs": len(kept),
+        "truncation_policy": cfg.truncation.value,
+        "max_seq_len": cfg.max_seq_len,
+        "dropped_too_long": len(dropped),
+        "truncated": int(flags.sum()),
+        "dropped_no_loss": 0,  # a completion is never empty and always ends in EOS
+        "dropped_ids": dropped[:100],
+        "truncated_ids": [r.id for r, t in zip(kept, truncated) if t][:100],
+        "loss_tokens": int(sum(int(mk.sum()) for mk in masks)),
+        "tokens": int(lengths.sum()),
+    }
+    return EncodedPairs(
+        tokens=np.concatenate(seqs), loss_mask=np.concatenate(masks),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        ids=[f"{r.id}/{side}" for r in kept for side in SIDES], roots=[r.root for r in kept for _ in SIDES],
+        source_index=np.repeat(np.asarray([r.source for r in kept], dtype=np.int32), 2), stats=stats,
+        truncated=flags, pair_ids=[r.id for r in kept],
+    )
+
+
+def pairs_fingerprint(pairs: EncodedPairs) -> str:
+    """The data set fingerprint a resume checks (align.data.encode.dataset_fingerprint), covering the
+    pair flags and layout too; kept in `meta` so every reader of the fingerprint gets this one."""
+    if not pairs.meta.get("fingerprint"):
+        base = dataset_fingerprint(EncodedDataset(pairs.tokens, pairs.loss_mask, pairs.offsets, pairs.ids, pairs.roots,
+                                                  source_index=pairs.source_index))
+        h = hashlib.sha256(f"pairs:{PAIRING_VERSION}:{base}|".encode())
+        h.update(np.ascontiguousarray(pairs.truncated).tobytes() + "\n".join(pairs.pair_ids).encode())
+        pairs.meta["fingerprint"] = h.hexdigest()
+    return pairs.meta["fingerprint"]
+
+
+# ----------------------------------------------------------------------------------------- cache
+
+
+_PAIR_ARRAYS = ("truncated",)
+_PAIR_META = ("pair_ids",)
+
+
+def load_pairs(cfg: TrainConfig, tokenizer) -> EncodedPairs:
+    """The encoded pairs of a run: from the encode cache when its key matches (the key covers the
+    pairing: align.data.cache.PAIRING_VERSION), else encoded and cached. `.meta` is the provenance the
+    manifest records, `.stats` the counts (records in/kept, skipped per reason, truncated, dropped)."""
+    t0 = time.perf_counter()
+    data_cfg = cfg.data
+    check_pair_sources(data_cfg)
+    parts = cache_key_parts(data_cfg, cfg.model)
+    key = parts["key"]
+    check_chat_template(tokenizer, cfg.model, parts)
+    entry = Path(data_cfg.cache_dir) / key
+    hit = data_cfg.cache and (entry / "meta.json").is_file()
+    if hit:
+        meta, arrays = _read_raw(entry, key, _PAIR_ARRAYS)
+        pairs = EncodedPairs(ids=meta["ids"], roots=meta["roots"], stats=meta["stats"], meta=dict(meta["content"]),
+                             pair_ids=meta["pair_ids"], **arrays)
+    else:
+        pairs = _encode(data_cfg, tokenizer, parts)
+        if data_cfg.cache:
+            _write_entry(entry, pairs, pairs.meta, _PAIR_ARRAYS, _PAIR_META)
+    provenance(pairs, parts, entry, data_cfg.cache, hit, time.perf_counter() - t0)
+    log.info("data: %d pairs, %d tokens, encode cache %s (%s), %.2fs", pairs.pairs, pairs.stats["tokens"],
+             "hit" if hit else "miss", key[:12], pairs.meta["load_seconds"])
+    return pairs
+
+
+def _encode(data_cfg: DataConfig, tokenizer, parts: dict[str, Any]) -> EncodedPairs:
+    bad = BadRecords(data_cfg.on_bad_record)
+    records = load_preference_records(data_cfg, bad)
+    pairs = encode_pairs(records, tokenizer, data_cfg, bad, data_cfg.encode_workers)
+    pairs.stats.update(bad.report())
+    per_source = np.bincount(pairs.source_index[0::2], minlength=len(parts["sources"]))
+    pairs.meta = {
+        "encode_cache_key": parts["key"],
+        "encode_version": ENCODE_VERSION,
+        "pairing_version": PAIRING_VERSION,
+        "fingerprint": None,
+        "records_per_source": [int(n) for n in per_source],
+        **{k: parts[k] for k in ("tokenizer_sha256", "chat_template_sha256", "libraries")},
+    }
+    pairs_fingerprint(pairs)
+    return pairs
+
