@@ -791,6 +791,11 @@ class TrainConfig:
         if self.optimizer.compile:
             _require(self.optimizer.name == OptimizerName.adamw, "optimizer.compile",
                      f"needs optimizer=adamw (got {self.optimizer.name.value})", True)
+        pairs = self.objective.kind == ObjectiveKind.dpo
+        _require(self.data.holds_pairs == pairs, "data",
+                 f"objective={self.objective.kind.value} trains on "
+                 + ("preference pairs: use data=gsm8k_pairs or data=preference" if pairs else
+                    "records, not preference pairs: use objective=dpo with this data"), self.data.source.value)
 
 
 # The one table: config group -> schema. conf/<group>/*.yaml files are validated against these.

@@ -99,6 +99,7 @@ SCHEMA: dict[str, Any] = {
         "stats": "padding waste and zero-pad micro-batches of epoch 0, micro-batches per epoch",
     },
     "seed": "trainer.seed",
+    "objective": "what the objective resolved to: kind, loss, reference strategy and identity (weights sha256, cache key and hit), the step-0 gate's report (null with a reason where it cannot apply)",
     "mask_probe": "per layer type: mask None (fast path) or tensor, padded vs unpadded, band check result",
     "dynamo": "torch._dynamo counters at the end: frames, unique graphs, graph breaks, recompiles, recompile-limit hits (frames left eager)",
     "throughput": "trainer.summary() at the end: steps, tokens, real tokens, ...",

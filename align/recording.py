@@ -145,8 +145,21 @@ class RunRecord:
         except AlignError as e:
             m.set("mask_probe", {"ok": False, "error": str(e)})
             raise
+        self._objective_gate(trainer)
         m.write("built")
         trainer.logger.summary(flat(m.data))
+
+    def _objective_gate(self, trainer: Any) -> None:
+        """The objective's own check before the first update (DPO: pairs and reference at step 0),
+        on the micro-batch step 1 trains on; its report, or its failure, goes into the manifest."""
+        objective, m = trainer.objective, self.manifest
+        m.set("objective", objective.describe())
+        try:
+            objective.gate(trainer.stream.peek().to(trainer.env.device))
+        except AlignError as e:
+            m.set("objective", {**objective.describe(), "gate": {"ran": True, "ok": False, "error": str(e)}})
+            raise
+        m.set("objective", objective.describe())
 
     def _record_data(self, trainer: Any) -> None:
         m, data = self.manifest, trainer.data

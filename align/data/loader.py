@@ -78,6 +78,15 @@ class BatchStream:
                 yield batch
             self.position = Position(epoch + 1, 0)
 
+    def peek(self) -> Batch:
+        """The micro-batch the stream yields next, collated on its own; the position does not move
+        (run-start gates look at what step 1 will train on)."""
+        epoch, index = self.position.epoch, self.position.index
+        batches = self.sampler.rank_batches(epoch)
+        if index >= len(batches):
+            epoch, index, batches = epoch + 1, 0, self.sampler.rank_batches(epoch + 1)
+        return self.collate_fn(self.data, batches[index], self.pad_id, self.mult, self.packed, self.mask_padding)
+
     def state_dict(self) -> dict:
         return {"epoch": self.position.epoch, "index": self.position.index, "seed": self.sampler.seed,
                 "world": self.sampler.world, "rank": self.sampler.rank, "sampler": self.sampler.fingerprint(),

@@ -22,6 +22,7 @@ import copy
 import logging
 from typing import Any, Callable, Iterator, Optional
 
+import numpy as np
 import torch
 
 from align.config import ObjectiveConfig, ReferenceDtype, ReferenceKind, TrainConfig
@@ -77,13 +78,14 @@ class DPO:
     # ----------------------------------------------------------------------------- building
 
     def build_data(self, cfg: TrainConfig, tokenizer: Any, env: DistEnv):
-        from align.data.preference import build_pair_stream, load_pairs
+        from align.data.pairs import build_pair_stream
+        from align.data.preference import load_pairs
 
-        self.env = env
+        self.env, self.pad_id = env, tokenizer.pad_token_id
         self.pairs = load_pairs(cfg, tokenizer)
         stream = build_pair_stream(cfg, self.pairs, tokenizer.pad_token_id, env.rank, env.world,
                                    pin_memory=env.device.type == "cuda")
-        return self.pairs.dataset, stream
+        return self.pairs, stream
 
     def prepare(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """Before placement: the reference's identity from the unsharded starting weights, and for
@@ -123,7 +125,7 @@ class DPO:
         if self.reference is None:
             return None, None
         if isinstance(self.reference, Precomputed):
-            return self.reference.pair_logps(batch.pair_ids)
+            return self.reference.pair_logps(torch.as_tensor(batch.pair_rows))
         seq = self.reference.sequence_logps(forward, self.sequence_logps, batch)
         return seq[batch.chosen_seq], seq[batch.rejected_seq]
 
@@ -147,7 +149,7 @@ class DPO:
     def micro_loss(self, forward: Callable[..., torch.Tensor], batch: Batch) -> torch.Tensor:
         out = preference_loss(self.loss, self.pair_logps(forward, batch), beta=self.cfg.beta,
                               label_smoothing=self.cfg.label_smoothing, simpo_gamma=self.cfg.simpo_gamma)
-        truncated = batch.truncated.to(out.losses.device)
+        truncated = torch.as_tensor(self.pairs.truncated[batch.pair_rows], device=out.losses.device)
         for k, v in out.metric_sums(truncated).items():
             if k != "loss":  # the loop logs the loss itself
                 self._sums[k] = self._sums.get(k, 0) + v
@@ -187,38 +189,45 @@ class DPO:
     # --------------------------------------------------------------------------- precomputed
 
     def _precomputed(self) -> Precomputed:
-        from align.data.preference import pair_batches
-
         parts = {"reference_sha256": self.reference_sha256, "encode_cache_key": self.pairs.meta.get("encode_cache_key"),
                  "chat_template_sha256": self.pairs.meta.get("chat_template_sha256"),
-                 "pairing": self.pairs.meta.get("pairing_version"), "pairs": len(self.pairs),
+                 "pairing": self.pairs.meta.get("pairing_version"), "pairs": self.pairs.pairs,
                  "precision": str(self._autocast_dtype()), "chunk": bool(self.chunk),
                  "logps": "sum over completion target tokens, fp32 accumulation"}
         key = cache_key(parts)
         path = self._cache_root() / f"{key}.npy"
-        table = load_table(path, len(self.pairs))
+        table = load_table(path, self.pairs.pairs)
         hit = table is not None
         if table is None:
             if self.resumed_at:
                 raise ConfigError("objective.reference", f"precomputed reference {key} is missing and the policy has "
                                   "trained since: it cannot be recomputed from this run", "precomputed")
-            table = self._compute_table(pair_batches(self.pairs, self.train_cfg))
+            table = self._compute_table(self._all_pairs())
             if self.env is None or self.env.is_main:
                 save_table(path, table)
         log.info("reference: precomputed %s (%s)", key, "cache hit" if hit else "computed")
         return Precomputed(table.to(self._device()), key, hit, path)
 
+    def _all_pairs(self, per_batch: int = 8) -> Iterator[Batch]:
+        """Every pair once, in order, `per_batch` pairs per padded micro-batch."""
+        from align.data.pairs import collate_pairs, sequence_rows
+
+        pad = self.train_cfg.sampler.pad_to_multiple_of
+        for start in range(0, self.pairs.pairs, per_batch):
+            ids = np.arange(start, min(start + per_batch, self.pairs.pairs))
+            yield collate_pairs(self.pairs, sequence_rows(ids), self.pad_id, pad)
+
     def _compute_table(self, batches: Iterator[Batch]) -> torch.Tensor:
         """Every pair's (chosen, rejected) summed log-probs under the starting policy; every rank
         forwards the same batches in the same order (a sharded forward is collective)."""
-        table = torch.zeros(len(self.pairs), 2, dtype=torch.float32)
+        table = torch.zeros(self.pairs.pairs, 2, dtype=torch.float32)
         was = self.model.training
         self.model.eval()
         with torch.no_grad():
             for b in batches:
                 b = b.to(self._device())
                 seq = self.sequence_logps(self.forward, b).cpu()
-                ids = b.pair_ids.cpu()
+                ids = torch.as_tensor(b.pair_rows)
                 table[ids, 0], table[ids, 1] = seq[b.chosen_seq.cpu()], seq[b.rejected_seq.cpu()]
         self.model.train(was)
         return table
@@ -264,6 +273,6 @@ class DPO:
                 "cache_hit": ref.hit if isinstance(ref, Precomputed) else None,
                 "cache_path": str(ref.path) if isinstance(ref, Precomputed) else None,
             },
-            "data": {"pairs": len(self.pairs), **dict(self.pairs.meta.get("pair_stats", {}))},
+            "data": {"pairs": self.pairs.pairs, "truncated_pairs": int(self.pairs.truncated.sum())},
             "gate": self.gate_report,
         }

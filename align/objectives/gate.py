@@ -38,7 +38,7 @@ def _max_count(env: Any, n: int, device: torch.device) -> int:
 def alone_sequence_logps(obj: Any, pair_ids: list[int]) -> torch.Tensor:
     """[2 * len(pair_ids)] summed log-probs of each pair's chosen and rejected sequence, one forward
     each; every rank runs as many forwards (a sharded forward is collective), repeating its first."""
-    data, device = obj.pairs.dataset, obj._device()
+    data, device = obj.pairs, obj._device()
     seqs = [2 * p + side for p in pair_ids for side in (0, 1)]
     n = _max_count(obj.env, len(seqs), device)
     out = []
@@ -61,7 +61,7 @@ def run_gate(obj: Any, batch: Batch) -> dict[str, Any]:
         with torch.no_grad():
             seq = obj.sequence_logps(obj.forward, batch).float()
             counts = torch.bincount(batch.seq_ids[batch.seq_ids >= 0].reshape(-1), minlength=seq.numel()).clamp(min=1)
-            alone = alone_sequence_logps(obj, batch.pair_ids.tolist()).float()
+            alone = alone_sequence_logps(obj, [int(p) for p in batch.pair_rows]).float()
             rc, rr = obj.reference_logps(obj.forward, batch)
     finally:
         model.train(was)

@@ -64,4 +64,5 @@ class SFT:
         return None  # SFT's batches are checked by the mask gate; it has no reference to compare
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.name, "loss": dict(self._info)}
+        return {"kind": self.name, "loss": dict(self._info),
+                "gate": None, "gate_why_null": "sft has no reference; its batches are checked by the mask gate"}

@@ -26,6 +26,10 @@ def test_every_option_composes_and_converts(group, option, compose, tmp_path):
         f = tmp_path / f"d.{option}"
         f.write_text('{"prompt": "hi", "response": "there"}\n')
         extra = [f"data.path={f}"]
+    if (group, option) in (("data", "gsm8k_pairs"), ("data", "preference")):
+        extra.append("objective=dpo")
+    if (group, option) == ("objective", "dpo"):
+        extra = []
     cfg = compose([f"{group}={option}", *extra], config_name="probe" if group == "probe" else "train")
     typed = to_typed(cfg)
     assert isinstance(typed, TrainConfig)
