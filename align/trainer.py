@@ -17,7 +17,7 @@ from torch.profiler import record_function
 
 from align.config import ParallelKind, Precision, TrainConfig
 from align.data.collate import Batch
-from align.data.cache import load_dataset
+from align.data.cache import load_dataset, save_dataset
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream, build_stream
 from align.data.tokenizer import load_tokenizer
@@ -112,7 +112,7 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=False)
 
         tokenizer = load_tokenizer(cfg.model)
-        data = load_dataset(cfg.data, cfg.model, tokenizer)
+        data = load_dataset(cfg.data, cfg.model, tokenizer, save=False)  # cached once the build succeeds
         stream = build_stream(cfg, data, tokenizer.pad_token_id, env.rank, env.world, pin_memory=env.device.type == "cuda")
 
         on_device = cfg.model.init_on_device and env.device.type == "cuda" and cfg.parallel.kind != ParallelKind.ep
@@ -144,6 +144,7 @@ class Trainer:
                       throughput, identity, runtime=built.runtime, loss_fn=build_loss(cfg.trainer.loss_chunk_tokens, model))
         if resume is not None:
             trainer.restore(resume)
+        save_dataset(cfg.data, data)
         return trainer
 
     # ------------------------------------------------------------------------------- checkpoints

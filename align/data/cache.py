@@ -9,7 +9,8 @@ preflight can compute the key in milliseconds (`cache_key_parts(cfg.data, cfg.mo
 
 An entry is `<cache_dir>/<key>/` holding .npy arrays and meta.json; it is written into a temporary
 sibling and renamed into place, so a reader sees a whole entry or none, and a failed encode (bad
-input) leaves nothing behind.
+input) leaves nothing behind. The trainer saves it only once its whole build has succeeded
+(`load_dataset(..., save=False)`, then `save_dataset`): a run refused at model load leaves no entry.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 """Files a transformers tokenizer reads from its directory (plus additional_chat_templates/*)."""
 
 _ARRAYS = ("tokens", "loss_mask", "offsets", "source_index")
+_CONTENT = ("encode_cache_key", "encode_version", "fingerprint", "records_per_source", "tokenizer_sha256",
+            "chat_template_sha256", "libraries")
+"""The keys of `EncodedDataset.meta` an entry stores; the rest describe this run (paths, timings)."""
 
 
 def encode_cache_key(*, sources: Sequence[dict[str, Any]], tokenizer_sha256: str, chat_template_sha256: str,
@@ -186,9 +190,10 @@ def _read_entry(entry: Path, key: str) -> EncodedDataset:
     return EncodedDataset(ids=meta["ids"], roots=meta["roots"], stats=meta["stats"], meta=dict(meta["content"]), **arrays)
 
 
-def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer) -> EncodedDataset:
+def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer, save: bool = True) -> EncodedDataset:
     """The encoded data set of a run: from the cache when its key matches, else encoded (in worker
-    processes) and cached. `.meta` carries the provenance the manifest records."""
+    processes) and cached (`save=False`: by `save_dataset`, later). `.meta` carries the provenance the
+    manifest records."""
     t0 = time.perf_counter()
     parts = cache_key_parts(data_cfg, model_cfg)
     key = parts["key"]
@@ -215,8 +220,8 @@ def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer) -> Enc
             **{k: parts[k] for k in ("tokenizer_sha256", "chat_template_sha256", "libraries")},
         }
         dataset_fingerprint(data)
-        if data_cfg.cache:
-            _write_entry(entry, data, data.meta)
+        if save:
+            save_dataset(data_cfg, data)
     specs = parts.pop("source_specs")
     data.meta.update(
         cache_hit=bool(hit),
@@ -234,3 +239,10 @@ def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer) -> Enc
     log.info("data: %d records, %d tokens, encode cache %s (%s), %.2fs", len(data), data.stats["tokens"],
              "hit" if hit else "miss", key[:12], data.meta["load_seconds"])
     return data
+
+
+def save_dataset(data_cfg: DataConfig, data: EncodedDataset) -> None:
+    """Write a freshly encoded data set into the cache (nothing for a hit, or with data.cache=false)."""
+    entry = Path(data_cfg.cache_dir) / data.meta["encode_cache_key"]
+    if data_cfg.cache and not data.meta.get("cache_hit") and not (entry / "meta.json").is_file():
+        _write_entry(entry, data, {k: data.meta[k] for k in _CONTENT})
