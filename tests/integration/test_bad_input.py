@@ -3,6 +3,7 @@ tokenizer or model load, and writes nothing."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,8 +82,11 @@ def _checkpoint_dir(tmp_path: Path) -> Path:
     import numpy as np
     from safetensors.numpy import save_file
 
+    from align.config import ModelConfig
+    from align.data.tokenizer import tokenizer_dir
+
     ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
+    shutil.copytree(tokenizer_dir(ModelConfig()), ckpt)  # a real tokenizer: only the weights are wrong
     (ckpt / "config.json").write_text('{"model_type": "mistral", "hidden_size": 8}')
     save_file({"w": np.zeros((64, 64), dtype=np.float32)}, str(ckpt / "model.safetensors"))
     return ckpt
