@@ -29,9 +29,31 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
+def one_line(text: str) -> str:
+    """A multi-line library message as one line, hints kept (Hydra puts its advice on later lines)."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    head, rest = lines[0], lines[1:]
+    return head if not rest else f"{head}{'' if head.endswith(('.', ':')) else ':'} {'; '.join(rest)}"
+
+
+def _override_key(exc: BaseException, key: str) -> str:
+    """omegaconf names the key relative to the node it failed in (`a` for `+data.mixture.a={...}`);
+    the override Hydra was merging names it in full."""
+    text = str(exc)
+    if not text.startswith("Error merging override "):
+        return key
+    full = text.removeprefix("Error merging override ").split("=", 1)[0].lstrip("+~")
+    return full if full.endswith(f".{key}") else key
+
+
 def describe(exc: BaseException) -> str:
     """One line for a composition, override or value error: the key, the problem, what is accepted."""
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    from align.config import unknown_key
 
     if isinstance(exc, AlignError):
         return str(exc)
@@ -42,29 +64,21 @@ def describe(exc: BaseException) -> str:
             return f"{group}={option}: no such option; accepted: {', '.join(_options(group))}"
         return str(exc).splitlines()[0]
     if isinstance(exc, OverrideParseException):
-        return f"cannot parse override: {str(exc).splitlines()[0]}"
+        return f"cannot parse override: {one_line(exc)}"
     cause = exc.__cause__ if isinstance(exc, ConfigCompositionException) and exc.__cause__ else exc
     if isinstance(cause, OmegaConfBaseException):
-        key = getattr(cause, "full_key", None) or "config"
+        key = _override_key(exc, getattr(cause, "full_key", None) or "config")
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+            err = unknown_key(key)
+            if err is not None:  # a typed schema: no `+` can add the key either
+                return str(err)
+            if cause is not exc:  # inside an open mapping (model.overrides): Hydra's hint says how to add it
+                return f"{key}: {one_line(exc)}"
         msg = (getattr(cause, "msg", None) or str(cause)).splitlines()[0]
-        if "not in" in msg or "Could not" in msg or "Key '" in msg:
-            group = key.split(".")[0]
-            schema = _schema_fields(group)
-            hint = f"; accepted keys: {', '.join(schema)}" if schema else ""
-            return f"{key}: unknown key{hint}"
         return f"{key}: {msg}"
     if isinstance(exc, ConfigCompositionException):
-        return str(exc).splitlines()[0]
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-
-
-def _schema_fields(group: str) -> list[str]:
-    import dataclasses
-
-    from align.config import GROUP_SCHEMAS
-
-    schema = GROUP_SCHEMAS.get(group)
-    return [f.name for f in dataclasses.fields(schema)] if schema else []
+        return one_line(exc)
+    return f"{type(exc).__name__}: {one_line(exc)}"
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "train", return_hydra_config: bool = False,

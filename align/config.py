@@ -6,19 +6,28 @@ objects: `OmegaConf.to_object`) runs each `__post_init__` for value checks. Choi
 (omegaconf rejects `typing.Literal`, LANDMINES 12). Every field carries a docstring; the
 configuration reference in docs/configuration.md is generated from these.
 
+`to_typed` also refuses, for every schema at once: a key the schema does not declare (omegaconf
+lets `+group.key=value` add one to a typed node), a non-finite float anywhere, and a key set to
+anything but its default while the composed option does not read it (each schema's `ignored()`
+says which of its fields the current choice leaves unread, and who reads them).
+
 Values are checked here; kwargs NAMES are checked against the installed libraries in
 `align.preflight`. A `ConfigError` names the dotted key and what is accepted, and becomes exit 2.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import math
+import typing
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from align.errors import ConfigError
 
@@ -30,6 +39,33 @@ def _choices(enum: type[StrEnum]) -> str:
 def _require(cond: bool, key: str, msg: str, value: Any = None) -> None:
     if not cond:
         raise ConfigError(key, msg, value)
+
+
+def _opt(label: str, value: Any) -> str:
+    return f"{label}={_plain(value)}"
+
+
+def _only(label: str, current: Any, readers: Iterable[Any]) -> Optional[str]:
+    """None when the choice `current` reads the field, else why it is ignored. `label` is a group
+    (its options are named after their choice: tests/config/test_compose.py holds them to it) or a key."""
+    readers = list(readers)
+    if current in readers:
+        return None
+    if "." in label:
+        values = " or ".join(str(_plain(r)) for r in readers)
+        return f"ignored by {_opt(label, current)}; it is read when {label} is {values}"
+    return f"ignored by {_opt(label, current)}; it is read by {', '.join(_opt(label, r) for r in readers)}"
+
+
+def _plain(value: Any) -> Any:
+    """An enum as the string the user typed (also inside lists), for messages."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return getattr(value, "value", value)
+
+
+def _read(rules: dict[str, Optional[str]]) -> dict[str, str]:
+    return {k: why for k, why in rules.items() if why}
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -100,6 +136,12 @@ class LoraConfig:
         _require(self.gate_steps >= 0, "model.lora.gate_steps", "must be >= 0 (0 disables the gate)", self.gate_steps)
         _require(self.enabled or not self.qlora, "model.lora.qlora", "needs model.lora.enabled=true", self.qlora)
 
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        if self.enabled:
+            return {}
+        return {f.name: f"ignored unless {key}.enabled=true" for f in dataclasses.fields(self) if f.name != "enabled"}
+
 
 @dataclass
 class ModelConfig:
@@ -132,6 +174,15 @@ class ModelConfig:
             "must be one of: float32, bfloat16, float16 (or null)",
             self.dtype,
         )
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`). `moe` on a dense model is
+        refused by preflight (align.models.build.check_router_losses): only the built config says
+        whether a checkpoint has a router."""
+        if not self.pretrained:
+            return {}
+        return {"preset": f"ignored when {key}.pretrained is set (the checkpoint's config.json gives the shape)",
+                "init_on_device": f"ignored when {key}.pretrained is set (it places random-init weights)"}
 
 
 # ------------------------------------------------------------------------------------- attention
@@ -181,6 +232,10 @@ class AttentionConfig:
     (`[]`) picks cuDNN, which builds a plan per new shape: with ragged batches flash-first trained
     4-6% (dense) and 18% (OLMoE) faster (H200, 2026-11-30, docs/performance.md). The kernel that
     ran is recorded from the profiler on GPU."""
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        return _read({"sdpa_kernels": _only(key, self.implementation, [AttnImpl.sdpa])})
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -250,6 +305,20 @@ class SourceConfig:
         _require(self.weight > 0, f"{key}.weight", "must be > 0", self.weight)
         if not self.kind.bundled:
             _require(bool(self.path), f"{key}.path", f"is required when {key}.kind={self.kind.value}", self.path)
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        kind = f"{key}.kind"
+        return _read({"path": _only(kind, self.kind, FILE_SOURCES), "split": _only(kind, self.kind, [Source.gsm8k]),
+                      "tokens_field": _only(kind, self.kind, [Source.tokens]),
+                      **{f: _only(kind, self.kind, CHAT_SOURCES) for f in CHAT_FIELDS}})
+
+
+FILE_SOURCES = (Source.jsonl, Source.parquet, Source.tokens)
+"""Sources read from a local file (`path`)."""
+CHAT_SOURCES = (Source.gsm8k, Source.jsonl, Source.parquet)
+"""Sources whose records are chats (fields become messages; a tokens source has none)."""
+CHAT_FIELDS = ("messages_field", "prompt_field", "response_field")
 
 
 @dataclass
@@ -323,6 +392,24 @@ class DataConfig:
         """The sources are preference pairs (a preference objective's data), not chat records."""
         return next(iter(self.mixture.values())).kind.pairs if self.mixture else self.source.pairs
 
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        out = {} if self.cache else {"cache_dir": f"ignored when {key}.cache=false"}
+        if not self.mixture:
+            return {**out, **_read({
+                "path": _only(key, self.source, FILE_SOURCES), "split": _only(key, self.source, [Source.gsm8k]),
+                "tokens_field": _only(key, self.source, [Source.tokens]),
+                **{f: _only(key, self.source, CHAT_SOURCES) for f in CHAT_FIELDS}})}
+        mix = f"ignored when {key}.mixture is set: each {key}.mixture.<name> has its own"
+        out.update({f: mix for f in ("source", "path", "split", "name")})
+        # A mixture source inherits a null field from data.*: data.<field> is read when one does.
+        inherit = {"tokens_field": [Source.tokens], **{f: CHAT_SOURCES for f in CHAT_FIELDS}}
+        for f, kinds in inherit.items():
+            if not any(s.kind in kinds and getattr(s, f) is None for s in self.mixture.values()):
+                out[f] = (f"ignored: no source of {key}.mixture with kind {' or '.join(k.value for k in kinds)} "
+                          f"leaves its own {f} null to inherit it")
+        return out
+
 
 # --------------------------------------------------------------------------------------- sampler
 
@@ -367,6 +454,14 @@ class SamplerConfig:
         if self.max_tokens is not None:
             _require(self.max_tokens >= 1, "sampler.max_tokens", "must be >= 1 or null", self.max_tokens)
 
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`). `micro_batch_size` under
+        budget is TrainConfig's call: the probes read it whatever the sampler."""
+        return _read({"bucket_size": _only(key, self.kind, [SamplerKind.bucket, SamplerKind.budget]),
+                      "max_tokens": _only(key, self.kind, [SamplerKind.budget]),
+                      "mask_padding": f"ignored when {key}.packed=true (a packed row has no padding)" if self.packed
+                      else None})
+
 
 # ------------------------------------------------------------------------------------- optimizer
 
@@ -385,11 +480,11 @@ class OptimizerConfig:
     lr: float = 1e-3
     """Peak learning rate."""
     weight_decay: float = 0.0
-    """Decoupled weight decay."""
+    """Decoupled weight decay (>= 0)."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    """Adam betas."""
+    """Adam betas: two decay rates, each in [0, 1)."""
     eps: float = 1e-8
-    """Adam epsilon."""
+    """Adam epsilon (> 0: with 0, a parameter whose gradient stays zero divides 0 by 0)."""
     warmup_ratio: float = 0.05
     """Warm-up as a fraction of `trainer.max_steps`; converted to steps at the scheduler call site,
     so it survives a change of run length (playbook 4.2)."""
@@ -414,6 +509,10 @@ class OptimizerConfig:
         _require(self.lr > 0, "optimizer.lr", "must be > 0", self.lr)
         _require(0 <= self.warmup_ratio < 1, "optimizer.warmup_ratio", "must be in [0, 1)", self.warmup_ratio)
         _require(len(self.betas) == 2, "optimizer.betas", "must be a list of two floats", self.betas)
+        # torch's AdamW checks these only when the optimizer is built, after the tokenizer, the encode and the model.
+        _require(all(0 <= b < 1 for b in self.betas), "optimizer.betas", "each beta must be in [0, 1)", self.betas)
+        _require(self.eps > 0, "optimizer.eps", "must be > 0", self.eps)
+        _require(self.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0", self.weight_decay)
 
 
 # -------------------------------------------------------------------------------------- parallel
@@ -474,6 +573,15 @@ class ParallelConfig:
         _require(self.flight_recorder_entries >= 0, "parallel.flight_recorder_entries", "must be >= 0",
                  self.flight_recorder_entries)
 
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        sharded = [ParallelKind.fsdp, ParallelKind.ep]
+        return _read({"ep_size": _only(key, self.kind, [ParallelKind.ep]),
+                      "param_dtype": _only(key, self.kind, sharded),
+                      "reshard_after_forward": _only(key, self.kind, [ParallelKind.fsdp]),
+                      "pg_timeout_s": _only(key, self.kind, sharded),
+                      "flight_recorder_entries": _only(key, self.kind, sharded)})
+
 
 # ---------------------------------------------------------------------------------------- logger
 
@@ -503,6 +611,10 @@ class LoggerConfig:
     log_model: bool = False
     """Log the exported model (`<run_dir>/export`, needs trainer.export=true) as a W&B model artifact
     `run-<id>-model` (aliases latest, step-<n>) when the run completes. Off: exports stay local."""
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        return _read({f: _only(key, self.kind, [LoggerKind.wandb]) for f in ("mode", "project", "entity", "tags")})
 
 
 # --------------------------------------------------------------------------------------- trainer
@@ -590,6 +702,10 @@ class TrainerConfig:
         _require(self.grad_accum >= 1, "trainer.grad_accum", "must be >= 1", self.grad_accum)
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1", self.log_every)
         _require(self.loss_chunk_tokens >= 0, "trainer.loss_chunk_tokens", "must be >= 0", self.loss_chunk_tokens)
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        return {} if self.compile else {"compile_dynamic": f"ignored unless {key}.compile=true"}
 
 
 # ------------------------------------------------------------------------------------- objective
@@ -758,6 +874,14 @@ class ProbeConfig:
     padding: PaddingProbeConfig = field(default_factory=PaddingProbeConfig)
     """`probe=padding`: the bucket sweep from the data alone (playbook 3.2)."""
 
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`). align.train composes
+        no probe (name null): every probe's options are then unread."""
+        subs = ("scaling", "kernels", "mask", "padding")
+        if self.name is None:
+            return {s: f"ignored by align.train; it is read by `python -m align.probe {key}={s}`" for s in subs}
+        return _read({s: _only(key, self.name, [s]) for s in subs})
+
 
 # ------------------------------------------------------------------------------------------ root
 
@@ -797,6 +921,16 @@ class TrainConfig:
                  + ("preference pairs: use data=gsm8k_pairs or data=preference" if pairs else
                     "records, not preference pairs: use objective=dpo with this data"), self.data.source.value)
 
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields of several groups whose reader depends on another group (see `check_ignored`)."""
+        out = {}
+        if self.sampler.kind == SamplerKind.budget and self.probe.name is None:
+            out["sampler.micro_batch_size"] = ("ignored by sampler=budget (rows per micro-batch follow "
+                                               "sampler.max_tokens); it is read by sampler=shuffle, sampler=bucket")
+        if self.parallel.kind == ParallelKind.ep and not self.model.pretrained:
+            out["model.init_on_device"] = "ignored by parallel=ep; it is read by parallel=single, parallel=fsdp"
+        return out
+
 
 # The one table: config group -> schema. conf/<group>/*.yaml files are validated against these.
 GROUP_SCHEMAS: dict[str, type] = {
@@ -818,10 +952,134 @@ def register() -> None:
 
 
 def to_typed(cfg: DictConfig) -> TrainConfig:
-    """The seam from composed config to objects; value errors surface as `ConfigError`."""
+    """The seam from composed config to objects; every refusal surfaces as `ConfigError`: keys and
+    non-finite floats first (`check_composed`), then each `__post_init__`, then `check_ignored`."""
+    check_composed(cfg)
     obj = OmegaConf.to_object(cfg)
     assert isinstance(obj, TrainConfig), type(obj)
+    check_ignored(obj)
     return obj
+
+
+# --------------------------------------------------------------------- checks over every schema
+
+
+def _join(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
+
+
+def _unwrap(tp: Any) -> Any:
+    """Optional[X] -> X."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
+
+
+@functools.cache
+def schema_fields(cls: type) -> dict[str, Any]:
+    """A schema's fields and their types, in declaration order (Optional unwrapped)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: _unwrap(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def _mapped_schema(tp: Any) -> Optional[type]:
+    """The schema of the values of a `dict[str, Schema]` field; None for any other type (an open
+    mapping such as `model.overrides` takes any key)."""
+    if typing.get_origin(tp) is dict:
+        value = _unwrap(typing.get_args(tp)[1])
+        return value if dataclasses.is_dataclass(value) else None
+    return None
+
+
+def unknown_key(dotted: str, root: Optional[type] = None) -> Optional[ConfigError]:
+    """The error for a dotted key no schema declares, naming the schema it falls in, its keys and
+    the closest one; None when the key is declared or lies inside an open mapping."""
+    parts, cls, i = dotted.split("."), root or TrainConfig, 0
+    while i < len(parts):
+        fields_ = schema_fields(cls)
+        if parts[i] not in fields_:
+            parent, bad = ".".join(parts[:i]), ".".join(parts[:i + 1])
+            close = difflib.get_close_matches(parts[i], list(fields_), n=1)
+            mean = f" (did you mean {_join(parent, close[0])}?)" if close else ""
+            return ConfigError(bad, f"unknown key{' in ' + parent if parent else ''}{mean}; accepted keys: "
+                                    f"{', '.join(fields_)}")
+        tp, i = fields_[parts[i]], i + 1
+        if dataclasses.is_dataclass(tp):
+            cls = tp
+        elif _mapped_schema(tp) is not None and i < len(parts):
+            cls, i = _mapped_schema(tp), i + 1  # parts[i] names an entry of the mapping
+        else:
+            return None
+    return None
+
+
+def _check_finite(value: Any, key: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, "must be a finite number", value)
+    if isinstance(value, (ListConfig, list)):
+        for v in value:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(key, "every element must be a finite number", list(value))
+            _check_finite(v, key)
+    elif isinstance(value, (DictConfig, dict)):
+        for k in value:
+            _check_finite(value[k], _join(key, str(k)))
+
+
+def check_composed(node: DictConfig, cls: Optional[type] = None, key: str = "") -> None:
+    """Refuse what omegaconf lets through: a key the schema does not declare (`+group.key=value`
+    adds one to a typed node, and `to_object` would drop it), and a non-finite float in any field
+    (`lr=inf` passes `lr > 0`; `max_grad_norm=nan` fails `> 0` and turns clipping off)."""
+    fields_ = schema_fields(cls or TrainConfig)
+    for name in node.keys():
+        k = _join(key, str(name))
+        if name not in fields_:
+            raise unknown_key(k) or ConfigError(k, "unknown key")
+        if OmegaConf.is_missing(node, name):
+            continue
+        value, tp = node[name], fields_[name]
+        if dataclasses.is_dataclass(tp) and isinstance(value, DictConfig):
+            check_composed(value, tp, k)
+        elif _mapped_schema(tp) is not None and isinstance(value, DictConfig):
+            for entry in value.keys():
+                check_composed(value[entry], _mapped_schema(tp), f"{k}.{entry}")
+        else:
+            _check_finite(value, k)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _first_set(value: Any, default: Any, key: str) -> Optional[tuple[str, Any]]:
+    """The first (key, value) below `key` that differs from its default; None when none does."""
+    if dataclasses.is_dataclass(value) and type(value) is type(default):
+        for f in dataclasses.fields(value):
+            hit = _first_set(getattr(value, f.name), getattr(default, f.name), f"{key}.{f.name}")
+            if hit:
+                return hit
+        return None
+    return None if value == default else (key, value)
+
+
+def check_ignored(obj: Any, key: str = "") -> None:
+    """Refuse a field set to anything but its default while the composed choice does not read it
+    (`data.path=...` under data=gsm8k trained on GSM8K). Each schema's `ignored(key)` maps the
+    fields its current choice leaves unread (dotted, for a reader in another group) to why."""
+    for dotted, why in (obj.ignored(key) if hasattr(obj, "ignored") else {}).items():
+        *up, name = dotted.split(".")
+        owner = functools.reduce(getattr, up, obj)
+        f = next(f for f in dataclasses.fields(owner) if f.name == name)
+        hit = _first_set(getattr(owner, name), _default(f), _join(key, dotted))
+        if hit:
+            raise ConfigError(hit[0], why, _plain(hit[1]))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            check_ignored(value, _join(key, f.name))
+        elif isinstance(value, dict):
+            for entry, sub in value.items():
+                if dataclasses.is_dataclass(sub):
+                    check_ignored(sub, f"{_join(key, f.name)}.{entry}")
 
 
 register()

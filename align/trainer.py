@@ -17,6 +17,7 @@ from torch.profiler import record_function
 
 from align.config import ParallelKind, Precision, TrainConfig
 from align.data.collate import Batch
+from align.data.cache import save_dataset
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream
 from align.data.tokenizer import load_tokenizer
@@ -149,6 +150,7 @@ class Trainer:
         info["loss"] = objective.describe()["loss"]
         if resume is not None:
             trainer.restore(resume)
+        save_dataset(cfg.data, data)
         return trainer
 
     # ------------------------------------------------------------------------------- checkpoints

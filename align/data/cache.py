@@ -10,7 +10,8 @@ files, without loading the tokenizer, so preflight can compute the key in millis
 
 An entry is `<cache_dir>/<key>/` holding .npy arrays and meta.json; it is written into a temporary
 sibling and renamed into place, so a reader sees a whole entry or none, and a failed encode (bad
-input) leaves nothing behind.
+input) leaves nothing behind. The trainer saves it only once its whole build has succeeded
+(`load_dataset(..., save=False)`, then `save_dataset`): a run refused at model load leaves no entry.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ which tokens carry loss (the completion and its closing EOS), truncation of a pa
 of every preference encoding (align/data/preference.py) and of no chat encoding."""
 
 _ARRAYS = ("tokens", "loss_mask", "offsets", "source_index")
+_CONTENT = ("encode_cache_key", "encode_version", "fingerprint", "records_per_source", "tokenizer_sha256",
+            "chat_template_sha256", "libraries")
+"""The keys of `EncodedDataset.meta` an entry stores; the rest describe this run (paths, timings)."""
 
 
 def encode_cache_key(*, sources: Sequence[dict[str, Any]], tokenizer_sha256: str, chat_template_sha256: str,
@@ -234,9 +238,10 @@ def provenance(data: EncodedDataset, parts: dict[str, Any], entry: Path, cache: 
     )
 
 
-def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer) -> EncodedDataset:
+def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer, save: bool = True) -> EncodedDataset:
     """The encoded data set of a run: from the cache when its key matches, else encoded (in worker
-    processes) and cached. `.meta` carries the provenance the manifest records."""
+    processes) and cached (`save=False`: by `save_dataset`, later). `.meta` carries the provenance the
+    manifest records."""
     t0 = time.perf_counter()
     if data_cfg.holds_pairs:
         raise ConfigError("data.source", "holds preference pairs (data=gsm8k_pairs or data=preference), which a "
@@ -263,9 +268,16 @@ def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer) -> Enc
             **{k: parts[k] for k in ("tokenizer_sha256", "chat_template_sha256", "libraries")},
         }
         dataset_fingerprint(data)
-        if data_cfg.cache:
-            _write_entry(entry, data, data.meta)
+        if save:
+            save_dataset(data_cfg, data)
     provenance(data, parts, entry, data_cfg.cache, hit, time.perf_counter() - t0)
     log.info("data: %d records, %d tokens, encode cache %s (%s), %.2fs", len(data), data.stats["tokens"],
              "hit" if hit else "miss", key[:12], data.meta["load_seconds"])
     return data
+
+
+def save_dataset(data_cfg: DataConfig, data: EncodedDataset) -> None:
+    """Write a freshly encoded data set into the cache (nothing for a hit, or with data.cache=false)."""
+    entry = Path(data_cfg.cache_dir) / data.meta["encode_cache_key"]
+    if data_cfg.cache and not data.meta.get("cache_hit") and not (entry / "meta.json").is_file():
+        _write_entry(entry, data, {k: data.meta[k] for k in _CONTENT})

@@ -7,14 +7,14 @@ installed signatures before anything heavy runs (`align.models.checks`).
 from __future__ import annotations
 
 import contextlib
-
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
+from safetensors import SafetensorError
 
 from align.config import AttentionConfig, ModelConfig
 from align.errors import ConfigError
@@ -52,13 +52,29 @@ def check_config_names(cfg: ModelConfig, kwargs: dict[str, Any], key: str) -> No
     check_names(config_cls, kwargs, key, extra=spec.extra_config_kwargs)
 
 
+@contextlib.contextmanager
+def loading(what: str, path: str) -> Iterator[None]:
+    """A checkpoint that cannot be read is bad input (exit 2, one line naming model.pretrained), not a
+    crash: preflight catches what the files show (align.preflight.checkpoint_problem), this the rest.
+    Running out of memory is not the checkpoint's fault and stays an error of its own."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        text = " ".join(str(e).split()) or "no message"
+        raise ConfigError("model.pretrained", f"cannot load the {what} from {path}: {type(e).__name__}: {text}") \
+            from None
+
+
 def model_config(cfg: ModelConfig, tokenizer=None, vocab_size: Optional[int] = None, special: Optional[dict[str, Any]] = None):
     """The transformers config object the model is built from (local files only)."""
     spec = FAMILIES[cfg.family]
     config_cls, _ = spec.classes()
     if cfg.pretrained:
         check_config_names(cfg, dict(cfg.overrides), "model.overrides")
-        return config_cls.from_pretrained(Path(cfg.pretrained), local_files_only=True, **cfg.overrides)
+        with loading("model config", cfg.pretrained):
+            return config_cls.from_pretrained(Path(cfg.pretrained), local_files_only=True, **cfg.overrides)
     kw = config_kwargs(cfg, tokenizer) if tokenizer is not None else preset_kwargs(cfg, vocab_size, special)
     check_config_names(cfg, kw, "model.overrides" if cfg.overrides else "model.preset")
     return config_cls(**kw)
@@ -69,10 +85,18 @@ def moe_shape_of(spec: FamilySpec, config) -> Optional[MoEShape]:
 
 
 def check_router_losses(cfg: ModelConfig, moe: Optional[MoEShape]) -> None:
-    if moe is None:
-        for key, w in (("model.moe.lb_weight", cfg.moe.lb_weight), ("model.moe.z_weight", cfg.moe.z_weight)):
-            if w > 0:
-                raise ConfigError(key, f"{cfg.family.value} builds a dense model: there is no router to regularize", w)
+    """model.moe.* on a model without a router would be silently dropped: refused instead."""
+    if moe is not None:
+        return
+    for key, w in (("model.moe.lb_weight", cfg.moe.lb_weight), ("model.moe.z_weight", cfg.moe.z_weight)):
+        if w > 0:
+            raise ConfigError(key, f"{cfg.family.value} builds a dense model: there is no router to regularize", w)
+    if cfg.moe.experts is not None:
+        raise ConfigError("model.moe.experts", f"{cfg.family.value} builds a dense model: it has no experts kernel",
+                          cfg.moe.experts.value)
+    if not cfg.moe.telemetry:
+        raise ConfigError("model.moe.telemetry", f"{cfg.family.value} builds a dense model: there is no router "
+                          "telemetry to turn off", False)
 
 
 def token_id_tables(model: torch.nn.Module) -> dict[str, int]:
@@ -105,7 +129,8 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
         # checkpoint loaded as bf16 never holds an fp32 copy of the model.
         if cfg.lora.qlora:
             kw["quantization_config"] = bnb_config()
-        model = model_cls.from_pretrained(Path(cfg.pretrained), config=config, local_files_only=True, **kw)
+        with loading("weights", cfg.pretrained):
+            model = model_cls.from_pretrained(Path(cfg.pretrained), config=config, local_files_only=True, **kw)
     else:
         with torch.device(device) if init_on_device and device is not None else contextlib.nullcontext():
             model = model_cls._from_config(config, **kw)

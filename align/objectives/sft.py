@@ -27,7 +27,7 @@ class SFT:
         self._info: dict[str, Any] = {}
 
     def build_data(self, cfg: TrainConfig, tokenizer: Any, env: DistEnv) -> tuple[EncodedDataset, BatchStream]:
-        data = load_dataset(cfg.data, cfg.model, tokenizer)
+        data = load_dataset(cfg.data, cfg.model, tokenizer, save=False)  # cached once the build succeeds
         pin = env.device.type == "cuda"
         return data, build_stream(cfg, data, tokenizer.pad_token_id, env.rank, env.world, pin_memory=pin)
 

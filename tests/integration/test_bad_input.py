@@ -3,6 +3,7 @@ tokenizer or model load, and writes nothing."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,19 @@ CASES = [
     (["trainer.max_steps=0"], "trainer.max_steps", ">= 1"),
     (["data=jsonl", "data.path=/nonexistent/train.jsonl"], "data.path", "/nonexistent/train.jsonl"),
     (["model.pretrained=/nonexistent/ckpt"], "model.pretrained", "/nonexistent/ckpt"),
+    # non-finite floats: `inf > 0` passed, and a NaN clip norm turned clipping off
+    (["optimizer.lr=inf"], "optimizer.lr", "must be a finite number (got inf)"),
+    (["optimizer.max_grad_norm=nan"], "optimizer.max_grad_norm", "must be a finite number (got nan)"),
+    # a key the composed option does not read (this one trained on the bundled GSM8K)
+    (["data.path=/my/file.jsonl"], "data.path",
+     "ignored by data=gsm8k; it is read by data=jsonl, data=parquet, data=tokens"),
+    # a key the schema does not declare, added with +
+    (["+trainer.max_stepz=5"], "trainer.max_stepz", "did you mean trainer.max_steps?"),
+    # values torch refuses only when the optimizer is built
+    (["optimizer.betas=[0.9,1.5]"], "optimizer.betas", "each beta must be in [0, 1)"),
+    # the nested schema's keys, the closest name, and Hydra's own hints
+    (["model.lora.enable=true"], "model.lora.enable", "unknown key in model.lora (did you mean model.lora.enabled?)"),
+    (["optimizer.lr=1e-4,3e-4"], "optimizer.lr=1e-4,3e-4", "add --multirun to your command line"),
 ]
 
 
@@ -62,3 +76,69 @@ def test_a_bad_point_in_a_sweep_refuses_the_whole_sweep_before_any_job(tmp_path)
                         f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "trainer.max_steps" in p.stderr, p.stderr[-2000:]
     assert not sweep.exists()
+
+
+def _checkpoint_dir(tmp_path: Path) -> Path:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from align.config import ModelConfig
+    from align.data.tokenizer import tokenizer_dir
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tokenizer_dir(ModelConfig()), ckpt)  # a real tokenizer: only the weights are wrong
+    (ckpt / "config.json").write_text('{"model_type": "mistral", "hidden_size": 8}')
+    save_file({"w": np.zeros((64, 64), dtype=np.float32)}, str(ckpt / "model.safetensors"))
+    return ckpt
+
+
+def _one_line_exit_2(tmp_path: Path, p: subprocess.CompletedProcess) -> str:
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("align: error: "), err
+    assert "TRANSFORMERS_IMPORTED=False" in p.stdout, p.stdout
+    assert not (tmp_path / "run").exists(), "a refused run must not leave a run dir behind"
+    return err[0]
+
+
+def test_a_corrupt_config_json_is_one_line_before_any_load(tmp_path):
+    ckpt = _checkpoint_dir(tmp_path)
+    (ckpt / "config.json").write_text('{"model_type": "mistral",\n "hidden_size": 8,')
+    line = _one_line_exit_2(tmp_path, _run(tmp_path, f"model.pretrained={ckpt}"))
+    assert "model.pretrained" in line and f"{ckpt / 'config.json'} is not valid JSON" in line, line
+
+
+def test_a_truncated_safetensors_file_is_one_line_before_any_load(tmp_path):
+    ckpt = _checkpoint_dir(tmp_path)
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    cache = tmp_path / "cache"
+    line = _one_line_exit_2(tmp_path, _run(tmp_path, f"model.pretrained={ckpt}", f"data.cache_dir={cache}"))
+    assert "model.pretrained" in line and f"{weights} is truncated" in line, line
+    assert not cache.exists()
+
+
+def test_a_checkpoint_that_fails_only_at_load_is_one_error_and_leaves_no_cache_entry(tmp_path):
+    """Whole files whose shapes disagree with their config.json pass every file check; the load
+    itself refuses them: a ConfigError naming model.pretrained (exit 2 at the entry), and the
+    encode made before the load is not cached (the cache is written once the build succeeds)."""
+    import json
+
+    import torch
+
+    from align.config import AttentionConfig, ModelConfig
+    from align.data.tokenizer import load_tokenizer
+    from align.errors import ConfigError
+    from align.models import build_model
+    from tests.conftest import build_trainer
+
+    tok = load_tokenizer(ModelConfig())
+    ckpt = tmp_path / "ckpt"
+    build_model(ModelConfig(), AttentionConfig(), tok, torch.device("cpu")).model.save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "intermediate_size": 2 * config["intermediate_size"]}))
+    cache = tmp_path / "cache"
+    with pytest.raises(ConfigError, match=rf"^model.pretrained: cannot load the weights from {ckpt}: RuntimeError"):
+        build_trainer(tmp_path, f"model.pretrained={ckpt}", f"data.cache_dir={cache}", "trainer.max_steps=1")
+    assert not cache.exists() or not any(cache.iterdir()), list(cache.iterdir())

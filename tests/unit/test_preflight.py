@@ -220,3 +220,104 @@ def test_an_encode_cache_key_that_cannot_be_computed_is_a_fail_line(monkeypatch)
 
     [key] = [c for c in check_cache(typed(), Context(root=Path("."), stop_on_fail=False)) if c.name == "encode cache key"]
     assert key.status == Status.failed and key.key == "data.mask_files" and "/gone/mask.json" in key.detail
+
+
+# ------------------------------------------------------------------------- checkpoint files, cheaply
+
+
+def _checkpoint(d: Path, shards: int = 1) -> Path:
+    """A local HF-layout dir with real safetensors files (numpy tensors; no model needed)."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "mistral", "hidden_size": 8}))
+    tensors = {f"w{i}": np.arange(64, dtype=np.float32).reshape(8, 8) + i for i in range(4)}
+    if shards == 1:
+        save_file(tensors, str(d / "model.safetensors"))
+        return d
+    names = sorted(tensors)
+    weight_map = {}
+    for s in range(shards):
+        part = names[s::shards]
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: tensors[n] for n in part}, str(d / fname))
+        weight_map.update({n: fname for n in part})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return d
+
+
+def _truncate(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def test_a_whole_checkpoint_passes_the_file_checks(tmp_path):
+    from align.preflight import checkpoint_problem
+
+    assert checkpoint_problem(_checkpoint(tmp_path / "one")) is None
+    assert checkpoint_problem(_checkpoint(tmp_path / "three", shards=3)) is None
+
+
+def test_a_corrupt_config_json_is_named_with_its_position(tmp_path):
+    from align.preflight import checkpoint_problem
+
+    d = _checkpoint(tmp_path / "c")
+    (d / "config.json").write_text('{"model_type": "mistral",\n "hidden_size": 8,')
+    why = checkpoint_problem(d)
+    assert why is not None and str(d / "config.json") in why and "not valid JSON" in why and "line 2" in why, why
+    (d / "config.json").write_text("[1, 2]")
+    assert "not an object" in checkpoint_problem(d)
+
+
+@pytest.mark.parametrize("cut", [-1, -100, 20, 4])
+def test_a_truncated_safetensors_file_is_refused_from_its_header(tmp_path, cut):
+    from align.preflight import checkpoint_problem
+
+    d = _checkpoint(tmp_path / "t")
+    _truncate(d / "model.safetensors", cut)
+    why = checkpoint_problem(d)
+    assert why is not None and str(d / "model.safetensors") in why and "truncated" in why, why
+
+
+def test_a_safetensors_file_longer_than_its_header_says_is_refused(tmp_path):
+    from align.preflight import checkpoint_problem
+
+    d = _checkpoint(tmp_path / "l")
+    with (d / "model.safetensors").open("ab") as f:
+        f.write(b"\0" * 16)
+    assert "longer than its header says" in checkpoint_problem(d)
+
+
+def test_a_sharded_checkpoint_is_checked_shard_by_shard(tmp_path):
+    import json
+
+    from align.preflight import checkpoint_problem
+
+    d = _checkpoint(tmp_path / "s", shards=2)
+    _truncate(d / "model-00002-of-00002.safetensors", -8)
+    assert "model-00002-of-00002.safetensors is truncated" in checkpoint_problem(d)
+    d = _checkpoint(tmp_path / "m", shards=2)
+    (d / "model-00001-of-00002.safetensors").unlink()
+    assert "cannot read" in checkpoint_problem(d) and "model-00001-of-00002" in checkpoint_problem(d)
+    d = _checkpoint(tmp_path / "n", shards=2)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    index["weight_map"]["w_extra"] = "model-00001-of-00002.safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert "lacks 1 tensor(s)" in checkpoint_problem(d) and "w_extra" in checkpoint_problem(d)
+
+
+def test_a_dir_without_weights_is_refused(tmp_path):
+    from align.preflight import checkpoint_problem
+
+    d = _checkpoint(tmp_path / "w")
+    (d / "model.safetensors").unlink()
+    assert "no weights in" in checkpoint_problem(d)
+
+
+def test_moe_options_on_a_dense_model_fail_preflight_by_key():
+    for override, key in (("model.moe.experts=grouped_mm", "model.moe.experts"),
+                          ("model.moe.telemetry=false", "model.moe.telemetry")):
+        with pytest.raises(ConfigError, match=rf"^{key}: mistral builds a dense model"):
+            run_preflight(typed("allow_dirty=true", "logger=none", override))
