@@ -314,7 +314,7 @@ class SourceConfig:
                       **{f: _only(kind, self.kind, CHAT_SOURCES) for f in CHAT_FIELDS}})
 
 
-FILE_SOURCES = (Source.jsonl, Source.parquet, Source.tokens)
+FILE_SOURCES = (Source.jsonl, Source.parquet, Source.tokens, Source.preference)
 """Sources read from a local file (`path`)."""
 CHAT_SOURCES = (Source.gsm8k, Source.jsonl, Source.parquet)
 """Sources whose records are chats (fields become messages; a tokens source has none)."""
@@ -758,14 +758,15 @@ class ObjectiveConfig:
     """dpo: the step-0 gate's bound on |batched - alone| summed log-prob per target token (nats);
     null: 1e-4 in fp32, 5e-2 under bf16 autocast (docs/objectives.md)."""
 
+    def ignored(self, key: str) -> dict[str, str]:
+        """The preference keys, under an objective that does not read them (see `check_ignored`)."""
+        return _read({f.name: _only("objective", self.kind, [ObjectiveKind.dpo]) for f in fields(self)
+                      if f.name != "kind"})
+
     def __post_init__(self) -> None:
         from align.objectives.preference_spec import check_hyperparameters, needs_reference
 
-        if self.kind == ObjectiveKind.sft:
-            for f in fields(self):
-                if f.name != "kind" and getattr(self, f.name) != f.default:
-                    _require(False, f"objective.{f.name}", "is read by objective=dpo only; objective=sft ignores it",
-                             getattr(self, f.name))
+        if self.kind != ObjectiveKind.dpo:
             return
         try:
             check_hyperparameters(self.loss, beta=self.beta, label_smoothing=self.label_smoothing,

@@ -206,8 +206,10 @@ def test_options_are_named_after_the_choice_they_make(compose, tmp_path, group):
     """The messages above name `group=<choice>` as the option to compose: true only while each option
     file is named after the value it gives the group's switch field."""
     for f in sorted((CONF_DIR / group).glob("*.yaml")):
-        reads_a_file = group == "data" and f.stem in ("jsonl", "parquet", "tokens")
+        reads_a_file = group == "data" and f.stem in ("jsonl", "parquet", "tokens", "preference")
         extra = [f"data.path={tmp_path / 'x.jsonl'}"] if reads_a_file else []
+        if group == "data" and f.stem in ("preference", "gsm8k_pairs"):
+            extra.append("objective=dpo")
         typed: TrainConfig = to_typed(compose([f"{group}={f.stem}", *extra]))
         if group == "data" and typed.data.mixture:
             continue  # a mixture names its sources, not data.source
