@@ -66,7 +66,30 @@ def render() -> str:
     exp = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
     lines.extend(["", "## `experiment`", "", "Recipes that set keys across groups (`# @package _global_`): "
                   + ", ".join(f"`{e}`" for e in exp), ""])
+    lines.extend(_eval_reference())
     return "\n".join(lines)
+
+
+def _eval_reference() -> list[str]:
+    """conf/eval.yaml (`python -m align.eval`): its own root, the `eval` group and the engine's settings."""
+    import align.evaluation.config as eval_module
+    import align.generation.engine as engine_module
+
+    trees = [ast.parse(inspect.getsource(m)) for m in (eval_module, engine_module)]
+    lines = ["# `python -m align.eval` (conf/eval.yaml)", "", "`logger` as above (default `none`).", ""]
+    options = sorted(p.stem for p in (CONF_DIR / "eval").glob("*.yaml"))
+    for title, cls, tree in (("`eval`", "EvalConfig", trees[0]), ("`generation`", "EngineConfig", trees[1]),
+                             ("top level", "EvalRunConfig", trees[0])):
+        prefix = "" if title == "top level" else title.strip("`") + "."
+        lines.extend([f"## {title}", ""])
+        if cls == "EvalConfig":
+            lines.extend([f"Options: {', '.join(f'`{o}`' for o in options)}", ""])
+        lines.extend(["| key | type | default | meaning |", "| --- | --- | --- | --- |"])
+        for name, ann, default, doc in _fields(cls, tree):
+            if not ann.endswith("Config"):
+                lines.append(f"| `{prefix}{name}` | `{ann}` | `{default}` | {doc} |")
+        lines.append("")
+    return lines
 
 
 def main() -> None:

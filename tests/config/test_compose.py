@@ -10,7 +10,8 @@ import pytest
 from align.cli import CONF_DIR
 from align.config import GROUP_SCHEMAS, TrainConfig, to_typed
 
-GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+# eval/ belongs to conf/eval.yaml (align.eval), not to the train config: tests/unit/evaluation/test_config.py
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "eval"))
 OPTIONS = [(g, f.relative_to(CONF_DIR / g).with_suffix("").as_posix()) for g in GROUPS for f in sorted((CONF_DIR / g).rglob("*.yaml"))]
 
 
