@@ -106,8 +106,9 @@ class Trainer:
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None,
               stop: StopSignals | None = None) -> "Trainer":
-        """Nothing is written into the run dir before the resume decision is made and the checkpoint
-        (if any) has loaded: a refused start leaves an earlier run's history, checkpoints and W&B alone."""
+        """The run's records (history trim, W&B, checkpoint leftovers) are touched only once the resume is
+        decided and its checkpoint loaded: a refused start leaves an earlier run's history, checkpoints
+        and W&B alone (ranks > 0 do open their own rank<r>/train.log first)."""
         alloc_conf = apply_cuda_alloc_conf(cfg.trainer.cuda_alloc_conf)
         env = init_distributed(cfg.parallel, cfg.trainer.device, run_dir)
         log_rank_to_file(env, run_dir)
