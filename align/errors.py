@@ -34,3 +34,9 @@ class ConfigError(AlignError):
 
 class NonFiniteHalt(AlignError):
     exit_code = EXIT_NONFINITE
+
+
+class StopRequested(AlignError):
+    """A stop signal before the first optimizer step: nothing to finish or save, the run ends at once (143)."""
+
+    exit_code = EXIT_SIGNAL

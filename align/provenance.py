@@ -357,8 +357,9 @@ class Manifest:
     """provenance.json of one run. Only the process that owns it (rank 0) writes; each write is
     atomic (tmp + rename); after `complete()` the file is read-only and this object refuses writes."""
 
-    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
-        self.path = Path(run_dir) / MANIFEST
+    def __init__(self, run_dir: Path, enabled: bool = True, staging: Optional[Path] = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = Path(staging or run_dir) / MANIFEST  # in `staging` until unstage() (align.recording)
         self.enabled = enabled
         self.data = skeleton()
         self.closed = False
@@ -396,7 +397,7 @@ class Manifest:
     def start(self, name: str, argv: list[str], overrides: list[str], resolved: Mapping[str, Any],
               git: GitState, allow_dirty: bool, redacted: list[str], env: Mapping[str, str], preflight: list[dict]) -> None:
         self.update({
-            "run.name": name, "run.run_dir": str(self.path.parent.resolve()), "run.argv": argv,
+            "run.name": name, "run.run_dir": str(self.run_dir.resolve()), "run.argv": argv,
             "run.hydra_overrides": overrides, "run.host": socket.gethostname(), "run.pid": os.getpid(),
             "run.start_time": now(), "config.resolved": dict(resolved), "config.hash": config_hash(resolved),
             "env": dict(env), "redacted": list(redacted), "preflight": preflight,
@@ -415,6 +416,13 @@ class Manifest:
                 self.null(f"git.{f}", reason)
             else:
                 self.set(f"git.{f}", value)
+
+    def unstage(self) -> None:
+        """Move the manifest from its staging dir into the run dir (replacing an earlier attempt's)."""
+        final = self.run_dir / MANIFEST
+        if self.enabled and self.path != final and self.path.is_file():
+            os.replace(self.path, final)
+        self.path = final
 
     def complete(self, exit_code: int, reason: str) -> None:
         """Final write: exit code and reason, and every still-pending null says the run never got there."""

@@ -8,6 +8,12 @@ manifest in `__exit__` with the exit code, whatever ended the run.
         trainer = Trainer.build(typed, run_dir, record.wandb_config, group)
         record.built(trainer)
         return record.finished(trainer, trainer.fit())
+
+A run dir that already holds a run (a resume, a restart) is not touched before the new attempt is
+accepted: `staging_overrides` has Hydra write this attempt's `.hydra/` to `.hydra.pending/`, the
+manifest goes there too, and `accept()` (at `built()`: resume decided, checkpoint loaded) moves both
+into place. A start refused before that (exit 2: another run's checkpoint, one that does not load)
+deletes `.hydra.pending/`; any other early exit completes the attempt's manifest there.
 """
 
 from __future__ import annotations
@@ -15,27 +21,49 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from align.config import TrainConfig
-from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
-from align.provenance import Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
+from align.errors import EXIT_CONFIG, EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
+from align.provenance import MANIFEST, Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
 from align.secrets import REDACTED, recorded_env, redact, redact_argv
 
 log = logging.getLogger("align")
+
+
+STAGED_HYDRA = ".hydra.pending"
 
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def holds_run(run_dir: Path) -> bool:
+    return (Path(run_dir) / MANIFEST).is_file() or (Path(run_dir) / ".hydra").is_dir()
+
+
+def staging_overrides(argv: Sequence[str]) -> list[str]:
+    """Hydra writes `.hydra/` before any align code runs: when the run dir named by `hydra.run.dir=`
+    already holds a run, have it write to `.hydra.pending/` instead (rank 0 of a single run, unless
+    the command sets `hydra.output_subdir` itself)."""
+    if _rank() != 0 or any(a in ("-m", "--multirun") for a in argv):
+        return []
+    if any(a.lstrip("+").startswith("hydra.output_subdir=") for a in argv):
+        return []
+    dirs = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]
+    return [f"hydra.output_subdir={STAGED_HYDRA}"] if dirs and holds_run(Path(dirs[-1])) else []
+
+
 class RunRecord:
     def __init__(self, cfg: TrainConfig, container: Mapping[str, Any], run_dir: Path, argv: list[str],
-                 overrides: list[str]) -> None:
+                 overrides: list[str], staged: bool = False) -> None:
+        """`staged`: Hydra wrote this attempt's config to `.hydra.pending/` (staging_overrides)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.staging: Optional[Path] = self.run_dir / STAGED_HYDRA if staged else None
         self.redacted: list[str] = []
         self.resolved = redact(dict(container), found=self.redacted)
         self.argv = redact_argv(list(argv))
@@ -43,12 +71,12 @@ class RunRecord:
         self.redacted += [f"override:{o.split('=', 1)[0]}" for o in self.overrides if o.endswith(f"={REDACTED}")]
         self.env, env_redacted = recorded_env()
         self.redacted += [f"env:{n}" for n in env_redacted]
-        self.manifest = Manifest(self.run_dir, enabled=_rank() == 0)
+        self.manifest = Manifest(self.run_dir, enabled=_rank() == 0, staging=self.staging)
         self.trainer: Any = None
         self._code: Optional[int] = None
         self._reason = "completed"
         if self.manifest.enabled:
-            scrub_hydra_dir(self.run_dir / ".hydra")
+            scrub_hydra_dir(self.staging or self.run_dir / ".hydra")
         # W&B records sys.argv as the run's `args`; Hydra has parsed it by now, so drop secret values.
         sys.argv[1:] = redact_argv(sys.argv[1:])
 
@@ -104,11 +132,22 @@ class RunRecord:
         m.set("data.encode_cache_key", encode_cache_key(cfg), "this build has no encode cache: every run encodes from scratch")
         m.null("data.encode_meta", "pending: read from the encoded dataset after build")
 
+    def accept(self) -> None:
+        """This attempt now owns the run dir: its `.hydra/` and manifest replace the earlier attempt's."""
+        staging, self.staging = self.staging, None
+        if staging is None or not self.manifest.enabled:
+            return
+        self.manifest.unstage()
+        hydra = self.run_dir / ".hydra"
+        shutil.rmtree(hydra, ignore_errors=True)
+        os.replace(staging, hydra)
+
     def built(self, trainer: Any) -> None:
         """After Trainer.build: what the model, device and data RESOLVED to; then the mask gate."""
         from align.probes.mask import assert_masks
         from align.provenance import device_info
 
+        self.accept()  # Trainer.build wrote nothing before its resume decision; from here the attempt counts
         self.trainer = trainer
         m = self.manifest
         # The model's own config is the authority on what it resolved to; BuiltModel.info is a copy.
@@ -198,6 +237,10 @@ class RunRecord:
             code, reason = exit_of(exc)
         elif code is None:
             code, reason = 1, "the run ended without reporting an exit code"
+        if self.staging is not None and code == EXIT_CONFIG:  # refused before it was accepted: leave no trace
+            if self.manifest.enabled:
+                shutil.rmtree(self.staging, ignore_errors=True)
+            return
         m = self.manifest
         counters, why = dynamo_counters()
         m.set("dynamo", counters, why)

@@ -12,37 +12,40 @@ from omegaconf import DictConfig, OmegaConf
 
 from align.cli import CONF_DIR, absolute_config_path, die, preflight_command_line, wants_hydra_only
 from align.config import to_typed
+from align.control.signals import StopSignals
 from align.errors import AlignError
 from align.parallel.launch import rank_overrides, record_exit
+from align.preflight import run_preflight
+from align.recording import STAGED_HYDRA, RunRecord, staging_overrides
 
 
-def run(cfg: DictConfig) -> int:
-    from align.preflight import run_preflight
-    from align.recording import RunRecord
+def run(cfg: DictConfig, stop: StopSignals) -> int:
     from align.trainer import Trainer
 
     typed = to_typed(cfg)
     checks = run_preflight(typed)  # again per job (cheap now): its checklist goes into the manifest
     hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
+    run_dir, staged = Path(hc.runtime.output_dir), hc.output_subdir == STAGED_HYDRA
     group = Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
-    # provenance.json: written now with every key, completed on the way out whatever the exit code.
-    record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, sys.argv[1:], list(hc.overrides.task))
-    with record:
-        record.start(checks)
-        trainer = Trainer.build(typed, run_dir, record.wandb_config, group)
-        record.built(trainer)  # resolved backends, data hashes, sampler stats; mask gate before step 1
+    record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, sys.argv[1:], list(hc.overrides.task),
+                       staged=staged)
+    with record:  # provenance.json: every key from start(), completed on the way out whatever the exit code
+        with stop.at_once():  # before step 1 there is nothing to save: a stop signal ends the run here (143)
+            record.start(checks)
+            trainer = Trainer.build(typed, run_dir, record.wandb_config, group, stop)
+            record.built(trainer)  # resolved backends, data hashes, sampler stats; mask gate before step 1
         return record.finished(trainer, trainer.fit())
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
-    try:
-        code = run(cfg)
-    except AlignError as e:  # Hydra would print a traceback and exit 1; ours are one line and a code
-        record_exit(e.exit_code)
-        die(str(e), e.exit_code)
-    record_exit(code)
+    with StopSignals() as stop:  # from here a signal never kills the job before its manifest and exit record
+        try:
+            code = run(cfg, stop)
+        except AlignError as e:  # Hydra would print a traceback and exit 1; ours are one line and a code
+            record_exit(e.exit_code)
+            die(str(e), e.exit_code)
+        record_exit(code)
     if code:
         raise SystemExit(code)
 
@@ -51,7 +54,7 @@ def main() -> None:
     sys.argv[1:] = absolute_config_path(sys.argv[1:])  # a replay's `--config-path <run>/.hydra` (docs/provenance.md)
     if not wants_hydra_only(sys.argv[1:]):
         preflight_command_line(sys.argv[1:])  # every job, before Hydra creates a run dir
-    sys.argv += rank_overrides()  # under torchrun, ranks > 0 write no .hydra/ (LANDMINES 10)
+    sys.argv += rank_overrides() + staging_overrides(sys.argv[1:])  # ranks > 0: no .hydra/; a used run dir: staged
     _hydra_main()
 
 

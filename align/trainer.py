@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.profiler import record_function
 
 from align.config import ParallelKind, Precision, TrainConfig
@@ -23,12 +24,12 @@ from align.data.loader import BatchStream
 from align.data.tokenizer import load_tokenizer
 from align.control.boundary import Verdict, agree
 from align.control.checkpoint import load_checkpoint, read_meta, remove_stale_tmp, save_checkpoint
-from align.control.ckpt_index import checkpoint_root
-from align.control.nonfinite import SkipStats, halt_message, write_halt
+from align.control.ckpt_index import broken, checkpoint_root
+from align.control.nonfinite import SkipStats, halt_message, nonfinite_parameters, parameters_message, write_halt
 from align.control.nonfinite import inject as inject_nan
-from align.control.resume import check_resumable, find_resume_point, run_identity, trim_history
+from align.control.resume import check_resumable, resume_points, run_identity, trim_history
 from align.control.signals import StopSignals
-from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, NonFiniteHalt
+from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, NonFiniteHalt, StopRequested
 from align.errors import ConfigError
 from align.loss import bypass_lm_head
 from align.models import build_model
@@ -104,7 +105,11 @@ class Trainer:
     """perf_counter() at the last step boundary; None: the next step times from its own start."""
 
     @classmethod
-    def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None) -> "Trainer":
+    def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None,
+              stop: StopSignals | None = None) -> "Trainer":
+        """The run's records (history trim, W&B, checkpoint leftovers) are touched only once the resume is
+        decided and its checkpoint loaded: a refused start leaves an earlier run's history, checkpoints
+        and W&B alone (ranks > 0 do open their own rank<r>/train.log first)."""
         alloc_conf = apply_cuda_alloc_conf(cfg.trainer.cuda_alloc_conf)
         env = init_distributed(cfg.parallel, cfg.trainer.device, run_dir)
         log_rank_to_file(env, run_dir)
@@ -119,9 +124,9 @@ class Trainer:
         on_device = cfg.model.init_on_device and env.device.type == "cuda" and cfg.parallel.kind != ParallelKind.ep
         built = build_model(cfg.model, cfg.attention, tokenizer, env.device, init_on_device=on_device)
         identity = run_identity(cfg, env.world, data, built.model)
-        resume = find_resume_point(cfg, run_dir)
-        if resume is not None:  # refuse a checkpoint of another run before any sharding or loading
-            check_resumable(resume, read_meta(resume), identity, cfg.trainer.resume_despite_mismatch)
+        resume = resume_points(cfg, run_dir)
+        if resume:  # refuse a checkpoint of another run before any sharding or loading
+            check_resumable(resume[0], read_meta(resume[0]), identity, cfg.trainer.resume_despite_mismatch)
         extra = objective.prepare(built.model)  # e.g. a frozen reference: placed and sharded like the policy
         model = built.model.to(env.device)
         check_token_ids(data, model)
@@ -137,19 +142,17 @@ class Trainer:
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
                 "optimizer_step": stepper.info(), "cuda_alloc_conf": alloc_conf}
 
-        name = cfg.name or run_dir.name
-        wandb_kw = wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {}, resuming=resume is not None)
-        logger = build_logger(cfg.logger, env.is_main, wandb_kw)
-        if resume is not None and env.is_main:
-            trim_history(run_dir / "history.jsonl", read_meta(resume)["step"])
-        history = History(run_dir / "history.jsonl") if env.is_main else None
         throughput = Throughput.build(model, env.device, measure=env.is_main)
-        trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler, logger, history,
-                      throughput, identity, runtime=built.runtime, objective=objective)
-        objective.bind(model, trainer.forward, resuming=resume is not None)
+        trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler,
+                      Logger(), None, throughput, identity, stop=stop or StopSignals(), runtime=built.runtime,
+                      objective=objective)
+        objective.bind(model, trainer.forward, resuming=bool(resume))
         info["loss"] = objective.describe()["loss"]
-        if resume is not None:
+        if resume:
             trainer.restore(resume)
+        name = cfg.name or run_dir.name
+        trainer.open_records(wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {},
+                                               resuming=bool(resume)))
         save_dataset(cfg.data, data)
         return trainer
 
@@ -161,6 +164,7 @@ class Trainer:
 
     def save_checkpoint(self, reason: str) -> Path:
         self.stepper.sync()  # the last step's parameters and moments may still be written on a side stream
+        self.check_parameters(f"the {reason} checkpoint was not written")
         meta = {"reason": reason, "identity": self.identity, "state": self.state.to_dict(),
                 "scheduler": self.scheduler.state_dict(), "optimizer_impl": self.model_info["optimizer_impl"],
                 "objective": self.objective.state_dict()}
@@ -169,16 +173,61 @@ class Trainer:
         log.info("checkpoint %s (%s)", path, reason)
         return path
 
-    def restore(self, path: Path) -> None:
-        if self.env.is_main:
-            remove_stale_tmp(self.checkpoint_root)
-        meta, mine = load_checkpoint(path, self.model, self.optimizer, self.env)
+    def restore(self, candidates: list[Path]) -> None:
+        """Continue from the first of `candidates` (newest first) that loads; each one skipped, and why,
+        goes to the log and to `model_info["resumed_from"]` (the manifest). None loads: refused (exit 2)."""
+        skipped: list[dict[str, str]] = []
+        for path in candidates:
+            if skipped:  # the first was checked against this run before sharding
+                check_resumable(path, read_meta(path), self.identity, self.cfg.trainer.resume_despite_mismatch)
+            why = self.load(path)
+            if why is None:
+                break
+            log.warning("checkpoint %s does not load (%s); trying the next older one", path, why)
+            skipped.append({"path": str(path), "why": why})
+        else:
+            key = "trainer.resume_from" if self.cfg.trainer.resume_from else "trainer.resume"
+            raise ConfigError(key, "no checkpoint loads: " + "; ".join(f"{s['path']}: {s['why']}" for s in skipped)
+                              + " (move them aside, or set trainer.resume=never to start afresh)")
+        newer = [{"path": str(p), "why": why} for s, p, why in broken(self.checkpoint_root) if s > self.state.step]
+        skipped = newer + skipped
+        for s in newer:
+            log.warning("checkpoint %s skipped: %s", s["path"], s["why"])
+        self.model_info["resumed_from"] = {"path": str(path), "step": self.state.step, "skipped": skipped}
+        log.info("resumed from %s at step %d", path, self.state.step)
+
+    def load(self, path: Path) -> Optional[str]:
+        """Restore everything from `path` (collective: every rank gets the same outcome); None when it
+        loaded, else why not, in one line."""
+        try:
+            meta, mine = load_checkpoint(path, self.model, self.optimizer, self.env)
+        except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+            if self.stop.requested:  # a stop signal cut the load short: not the checkpoint's fault
+                raise StopRequested(f"stop requested ({self.stop.reason}) while loading {path}") from e
+            return load_failure(e)
         self.scheduler.load_state_dict(meta["scheduler"])
         self.objective.load_state_dict(meta.get("objective", {}))
         self.state = TrainState.from_dict(meta["state"])
         self.stream.load_state_dict(mine["stream"], strict=not self.cfg.trainer.resume_despite_mismatch)
-        self.model_info["resumed_from"] = {"path": str(path), "step": self.state.step}
-        log.info("resumed from %s at step %d", path, self.state.step)
+        return None
+
+    def open_records(self, wandb_kwargs: dict[str, Any]) -> None:
+        """Once the start is accepted: stale checkpoint leftovers go, the history keeps one row per step
+        (rows past the step this attempt starts from, even 0, move aside), the logger starts."""
+        if self.env.is_main:
+            remove_stale_tmp(self.checkpoint_root)
+            moved = trim_history(self.run_dir / "history.jsonl", self.state.step)
+            if moved:
+                log.info("history: %d row(s) past step %d moved to history.superseded.jsonl", moved, self.state.step)
+            self.history = History(self.run_dir / "history.jsonl")
+        self.logger = build_logger(self.cfg.logger, self.env.is_main, wandb_kwargs)
+
+    def check_parameters(self, refused: str) -> None:
+        """Collective: halt (exit 81) on every rank when any rank's parameters hold nan/inf."""
+        bad = nonfinite_parameters(self.model, self.env)
+        if bad:
+            total = sum(1 for _ in self.model.parameters())
+            self.halt(parameters_message(bad, total, self.state.step, refused), nonfinite_parameters=bad)
 
     # ------------------------------------------------------------------------------------- loop
 
@@ -194,7 +243,8 @@ class Trainer:
 
     def fit(self) -> int:
         """Train to `trainer.max_steps`. Returns 0, or 143 after a coordinated stop (checkpoint
-        written); raises NonFiniteHalt (exit 81, HALT.json) after too many non-finite steps in a row."""
+        written); raises NonFiniteHalt (exit 81, HALT.json) after too many non-finite steps in a row, or
+        when the parameters hold nan/inf at a checkpoint or at the end (then nothing is written)."""
         cfg = self.cfg.trainer
         batches = iter(self.stream)
         self.t_start = time.perf_counter()
@@ -214,6 +264,7 @@ class Trainer:
                     return self.finish(EXIT_SIGNAL)
         self.model_info.update(self.runtime.finish(self.run_dir, self.env.is_main))
         self.stepper.sync()
+        self.check_parameters("nothing was exported" if cfg.export else "the run cannot end as done")
         if cfg.export:
             export_model(self.model, self.tokenizer, self.run_dir / "export", self.env)
         return self.finish(EXIT_OK)
@@ -320,11 +371,12 @@ class Trainer:
             self.history.append(metrics)
         self.logger.log({k: v for k, v in metrics.items() if k != "step"}, step=metrics["step"])
 
-    def halt(self) -> NoReturn:
-        """Every rank gets here at the same step with the same statistics, hence the same message."""
-        message = halt_message(self.state.skips, self.cfg.trainer.max_consecutive_skipped_steps)
+    def halt(self, message: Optional[str] = None, **extra: Any) -> NoReturn:
+        """Every rank gets here at the same step with the same statistics, hence the same message
+        (by default: too many non-finite steps in a row); `extra` goes into HALT.json."""
+        message = message or halt_message(self.state.skips, self.cfg.trainer.max_consecutive_skipped_steps)
         if self.env.is_main:
-            write_halt(self.run_dir, message, self.state.step, self.state.skips)
+            write_halt(self.run_dir, message, self.state.step, self.state.skips, extra)
         log.error(message)
         self.finish(EXIT_NONFINITE)
         raise NonFiniteHalt(message)
@@ -344,6 +396,17 @@ class Trainer:
 
 
 # ------------------------------------------------------------------------------------ build helpers
+
+
+def load_failure(e: BaseException) -> str:
+    """One line for a checkpoint that did not load; DCP's CheckpointException carries each failed
+    rank's own exception (its str is a multi-line traceback)."""
+    where = ""
+    if isinstance(e, CheckpointException) and e.failures:
+        where = f" on rank(s) {sorted(e.failures)}"
+        e = next(iter(e.failures.values()))[0]
+    text = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
+    return f"{type(e).__name__}{where}: {text}"[:300]
 
 
 def apply_cuda_alloc_conf(conf: Optional[str]) -> Optional[str]:

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from align.control.ckpt_index import checkpoint_name, problem, stale_tmp, to_prune
+from align.control.ckpt_index import PRUNING, checkpoint_name, problem, stale_tmp, to_prune
 from align.errors import ConfigError
 from align.parallel.env import DistEnv
 
@@ -221,9 +221,19 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: to
         os.replace(tmp, final)
         _fsync_dir(root)
         for old in to_prune(root, keep_last, step):
-            shutil.rmtree(old, ignore_errors=True)
+            prune(old)
     env.barrier()
     return final
+
+
+def prune(path: Path) -> None:
+    """Rename, then delete: a deletion cut short leaves a `.prune` dir (deleted by the next prune), never
+    a half-deleted directory under a checkpoint's name."""
+    doomed = path if path.name.endswith(PRUNING) else path.with_name(path.name + PRUNING)
+    if doomed != path:
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)  # what stays is retried by the next prune
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -235,14 +245,23 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> tuple[dict, dict]:
     """Collective. Loads model and optimizer (resharding through DCP) and this rank's RNG states;
-    returns (meta, this rank's state) for the caller to restore counters, scheduler and sampler."""
+    returns (meta, this rank's state) for the caller to restore counters, scheduler and sampler.
+    Raises on EVERY rank when any rank cannot read its part (DCP itself raises on all ranks), so the
+    ranks leave together and can try another checkpoint together."""
     path = Path(path)
-    meta = read_meta(path)
-    rank_state = _read_json(path / f"rank{env.rank}.json")
-    missing = [k for k in ("stream", "rng") if k not in rank_state]
-    if missing:  # a resume without its data position or RNG is the silent-wrong-result bug: refuse
-        raise ConfigError("trainer.resume", f"{path}/rank{env.rank}.json lacks {missing} (sampler position, RNG); "
-                                            "this checkpoint cannot be resumed exactly")
+    err: Exception | None = None
+    try:
+        meta = read_meta(path)
+        rank_state = _read_json(path / f"rank{env.rank}.json")
+        missing = [k for k in ("stream", "rng") if k not in rank_state]
+        if missing:  # a resume without its data position or RNG is the silent-wrong-result bug: refuse
+            raise ConfigError("trainer.resume", f"{path}/rank{env.rank}.json lacks {missing} (sampler position, RNG); "
+                                                "this checkpoint cannot be resumed exactly")
+        for part in ("model", "optim"):
+            check_dcp_files(path / part)
+    except Exception as e:  # whatever reading this checkpoint's small files raises; DCP's read is next
+        err = e
+    _together(env, err, f"reading {path}")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     model_t, _ = partition(model_sd)
     optim_t, _ = partition(optim_sd)
@@ -250,11 +269,47 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     with _quiet_if(solo):
         dcp.load(model_t, storage_reader=SafeReader(path / "model"), no_dist=solo)
         dcp.load(optim_t, storage_reader=SafeReader(path / "optim"), no_dist=solo)
-    model_sd = merge(model_t, _absent_if_none(meta.get("model_rest")))
-    optim_sd = merge(optim_t, _absent_if_none(meta.get("optim_rest")))
-    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-    set_rng_state(rank_state["rng"], env.device)
+    try:
+        model_sd = merge(model_t, _absent_if_none(meta.get("model_rest")))
+        optim_sd = merge(optim_t, _absent_if_none(meta.get("optim_rest")))
+        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        set_rng_state(rank_state["rng"], env.device)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        err = e
+    _together(env, err, f"restoring from {path}")
     return meta, rank_state
+
+
+def check_dcp_files(d: Path) -> None:
+    """Read a DCP directory's `.metadata` and check that every data file it indexes is there and long
+    enough: a truncated or lost file fails here with its name, before DCP reads anything."""
+    try:
+        index = SafeReader(d).read_metadata().storage_data
+    except Exception as e:  # a truncated pickle raises EOFError or UnpicklingError, a crafted one ours
+        raise ValueError(f"{d.name}/.metadata is unreadable ({type(e).__name__}: {e})") from e
+    need: dict[str, int] = {}
+    for info in index.values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for rel, size in sorted(need.items()):
+        f = d / rel
+        have = f.stat().st_size if f.is_file() else None
+        if have is None or have < size:
+            raise ValueError(f"{d.name}/{rel} is {'missing' if have is None else f'{have} bytes'}; "
+                             f"its .metadata indexes {size} bytes")
+
+
+def _together(env: DistEnv, err: Exception | None, what: str) -> None:
+    """Raise on every rank when `what` failed on any: a rank that went on alone would wait forever in
+    the next collective while the others tried something else."""
+    failed = int(err is not None)
+    if env.distributed:
+        flag = torch.tensor([float(failed)], device=env.device)
+        env.all_reduce_sum(flag)
+        failed = int(flag.item())
+    if err is not None:
+        raise err
+    if failed:
+        raise RuntimeError(f"{what} failed on {failed} other rank(s)")
 
 
 def _absent_if_none(v: Any) -> Any:

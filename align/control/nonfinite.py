@@ -1,5 +1,7 @@
 """Non-finite steps: skipped on every rank; more than `trainer.max_consecutive_skipped_steps` in a
-row halt every rank with the same message, HALT.json and exit 81."""
+row halt every rank with the same message, HALT.json and exit 81. Non-finite parameters (an applied
+step can make them so from a finite gradient, e.g. with a huge learning rate) are never written: the
+trainer checks before every checkpoint, before the export and at the end, and halts the same way."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from torch.distributed.tensor import DTensor
 
 # ---- TEST-ONLY injection hook: the one place align reads it. -----------------------------------
 # ALIGN_TEST_INJECT_NAN="<rank>:<first>[-<last>]" multiplies that rank's loss by NaN at optimizer
@@ -57,6 +60,28 @@ class SkipStats:
 def halt_message(stats: SkipStats, limit: int) -> str:
     return (f"{stats.consecutive} consecutive non-finite optimizer steps exceed "
             f"trainer.max_consecutive_skipped_steps={limit} (last cause: {stats.last_cause})")
+
+
+def nonfinite_parameters(model: torch.nn.Module, env: Any) -> list[str]:
+    """Names of the parameters holding nan/inf on ANY rank. Collective (`env` is an
+    align.parallel.env.DistEnv): each rank looks at its own shards and one all-reduce of per-tensor
+    flags gives every rank the same list, so all ranks halt (or write) together."""
+    names, flags = [], []
+    for name, p in model.named_parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        names.append(name)
+        flags.append(torch.isfinite(local.detach()).all().logical_not())
+    if not flags:
+        return []
+    bad = torch.stack(flags).to(torch.float32)
+    env.all_reduce_sum(bad)
+    return [n for n, b in zip(names, bad.tolist()) if b]
+
+
+def parameters_message(bad: list[str], total: int, step: int, refused: str) -> str:
+    shown = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+    return (f"{len(bad)} of {total} parameter tensors hold nan/inf after step {step} ({shown}): {refused}; "
+            "lower optimizer.lr or optimizer.max_grad_norm, or look at the data of the steps before")
 
 
 def write_halt(run_dir: Path, message: str, step: int, stats: SkipStats, extra: dict[str, Any] | None = None) -> Path:

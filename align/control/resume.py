@@ -13,12 +13,12 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from align.config import ResumePolicy, TrainConfig
-from align.control.ckpt_index import checkpoint_root, newest, problem
+from align.control.ckpt_index import checkpoint_root, complete, problem
 from align.data.encode import dataset_fingerprint
 from align.errors import ConfigError
 
@@ -56,21 +56,23 @@ def mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     return out
 
 
-def find_resume_point(cfg: TrainConfig, run_dir: Path) -> Optional[Path]:
-    """The checkpoint this run continues, or None. Raises ConfigError (exit 2) when the policy
+def resume_points(cfg: TrainConfig, run_dir: Path) -> list[Path]:
+    """The checkpoints this run may continue, the one to try first first: `trainer.resume_from` alone,
+    else (policy `auto` or `must`) every complete checkpoint under the run dir, newest first (an older
+    one is the fallback when a newer one does not load). Raises ConfigError (exit 2) when the policy
     cannot be met."""
     t = cfg.trainer
     if t.resume_from:
         why = problem(Path(t.resume_from))
         if why:
             raise ConfigError("trainer.resume_from", f"not a complete checkpoint: {why}", t.resume_from)
-        return Path(t.resume_from)
+        return [Path(t.resume_from)]
     if t.resume == ResumePolicy.never:
-        return None
-    found = newest(checkpoint_root(run_dir))
-    if found is None and t.resume == ResumePolicy.must:
+        return []
+    found = [p for _, p in reversed(complete(checkpoint_root(run_dir)))]
+    if not found and t.resume == ResumePolicy.must:
         raise ConfigError("trainer.resume", f"must resume, and {checkpoint_root(run_dir)} holds no complete checkpoint", "must")
-    return found[1] if found else None
+    return found
 
 
 def check_resumable(path: Path, saved: dict[str, Any], current: dict[str, Any], force: bool) -> list[str]:
@@ -84,8 +86,9 @@ def check_resumable(path: Path, saved: dict[str, Any], current: dict[str, Any], 
 
 
 def trim_history(path: Path, step: int) -> int:
-    """Rows a killed attempt logged past the checkpoint will be recomputed: move them from
-    history.jsonl to history.superseded.jsonl so the history has one row per step. Returns how many."""
+    """Rows a killed attempt logged past the step this attempt starts from (its checkpoint's, or 0 for a
+    fresh start) will be recomputed: move them from history.jsonl to history.superseded.jsonl so the
+    history has one row per step. Returns how many."""
     path = Path(path)
     if not path.is_file():
         return 0

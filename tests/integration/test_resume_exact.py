@@ -5,7 +5,13 @@ The negative controls live here too, so the comparison is shown to see the diffe
 resuming with the two ranks' optimizer shards swapped, or without restoring the sampler position,
 must make the same comparison fail. (Swapping the two ranks' DCP files on disk does not even load:
 DCP reads each item at its recorded offset and the files' layouts differ, so it fails loudly.)
-All runs share one spawn of 2 processes.
+A newest checkpoint that one rank cannot read makes BOTH ranks fall back to the one before it, and
+that resume is bit-exact too. All runs share one spawn of 2 processes.
+
+Then, through the CLI (one process): a resume refused for other data leaves the run it would have
+continued byte for byte as it was; a corrupt newest checkpoint falls back to the newest that loads
+(and says so), none loading is refused in one line; a restart after a kill before any checkpoint keeps
+one history row per step.
 """
 
 from __future__ import annotations
@@ -13,12 +19,16 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import REPO, run_cli
 from tests.integration.distributed import TINY, fit_many, history, result, run
 
 ACCUM, STEPS, STOP = 2, 10, 5  # 20 micro-steps; the stop lands after micro-step 10
@@ -69,13 +79,17 @@ def swap_optimizer_shards(trainer, rank: int) -> None:
     assert swapped > 0
 
 
-def copy_stop_checkpoint(rank: int, world: int, src: str, dsts: tuple[str, ...]) -> None:
+def copy_stop_checkpoint(rank: int, world: int, src: str, dsts: tuple[str, ...], fallback: str) -> None:
+    """The stop checkpoint into each of `dsts`; every checkpoint into `fallback`, with rank 1's file of
+    the newest one garbled (only rank 1 fails to read it)."""
     import torch.distributed as dist
 
     if rank == 0:
         ckpt = Path(src) / "checkpoints" / f"step_{STOP:08d}"
         for dst in dsts:
             shutil.copytree(ckpt, Path(dst) / "checkpoints" / ckpt.name)
+        shutil.copytree(Path(src) / "checkpoints", Path(fallback) / "checkpoints")
+        (Path(fallback) / "checkpoints" / ckpt.name / "rank1.json").write_text('{"rank": 1, "stream": ')
     dist.barrier()
 
 
@@ -85,16 +99,18 @@ def copy_stop_checkpoint(rank: int, world: int, src: str, dsts: tuple[str, ...])
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
-    d = {k: str(root / k) for k in ("full", "stopped", "swapped", "nosampler")}
+    d = {k: str(root / k) for k in ("full", "stopped", "swapped", "nosampler", "fallback")}
     keep = ["trainer.save_every=2", "trainer.keep_last=2"]
     jobs = [
         {"run_dir": d["full"], "overrides": CFG},
         {"run_dir": d["stopped"], "overrides": CFG + keep,
          "hook": functools.partial(request_stop_before, step=STOP, on_rank=1),
-         "after": functools.partial(copy_stop_checkpoint, src=d["stopped"], dsts=(d["swapped"], d["nosampler"]))},
+         "after": functools.partial(copy_stop_checkpoint, src=d["stopped"], dsts=(d["swapped"], d["nosampler"]),
+                                    fallback=d["fallback"])},
         {"run_dir": d["stopped"], "overrides": CFG + keep},  # the resume: same command, same run dir
         {"run_dir": d["swapped"], "overrides": CFG, "hook": swap_optimizer_shards},
         {"run_dir": d["nosampler"], "overrides": CFG, "hook": forget_sampler_position},
+        {"run_dir": d["fallback"], "overrides": CFG},
     ]
     # The same stop + resume for the other layouts a checkpoint must survive: expert parallel (experts
     # on their own mesh) and torchao's 8-bit AdamW under FSDP (LANDMINES 17); 6 steps, stop after 3.
@@ -150,6 +166,18 @@ def test_negative_control_resume_without_sampler_state_is_detected(runs):
     assert any(d.startswith("loss") for d in diff) and any(d.startswith("param") for d in diff), diff
 
 
+def test_a_newest_checkpoint_one_rank_cannot_read_makes_both_fall_back_and_still_resume_bit_exactly(runs):
+    dirs, codes = runs
+    assert codes[5] == 0
+    stop = str(dirs["fallback"] / "checkpoints" / f"step_{STOP:08d}")
+    for r in (0, 1):  # the same decision on both ranks, though only rank 1 failed to read
+        resumed = result(dirs["fallback"], r)["model_info"]["resumed_from"]
+        assert resumed["step"] == 4 and [s["path"] for s in resumed["skipped"]] == [stop]
+    assert "JSONDecodeError" in result(dirs["fallback"], 1)["model_info"]["resumed_from"]["skipped"][0]["why"]
+    assert [r["step"] for r in history(dirs["fallback"])] == list(range(5, STEPS + 1))
+    assert differences(dirs["full"], dirs["fallback"]) == []
+
+
 def test_keep_last_is_honoured_across_the_resume(runs):
     dirs, _ = runs
     # attempt 1 wrote 2, 4 and the stop checkpoint 5; attempt 2 adopted them and wrote 6, 8, 10
@@ -174,7 +202,7 @@ def test_the_stop_checkpoint_is_complete_and_says_why(runs):
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_expert_parallel_and_8bit_adamw_resume_bit_exactly_too(runs, name):
     dirs, codes = runs
-    at = 5 + 3 * sorted(VARIANTS).index(name)
+    at = 6 + 3 * sorted(VARIANTS).index(name)
     assert codes[at:at + 3] == [0, 143, 0]
     assert [r["step"] for r in history(dirs[f"{name}_stopped"])] == list(range(1, 7))
     assert differences(dirs[f"{name}_full"], dirs[f"{name}_stopped"]) == []
@@ -186,3 +214,106 @@ def test_expert_parallel_and_8bit_adamw_resume_bit_exactly_too(runs, name):
         assert info["parallel"]["ep_size"] == 2
         sd = load_file(dirs[f"{name}_full"] / "export" / "model.safetensors")
         assert {k.split(".")[5] for k in sd if ".mlp.experts." in k} == {str(e) for e in range(8)}
+
+
+# ------------------------------------------------------------------ through the CLI, one process
+
+CLI = ["allow_dirty=true", "logger=none", "trainer.device=cpu", "data.max_records=32", "data.max_seq_len=64",
+       "data.truncation=truncate", "sampler.micro_batch_size=2", "optimizer.warmup_ratio=0", "trainer.log_every=1000"]
+FINISHED = CLI + ["trainer.max_steps=6", "trainer.save_every=2", "trainer.keep_last=0", "trainer.export=true"]
+# Written by every attempt, on purpose: Hydra's log appends, and rank<r>/exit.json is the attempt's exit code
+# that the supervisor and launchers/torchrun.sh read.
+PER_ATTEMPT = {"train.log", "rank0/exit.json"}
+
+
+def train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return run_cli("align.train", f"hydra.run.dir={run_dir}", *overrides, timeout=300)
+
+
+def error_lines(p: subprocess.CompletedProcess) -> list[str]:
+    return [ln for ln in p.stderr.splitlines() if ln.startswith("align: error:")]
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*"))
+            if f.is_file() and str(f.relative_to(run_dir)) not in PER_ATTEMPT}
+
+
+def truncate(f: Path, size: int) -> None:
+    with open(f, "r+b") as fh:
+        fh.truncate(size)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished 6-step run with checkpoints at 2, 4 and 6 and an export."""
+    d = tmp_path_factory.mktemp("cli") / "finished"
+    p = train(d, *FINISHED)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d
+
+
+def test_a_resume_refused_for_other_data_leaves_the_run_it_would_continue_as_it_was(finished, tmp_path):
+    d = tmp_path / "run"
+    shutil.copytree(finished, d)
+    before = snapshot(d)
+    p = train(d, *FINISHED, "data.max_records=24")
+    assert p.returncode == 2, p.stderr[-3000:]
+    [line] = error_lines(p)
+    assert "refusing to resume" in line and "dataset_fingerprint was" in line and "Traceback" not in p.stderr
+    assert snapshot(d) == before  # provenance.json, .hydra/, history, checkpoints, export: byte for byte
+    assert not (d / ".hydra.pending").exists()
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_one_that_loads_and_none_loading_is_refused(finished, tmp_path):
+    d = tmp_path / "run"
+    shutil.copytree(finished, d)
+    ck = d / "checkpoints"
+    truncate(ck / "step_00000006" / "model" / "__0_0.distcp", 1000)
+    truncate(ck / "step_00000004" / "optim" / ".metadata", 100)
+    p = train(d, *FINISHED)
+    assert p.returncode == 0, p.stderr[-3000:]
+    logged = p.stdout + p.stderr  # Hydra's console log goes to stdout
+    assert "step_00000006 does not load (ValueError: model/__0_0.distcp is 1000 bytes" in logged
+    assert "step_00000004 does not load (ValueError: optim/.metadata is unreadable" in logged
+    m = json.loads((d / "provenance.json").read_text())
+    resumed = m["model"]["extra"]["resumed_from"]
+    assert resumed["step"] == 2
+    assert [Path(s["path"]).name for s in resumed["skipped"]] == ["step_00000006", "step_00000004"]
+    # the accepted attempt's record replaced the earlier one (staged until the resume was decided)
+    assert m["run"]["run_dir"] == str(d.resolve()) and m["status"] == "complete" and not (d / ".hydra.pending").exists()
+    assert [r["step"] for r in history(d)] == list(range(1, 7))
+    a, b = load_file(finished / "export" / "model.safetensors"), load_file(d / "export" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the fallback resume is exact
+
+    for s in (2, 4, 6):
+        truncate(ck / f"step_{s:08d}" / "model" / "__0_0.distcp", 10)
+    p = train(d, *FINISHED)
+    assert p.returncode == 2, p.stderr[-3000:]
+    [line] = error_lines(p)
+    assert line.startswith("align: error: trainer.resume: no checkpoint loads:") and "Traceback" not in p.stderr
+    assert all(f"step_{s:08d}: ValueError: model/__0_0.distcp is 10 bytes" in line for s in (2, 4, 6))
+
+
+def test_a_restart_after_a_kill_before_any_checkpoint_keeps_one_history_row_per_step(tmp_path):
+    d = tmp_path / "run"
+    args = [f"hydra.run.dir={d}", *CLI, "trainer.save_every=0", "trainer.export=false"]
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "align.train", *args, "trainer.max_steps=100000"], cwd=REPO,
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while not ((d / "history.jsonl").is_file() and len(history(d)) >= 2):
+                alive = proc.poll() is None and time.monotonic() < deadline
+                assert alive, (tmp_path / "killed.log").read_text()[-2000:]
+                time.sleep(0.2)
+        finally:
+            proc.kill()  # by the PID we started
+            proc.wait(30)
+    killed = [r["step"] for r in history(d)]
+    assert not (d / "checkpoints").exists()
+    p = run_cli("align.train", *args, "trainer.max_steps=3", timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [r["step"] for r in history(d)] == [1, 2, 3]
+    superseded = [json.loads(x)["step"] for x in (d / "history.superseded.jsonl").read_text().splitlines()]
+    assert superseded == killed

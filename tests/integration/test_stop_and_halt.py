@@ -6,20 +6,30 @@ step, write one stop checkpoint together and exit 143.
 
 Non-finite: NaN injected into one rank's loss (ALIGN_TEST_INJECT_NAN) skips that optimizer step on
 both ranks; more than trainer.max_consecutive_skipped_steps in a row halt both with the same message,
-HALT.json and exit 81 - with the injection on rank 0 and on rank 1.
+HALT.json and exit 81 - with the injection on rank 0 and on rank 1. Parameters that went non-finite
+(a NaN put into ONE rank's shard after a step, where no loss sees it before the write) are never
+checkpointed or exported: both ranks halt with 81 instead.
+
+Start-up: a SIGTERM before the first step ends the CLI run at once with 143, its manifest completed
+and its exit recorded.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from tests.conftest import REPO
 from tests.integration.distributed import TINY, fit_many, history, result, run, start, wait
 
 STOP_CFG = TINY + ["parallel=fsdp", "trainer.max_steps=100000", "trainer.save_every=0", "trainer.keep_last=0"]
@@ -76,11 +86,33 @@ def test_a_signal_to_any_one_rank_stops_both_at_the_same_boundary(tmp_path):
 NAN_CFG = TINY + ["parallel=fsdp", "trainer.max_steps=6", "trainer.max_consecutive_skipped_steps=2"]
 
 
+def poison_after(trainer, rank: int, step: int, on_rank: int) -> None:
+    """After `step` is applied, a NaN in ONE rank's shard of the embedding (what an applied step with a
+    huge learning rate does to every parameter); the run writes before any loss can see it."""
+    from torch.distributed.tensor import DTensor
+
+    inner = trainer.train_step
+
+    def train_step(batches):
+        out = inner(batches)
+        if rank == on_rank and trainer.state.step == step:
+            p = trainer.model.get_input_embeddings().weight
+            with torch.no_grad():
+                (p.to_local() if isinstance(p, DTensor) else p).view(-1)[-1] = float("nan")
+        return out
+
+    trainer.train_step = train_step
+
+
 @pytest.fixture(scope="module")
 def nan_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("nonfinite")
     cases = {"halt_rank0": "0:2-", "halt_rank1": "1:2-", "transient_rank1": "1:3"}
     jobs = [{"run_dir": str(root / k), "overrides": NAN_CFG, "env": {"ALIGN_TEST_INJECT_NAN": v}} for k, v in cases.items()]
+    jobs += [{"run_dir": str(root / "params_export"), "overrides": NAN_CFG + ["trainer.export=true"],
+              "hook": functools.partial(poison_after, step=6, on_rank=1)},
+             {"run_dir": str(root / "params_checkpoint"), "overrides": NAN_CFG + ["trainer.save_every=2"],
+              "hook": functools.partial(poison_after, step=2, on_rank=0)}]
     assert run(fit_many, 2, jobs, str(root / "codes.json"), timeout=300) == [0, 0]
     return root, json.loads((root / "codes.json").read_text())
 
@@ -113,3 +145,48 @@ def test_one_transient_nan_skips_exactly_one_step_and_the_run_finishes(nan_runs)
     assert not math.isfinite(float(rows[2]["grad_norm"]))  # rank 1's NaN reached every shard's gradient
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for i, r in enumerate(rows) if i != 2)
     assert rows[-1]["loss"] < rows[0]["loss"] and not (d / "HALT.json").exists()
+
+
+@pytest.mark.parametrize("case,step,refused", [("params_export", 6, "nothing was exported"),
+                                               ("params_checkpoint", 2, "the cadence checkpoint was not written")])
+def test_nonfinite_parameters_on_one_rank_are_never_written_and_halt_every_rank(nan_runs, case, step, refused):
+    root, codes = nan_runs
+    d = root / case
+    outcomes = [result(d, r) for r in (0, 1)]
+    assert [o["code"] for o in outcomes] == [81, 81] and outcomes[0]["error"] == outcomes[1]["error"]
+    error = outcomes[0]["error"]
+    assert error.startswith("1 of ") and f"after step {step} (model.embed_tokens.weight)" in error and refused in error
+    halt = json.loads((d / "HALT.json").read_text())
+    assert halt["code"] == 81 and halt["step"] == step and halt["nonfinite_parameters"] == ["model.embed_tokens.weight"]
+    assert [r["step"] for r in history(d)] == list(range(1, step + 1)) and not any(r["skipped"] for r in history(d))
+    assert not (d / "export").exists() and not (d / "checkpoints").exists()
+
+
+# A SIGTERM that lands while the data loads: start-up, before the first step (deterministic, unlike a
+# timed kill); the rest is the real `python -m align.train`.
+SIGNAL_DURING_START_UP = (
+    "import os, runpy, signal, sys\n"
+    "import align.trainer as t\n"
+    "load = t.load_dataset\n"
+    "def signalled(*a, **kw):\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    return load(*a, **kw)\n"
+    "t.load_dataset = signalled\n"
+    "sys.argv = ['align.train'] + sys.argv[1:]\n"
+    "runpy.run_module('align.train', run_name='__main__')\n"
+)
+
+
+def test_a_sigterm_during_start_up_ends_at_once_with_the_manifest_completed_and_the_exit_recorded(tmp_path):
+    d = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-c", SIGNAL_DURING_START_UP, f"hydra.run.dir={d}", "allow_dirty=true",
+                        "logger=none", "data.max_records=16", "trainer.max_steps=2"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 143, p.stderr[-3000:]
+    assert [ln for ln in p.stderr.splitlines() if ln.startswith("align: error:")] == [
+        "align: error: stop requested (SIGTERM) during start-up, before the first optimizer step: nothing to save; "
+        "the run resumes from where it was"]
+    m = json.loads((d / "provenance.json").read_text())
+    assert m["status"] == "complete" and m["run"]["exit_code"] == 143 and "SIGTERM" in m["run"]["exit_reason"]
+    assert json.loads((d / "rank0" / "exit.json").read_text())["code"] == 143
+    assert not (d / "history.jsonl").exists() and not (d / "checkpoints").exists()

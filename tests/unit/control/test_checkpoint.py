@@ -139,3 +139,39 @@ def test_a_checkpoint_without_sampler_position_or_rng_is_refused_not_resumed_fro
     (path / "rank0.json").write_text(json.dumps(rank0))
     with pytest.raises(ConfigError, match=f"trainer.resume: .*rank0.json lacks \\['{part}'\\]"):
         load_checkpoint(path, *_model_and_opt(1), ENV)
+
+
+def test_the_next_prune_removes_what_an_interrupted_prune_left(tmp_path):
+    for s in (2, 4, 6):
+        _fake(tmp_path, s)
+    half = _fake(tmp_path, 1, skip="meta.json")  # a deletion cut short, under the checkpoint's name
+    left = _fake(tmp_path, 3)
+    left.rename(tmp_path / "step_00000003.prune")  # cut short after the rename
+    newer = _fake(tmp_path, 9, skip="model/.metadata")  # newer than this run's step: not ours to judge
+    assert ckpt_index.to_prune(tmp_path, keep_last=2, upto_step=6) == [
+        half, tmp_path / "step_00000002", tmp_path / "step_00000003.prune"]
+    m, opt = _model_and_opt(0)
+    _step(m, opt)
+    save_checkpoint(tmp_path, 7, m, opt, ENV, {"identity": {}}, {"stream": {}}, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000007", newer.name]
+
+
+def test_a_prune_renames_before_it_deletes(tmp_path, monkeypatch):
+    import shutil
+
+    from align.control import checkpoint
+
+    for s in (1, 2):
+        _fake(tmp_path, s)
+    real = shutil.rmtree
+
+    def killed_mid_way(path, *a, **kw):  # the process dies after deleting one file
+        if Path(path).name.startswith("step_00000001") and Path(path).exists():
+            next(p for p in Path(path).rglob("*") if p.is_file()).unlink()
+            raise KeyboardInterrupt
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_mid_way)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.prune(tmp_path / "step_00000001")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001.prune", "step_00000002"]

@@ -13,7 +13,7 @@ import torch
 from align.config import ResumePolicy, TrainConfig
 from align.control import nonfinite
 from align.control.boundary import agree
-from align.control.resume import check_resumable, find_resume_point, mismatches, trim_history
+from align.control.resume import check_resumable, mismatches, resume_points, trim_history
 from align.control.signals import StopSignals
 from align.errors import ConfigError
 from align.parallel.env import DistEnv
@@ -31,22 +31,22 @@ def _cfg(**trainer) -> TrainConfig:
     return cfg
 
 
-def test_auto_resume_picks_the_newest_complete_checkpoint(tmp_path):
+def test_auto_resume_tries_the_complete_checkpoints_newest_first(tmp_path):
     root = tmp_path / "checkpoints"
     _fake(root, 2)
     _fake(root, 4)
     _fake(root, 6, skip="meta.json")  # incomplete: ignored
-    assert find_resume_point(_cfg(), tmp_path) == root / "step_00000004"
-    assert find_resume_point(_cfg(resume=ResumePolicy.never), tmp_path) is None
-    assert find_resume_point(_cfg(resume_from=str(root / "step_00000002")), tmp_path) == root / "step_00000002"
+    assert resume_points(_cfg(), tmp_path) == [root / "step_00000004", root / "step_00000002"]
+    assert resume_points(_cfg(resume=ResumePolicy.never), tmp_path) == []
+    assert resume_points(_cfg(resume_from=str(root / "step_00000002")), tmp_path) == [root / "step_00000002"]
 
 
 def test_resume_policies_that_cannot_be_met_are_refused_with_the_key(tmp_path):
     with pytest.raises(ConfigError, match="trainer.resume: must resume"):
-        find_resume_point(_cfg(resume=ResumePolicy.must), tmp_path)
+        resume_points(_cfg(resume=ResumePolicy.must), tmp_path)
     _fake(tmp_path / "checkpoints", 6, skip="optim/.metadata")
     with pytest.raises(ConfigError, match="trainer.resume_from: not a complete checkpoint.*optim/.metadata"):
-        find_resume_point(_cfg(resume_from=str(tmp_path / "checkpoints" / "step_00000006")), tmp_path)
+        resume_points(_cfg(resume_from=str(tmp_path / "checkpoints" / "step_00000006")), tmp_path)
 
 
 @pytest.mark.parametrize("key,value", [("world_size", 1), ("dataset_fingerprint", "sha256:cc"),
@@ -137,3 +137,44 @@ def test_the_boundary_verdict_skips_on_nonfinite_loss_or_norm_and_carries_stop()
     assert v.stop and v.skip_cause == "non-finite loss on 1 rank(s)"
     v = agree(ENV, False, 1.0, float("inf"), 10, 8)
     assert v.skip_cause == "non-finite gradient norm (inf)"
+
+
+def test_during_start_up_a_stop_signal_ends_the_run_at_once_and_one_before_it_on_entry():
+    from align.errors import EXIT_SIGNAL, StopRequested
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
+    try:
+        with StopSignals() as stop:
+            with pytest.raises(StopRequested, match="SIGTERM.*start-up") as err:
+                with stop.at_once():
+                    os.kill(os.getpid(), signal.SIGTERM)
+            assert err.value.exit_code == EXIT_SIGNAL
+            os.kill(os.getpid(), signal.SIGUSR2)  # after the block: a flag again, the unwinding goes on
+        with StopSignals() as early:
+            os.kill(os.getpid(), signal.SIGUSR2)  # before start-up began (preflight): raises on entry
+            with pytest.raises(StopRequested, match="SIGUSR2"):
+                with early.at_once():
+                    pass
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def test_nested_entries_install_once_and_restore_on_the_outermost_exit():
+    before = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)]
+    with StopSignals() as stop:  # the job's
+        with stop:  # fit()'s
+            pass
+        assert signal.getsignal(signal.SIGTERM) == stop._handle  # still ours between fit() and the manifest
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)] == before
+
+
+def test_nonfinite_parameters_names_every_tensor_with_nan_or_inf():
+    m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    assert nonfinite.nonfinite_parameters(m, ENV) == []
+    with torch.no_grad():
+        m[0].bias[1] = float("inf")
+        m[1].weight[0, 0] = float("nan")
+    assert nonfinite.nonfinite_parameters(m, ENV) == ["0.bias", "1.weight"]
+    msg = nonfinite.parameters_message(["0.bias", "1.weight"], 4, 3, "nothing was exported")
+    assert msg.startswith("2 of 4 parameter tensors hold nan/inf after step 3 (0.bias, 1.weight): nothing was exported")
