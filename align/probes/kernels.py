@@ -269,7 +269,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from align.probes.common import build_trainer, model_summary, sync, train_step, write_json
-    from align.telemetry.throughput import rates
+    from align.telemetry.throughput import format_mfu, rates
 
     pc = cfg.probe.kernels
     trainer = build_trainer(cfg, out_dir)
@@ -296,7 +296,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     tp = trainer.throughput
     thr = rates(sum(m["tokens"] for m in timed), sum(m["real_tokens"] for m in timed), sum(m["loss_tokens"] for m in timed),
                 sum(m["model_flops"] for m in timed), sum(m["step_time_s"] for m in timed),
-                tp.ceiling.tflops if tp.ceiling else None, tp.datasheet_tflops)
+                tp.ceiling, tp.datasheet_tflops)
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities, with_flops=True) as prof:
@@ -338,9 +338,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         text = "# kernels probe\n\n" + format_table(table)
     text += (f"\nthroughput (unprofiled steps): tokens/s {thr['tokens_per_s']:,.0f}, real tokens/s "
              f"{thr['real_tokens_per_s']:,.0f}, loss tokens/s {thr['loss_tokens_per_s']:,.0f}, model FLOPs/token "
-             f"{thr['flops_per_token']:,.0f}, achieved {thr['achieved_tflops']:.3f} TFLOP/s, MFU "
-             f"{_pct(thr['mfu_measured'])} of measured ceiling ({tp.ceiling.label if tp.ceiling else 'not measured'}), "
-             f"{_pct(thr['mfu_datasheet'])} of datasheet ({tp.datasheet_tflops or 'n/a'} TFLOP/s)\n")
+             f"{thr['flops_per_token']:,.0f}, achieved {thr['achieved_tflops']:.3f} TFLOP/s; MFU: {format_mfu(thr)}\n")
     if table.kernels:
         text += "time split (share of kernel time): " + ", ".join(f"{g} {p:.1%}" for g, p in split.items() if p) + "\n"
         if table.profiler_flops:
@@ -354,10 +352,6 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     trainer.history.close()
     print(f"wrote {out_dir / 'kernels.json'}, kernels.md, profile_table.txt, profile_rows.json", flush=True)
     return 0
-
-
-def _pct(x: Optional[float]) -> str:
-    return "n/a" if x is None else f"{x:.2%}"
 
 
 def load_rows(path: Path) -> list[ProfRow]:

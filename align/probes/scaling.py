@@ -281,8 +281,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         "throughput": rates(sum(m["tokens"] for m in steps), sum(m["real_tokens"] for m in steps),
                             sum(m["loss_tokens"] for m in steps), sum(m["model_flops"] for m in steps),
                             sum(m["step_time_s"] for m in steps),
-                            trainer.throughput.ceiling.tflops if trainer.throughput.ceiling else None,
-                            trainer.throughput.datasheet_tflops),
+                            trainer.throughput.ceiling, trainer.throughput.datasheet_tflops),
     }
     prediction = {
         "fit_batch_rows": rows,
@@ -317,6 +316,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
 
 
 def format_report(report: dict[str, Any], a: Analysis) -> str:
+    from align.telemetry.throughput import format_mfu
+
     f = a.fit
     lines = ["# scaling probe", "",
              f"model {report['model']['model_class']} ({report['model']['attn_implementation_resolved']}), "
@@ -365,16 +366,10 @@ def format_report(report: dict[str, Any], a: Analysis) -> str:
         "## throughput of the measured steps",
         f"tokens/s {th['tokens_per_s']:,.0f}, real tokens/s {th['real_tokens_per_s']:,.0f}, loss tokens/s "
         f"{th['loss_tokens_per_s']:,.0f}, model FLOPs/token {th['flops_per_token']:,.0f}, achieved "
-        f"{th['achieved_tflops']:.3f} TFLOP/s, MFU {_pct(th['mfu_measured'])} of the measured ceiling "
-        f"({report['throughput_convention']['ceiling']['label'] if report['throughput_convention']['ceiling'] else 'not measured'}), "
-        f"{_pct(th['mfu_datasheet'])} of the datasheet",
+        f"{th['achieved_tflops']:.3f} TFLOP/s; MFU: {format_mfu(th)}",
         f"FLOPs convention: {report['throughput_convention']['flops']['convention']}",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _pct(x: Optional[float]) -> str:
-    return "n/a" if x is None else f"{x:.2%}"
 
 
 def plot(a: Analysis, points: list[dict], path: Path) -> None:
