@@ -259,7 +259,9 @@ MFU_REASONS = ("mfu_measured_reason", "mfu_datasheet_reason")
 def format_mfu(r: dict[str, Any]) -> str:
     """The MFU part of a probe's throughput line: percentages where known, else why there is none."""
     def one(key: str, what: str) -> str:
-        return f"{r[key]:.2%} of the {what}" if r[key] is not None else f"no MFU against the {what}: {r[key + '_reason']}"
+        if r[key] is None:
+            return f"no MFU against the {what}: {r[key + '_reason']}"
+        return f"{r[key]:.2%} of the {what}"
 
     return f"{one('mfu_measured', 'measured ceiling')}; {one('mfu_datasheet', 'datasheet')}"
 

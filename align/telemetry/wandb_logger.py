@@ -35,6 +35,9 @@ class Logger:
     def summary(self, values: dict[str, Any]) -> None:
         pass
 
+    def image(self, key: str, path: Path) -> None:
+        pass
+
     def finish(self, exit_code: int = 0) -> None:
         pass
 
@@ -57,6 +60,11 @@ class WandbLogger(Logger):
     def summary(self, values: dict[str, Any]) -> None:
         for k, v in values.items():
             self.run.summary[k] = v
+
+    def image(self, key: str, path: Path) -> None:
+        import wandb
+
+        self.run.log({key: wandb.Image(str(path))})
 
     def finish(self, exit_code: int = 0) -> None:
         self.run.finish(exit_code=exit_code)

@@ -3,7 +3,7 @@ bundled data assets, and align.cli finds them there."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -16,6 +16,13 @@ from tests.conftest import REPO
 SOURCES = ("pyproject.toml", "README.md", "align", "conf")
 
 
+def _setuptools_major() -> int:
+    try:
+        return int(importlib.metadata.version("setuptools").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return 0
+
+
 def _install(tmp_path: Path) -> Path:
     src, site = tmp_path / "src", tmp_path / "site"
     src.mkdir()
@@ -24,8 +31,9 @@ def _install(tmp_path: Path) -> Path:
             shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(REPO / name, src / name)
-    # The environment's own setuptools when it has one (no registry needed); else pip's isolated build.
-    flags = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
+    # The environment's own setuptools when it meets pyproject's build requirement (no registry
+    # needed); else pip's isolated build.
+    flags = ["--no-build-isolation"] if _setuptools_major() >= 68 else []
     p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *flags, "--target", str(site),
                         str(src)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
