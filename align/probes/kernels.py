@@ -1,15 +1,15 @@
 """`python -m align.probe probe=kernels`: where the device time goes, kernel by kernel.
 
 torch.profiler over real trainer steps. `key_averages()` lists the ATen op AND the kernel it
-launched, each carrying the same self device time, so summing the table gives ~2x the step (playbook
-3.4; the tell is exact equality between an `aten::` row and a kernel row). Only DEVICE-KERNEL rows
+launched, each carrying the same self device time, so summing the table gives ~2x the step (the
+tell is exact equality between an `aten::` row and a kernel row). Only DEVICE-KERNEL rows
 are kept, grouped attention / GEMM / elementwise / memcpy / comm / other, and their total is checked
 against the measured wall clock of the same steps (80-105% is the right shape).
 
 Also flagged: kernels built for an older architecture than the device (an `_sm80` name on sm_90:
-"selected correctly, a generation behind", playbook 3.3), fallback variants (`gmem`: the global-memory
+"selected correctly, a generation behind"), fallback variants (`gmem`: the global-memory
 tier of the memory-efficient path), and kernel launches per step, which settles "did this flag take
-effect?" (a per-expert loop leaves n_experts launches per layer, a grouped path one; playbook 3.7).
+effect?" (a per-expert loop leaves n_experts launches per layer, a grouped path one).
 
 The table logic (`ProfRow`, `parse_table`, `kernel_table`) is pure and tested on a recorded-format
 fixture; `run` profiles.

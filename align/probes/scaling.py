@@ -1,4 +1,4 @@
-"""`python -m align.probe probe=scaling`: the 10-minute triage (playbook 1).
+"""`python -m align.probe probe=scaling`: the 10-minute triage.
 
 Time fwd+bwd of the composed model at >= 3 sequence lengths w (fixed batch, warm-up, best of k), fit
 
@@ -67,15 +67,15 @@ class Fit:
 def fit(ws: Sequence[float], ts: Sequence[float], constant: bool = False) -> Fit:
     """Least squares in RELATIVE error (each point weighs by 1/t, so a 16x range does not let the
     longest point decide), of t = A*w + B*w^2 (+ C). Needs 3 distinct lengths at least: with two, a
-    fit over {linear, quadratic, fixed} has infinitely many solutions (playbook 1.1)."""
+    fit over {linear, quadratic, fixed} has infinitely many solutions."""
     w = np.asarray(ws, dtype=np.float64)
     t = np.asarray(ts, dtype=np.float64)
     if len(w) != len(t):
         raise ValueError(f"{len(w)} lengths but {len(t)} timings")
     distinct = len(set(w.tolist()))
     if distinct < 3:
-        raise FitRefused(f"{distinct} distinct lengths: a fit of t(w) from fewer than 3 points is undetermined "
-                         "(playbook 1.1); measure at least 3")
+        raise FitRefused(f"{distinct} distinct lengths: a fit of t(w) from fewer than 3 points is undetermined; "
+                         "measure at least 3")
     if np.any(t <= 0):
         raise ValueError("timings must be > 0")
     cols = [w, w * w] + ([np.ones_like(w)] if constant else [])
@@ -91,7 +91,7 @@ def fit(ws: Sequence[float], ts: Sequence[float], constant: bool = False) -> Fit
 
 def predict(f: Fit, E_w: float, E_w2: float) -> float:
     """Expected time of a batch whose width is distributed with moments E[w], E[w^2]: linear in the
-    moments, so E[t] = A*E[w] + B*E[w^2] + C exactly, and E[w^2] is NOT E[w]^2 (playbook 1.2)."""
+    moments, so E[t] = A*E[w] + B*E[w^2] + C exactly, and E[w^2] is NOT E[w]^2."""
     return f.A * E_w + f.B * E_w2 + f.C
 
 
