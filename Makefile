@@ -1,11 +1,23 @@
 # Two commands: `make train` and `make test`. Both set up .venv on first use.
-# torch is installed before the package (LANDMINES 24): an unpinned torch would pull a multi-GB CUDA
-# build; on a CUDA machine set TORCH_SPEC to the build you want.
+# torch is installed before the package, pinned: left to the package's `torch>=2.11`, pip would take
+# the newest build the index serves, which on PyPI is a multi-GB CUDA build.
+# Which build TORCH_SPEC gets: with TORCH_INDEX set, the one that index serves. Without it,
+# scripts/torch_args.py decides: on a machine with no NVIDIA driver, a CUDA build the configured
+# indexes would serve is swapped for TORCH_CPU_INDEX's CPU build (when that index serves it); a CPU
+# build they serve (a local CPU wheel, as on this project's CI) is installed as is.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?= -m "not gpu and not multigpu"
+
+ifeq ($(strip $(TORCH_INDEX)),)
+TORCH_ARGS = $$($(PY) scripts/torch_args.py "$(TORCH_SPEC)" "$(TORCH_CPU_INDEX)")
+else
+TORCH_ARGS = --index-url "$(TORCH_INDEX)" "$(TORCH_SPEC)"
+endif
 
 .PHONY: setup train test clean
 
@@ -14,7 +26,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q $(TORCH_ARGS)
 	$(PY) -m pip install -q -e ".[test]"
 	@# Read the installed signatures once, so that a kwarg the library refuses fails in < 1 s from
 	@# the first run on (align.signatures; a cold read imports torch and transformers: ~3 s).

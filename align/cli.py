@@ -17,7 +17,18 @@ from omegaconf.errors import OmegaConfBaseException
 
 from align.errors import EXIT_CONFIG, AlignError, ConfigError
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+def conf_dir() -> Path:
+    """Hydra's config dir: `align/conf/` where align is installed from a wheel (pyproject.toml maps the
+    repo's conf/ there), else the checkout's `conf/` beside the package (editable install, PYTHONPATH).
+    The packaged copy wins: an installed align sits among other distributions, one of which may ship
+    a directory named conf."""
+    here = Path(__file__).resolve().parent
+    packaged, checkout = here / "conf", here.parent / "conf"
+    return packaged if (packaged / "train.yaml").is_file() else checkout
+
+
+CONF_DIR = conf_dir()
 
 
 def die(message: str, code: int = EXIT_CONFIG) -> NoReturn:

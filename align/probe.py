@@ -1,7 +1,7 @@
 """`python -m align.probe probe=<name> [train overrides]`: triage probes on the composed run.
 
 Each probe reuses the trainer's own data pipeline, model build, collate and loss, so it measures
-what actually runs (playbook 2). A probe module exposes `run(cfg: TrainConfig, out_dir: Path) -> int`.
+what actually runs. A probe module exposes `run(cfg: TrainConfig, out_dir: Path) -> int`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Written at start with EVERY key of `SCHEMA` present (present-and-null: a null leaf always carries a
 reason in `null_reasons`), updated once the components are built, completed in a `finally` with the
 exit code, then made read-only and never edited: corrections go in PROVENANCE-NOTE.md beside it
-(`python -m align.annotate`). Playbook 4.3, 4.4, 4.8; docs/provenance.md.
+(`python -m align.annotate`). docs/provenance.md.
 
 This module imports neither torch nor transformers at import time: preflight uses its git and
 hashing helpers before anything heavy is loaded.
@@ -316,7 +316,9 @@ def _cpu_name() -> str:
 
 
 def dynamo_counters() -> tuple[Optional[dict[str, Any]], Optional[str]]:
-    """torch._dynamo's counters: best effort, nullable, never raises (playbook 4.3)."""
+    """torch._dynamo's counters: best effort, nullable, never raises. `recompiles` counts the compiles of
+    a frame beyond its first; `graph_breaks` every break dynamo recorded (tests/unit/test_provenance.py
+    forces one of each)."""
     try:
         if "torch._dynamo" not in sys.modules:
             return None, "torch._dynamo was never imported: nothing was compiled"

@@ -92,25 +92,86 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+# (row key, panel title, scale, value format): the numbers a sweep is compared on.
+PANELS = (("real_tokens_per_s", "real (unpadded) tokens/s", 1, ",.0f"), ("pad_waste", "padding waste (%)", 100, ".1f"),
+          ("final_loss", "final loss", 1, ".4f"))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def axis_limits(values: list[float]) -> tuple[float, float]:
+    """x limits of a dot panel. From 0 when the values spread over much of their own size (the ratio
+    between them reads off the axis); zoomed onto the values when they are close (bars from 0 would
+    all look the same), with room for the labels."""
+    lo, hi = min(values), max(values)
+    span = hi - lo
+    if lo >= 0 and span >= 0.5 * hi:
+        return 0.0, hi * 1.15 if hi > 0 else 1.0
+    pad = span * 0.25 if span > 0 else max(abs(hi) * 0.01, 1e-6)
+    return lo - pad, hi + pad
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str = "", curves: Optional[dict[str, list]] = None) -> None:
+    from align.telemetry.plots import pyplot
+
+    fig = figure(rows, title, curves)
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+
+
+def figure(rows: list[dict[str, Any]], title: str = "", curves: Optional[dict[str, list]] = None):
+    """One dot per job in each panel (its value printed beside it), and the loss curves of every job
+    below: a sweep's jobs often differ in the third digit of the loss, which bars from 0 hide."""
+    from matplotlib.ticker import MaxNLocator
+
+    from align.telemetry.plots import pyplot
+
+    plt = pyplot()
     ok = [r for r in rows if r["status"] == "ok"]
     common = shared_overrides(rows)
-    labels = [" ".join(o for o in r["overrides"] if o not in common) or r["job"] for r in ok]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 1.5 + 0.4 * len(ok)), sharey=True)
+    labels = [" ".join(o for o in r["overrides"] if o not in common) or f"job {r['job']}" for r in ok]
+    curves = {k: v for k, v in (curves or {}).items() if v}
+    fig = plt.figure(figsize=(15, 2.6 + 0.45 * len(ok) + (3.6 if curves else 0)))
+    grid = fig.add_gridspec(2 if curves else 1, 3, height_ratios=[1.0 + 0.3 * len(ok), 3.2] if curves else None)
     y = list(range(len(ok)))[::-1]  # job 0 on top, as in the printed table
-    for ax, key, title, scale in ((axes[0], "real_tokens_per_s", "real tokens/s", 1), (axes[1], "pad_waste", "padding waste %", 100),
-                                  (axes[2], "final_loss", "final loss", 1)):
-        ax.barh(y, [(r[key] or 0) * scale for r in ok])
-        ax.set_title(title)
-    axes[0].set_yticks(y, labels, fontsize=7)
+    for i, (key, panel, scale, fmt) in enumerate(PANELS):
+        ax = fig.add_subplot(grid[0, i])
+        have = [(yy, r[key] * scale) for yy, r in zip(y, ok) if r[key] is not None]
+        ax.set_yticks(y, labels if i == 0 else [""] * len(y), fontsize=9)
+        ax.set_ylim(-0.6, len(ok) - 0.4)
+        ax.set_title(panel, fontsize=11)
+        ax.grid(axis="x", alpha=0.3)
+        if not have:
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, color="gray")
+            continue
+        lo, hi = axis_limits([v for _, v in have])
+        ax.hlines([yy for yy, _ in have], lo, [v for _, v in have], color="0.85", lw=1)
+        ax.plot([v for _, v in have], [yy for yy, _ in have], "o", ms=8, color="C0")
+        ax.set_xlim(lo, hi)
+        for yy, v in have:
+            ax.annotate(format(v, fmt), (v, yy), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=9)
+    if curves:
+        ax = fig.add_subplot(grid[1, :])
+        for label, (job, pts) in zip(labels, ((r["job"], curves.get(r["job"], [])) for r in ok)):
+            if pts:
+                ax.plot(*zip(*pts), "-", lw=1.5, label=label)
+        ax.set_xlabel("optimizer step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("loss (CE per loss token)")
+        ax.set_title("loss by step", fontsize=11)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9, loc="upper right")
+    shared = " ".join(sorted(common))
+    fig.suptitle(f"{title or 'align.report'}: {len(ok)} of {len(rows)} jobs with history"
+                 + (f"\nshared: {shared}" if shared else ""), fontsize=12)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
+
+
+def loss_points(job: Path) -> list[tuple[int, float]]:
+    """(step, loss) of every step of a job whose loss is finite."""
+    from align.telemetry.plots import finite
+
+    points = [(r["step"], finite(r.get("loss"))) for r in _history(job) if "step" in r]
+    return [(s, v) for s, v in points if v is not None]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -130,7 +191,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = args.out or args.dir
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(rows, indent=2))
-    plot(rows, out / "report.png")
+    plot(rows, out / "report.png", f"align.report {args.dir.resolve().name}", {j.name: loss_points(j) for j in jobs})
     print(f"wrote {out / 'report.json'} and {out / 'report.png'}")
     return 0
 

@@ -46,6 +46,7 @@ from align.parallel.launch import log_rank_to_file
 from align.parallel.compile import compile_blocks
 from align.parallel.wrap import parallelize
 from align.telemetry.history import History
+from align.telemetry.plots import plot_run
 from align.telemetry.progress import Progress
 from align.telemetry.throughput import Throughput
 from align.telemetry.wandb_logger import Logger, build_logger, wandb_init_kwargs
@@ -385,6 +386,7 @@ class Trainer:
         self.logger.summary(self.summary())
         if self.history is not None:
             self.history.close()
+            plot_run(self.run_dir, self.cfg.name or self.run_dir.name, self.logger)
         self.logger.finish(code)
         return code
 

@@ -1,7 +1,7 @@
 """What every probe shares: the trainer built exactly as `align.train` builds it, batches made by the
 trainer's own collate, and timers that wrap the trainer's own calls.
 
-A probe that re-implements the training step measures the probe (playbook 2), so nothing here runs a
+A probe that re-implements the training step measures the probe, so nothing here runs a
 model, a loss or a collate of its own: `build_trainer` is `Trainer.build`, a timed pass is
 `Trainer.forward_backward`, a step is `Trainer.train_step`, and the loss timer wraps the SFT objective's `loss_fn`.
 """
@@ -24,8 +24,8 @@ from align.trainer import Trainer
 
 LOSS_CAVEAT = (
     "CE forward only (the loss call, incl. the fp32 upcast of the logits), timed with CUDA events on GPU: "
-    "the CE backward and any activation-checkpoint recompute run inside .backward(), outside this window "
-    "(playbook 3.5); the loss's full cost is larger than this number"
+    "the CE backward and any activation-checkpoint recompute run inside .backward(), outside this window; "
+    "the loss's full cost is larger than this number"
 )
 
 

@@ -1,15 +1,15 @@
 """`python -m align.probe probe=kernels`: where the device time goes, kernel by kernel.
 
 torch.profiler over real trainer steps. `key_averages()` lists the ATen op AND the kernel it
-launched, each carrying the same self device time, so summing the table gives ~2x the step (playbook
-3.4; the tell is exact equality between an `aten::` row and a kernel row). Only DEVICE-KERNEL rows
+launched, each carrying the same self device time, so summing the table gives ~2x the step (the
+tell is exact equality between an `aten::` row and a kernel row). Only DEVICE-KERNEL rows
 are kept, grouped attention / GEMM / elementwise / memcpy / comm / other, and their total is checked
 against the measured wall clock of the same steps (80-105% is the right shape).
 
 Also flagged: kernels built for an older architecture than the device (an `_sm80` name on sm_90:
-"selected correctly, a generation behind", playbook 3.3), fallback variants (`gmem`: the global-memory
+"selected correctly, a generation behind"), fallback variants (`gmem`: the global-memory
 tier of the memory-efficient path), and kernel launches per step, which settles "did this flag take
-effect?" (a per-expert loop leaves n_experts launches per layer, a grouped path one; playbook 3.7).
+effect?" (a per-expert loop leaves n_experts launches per layer, a grouped path one).
 
 The table logic (`ProfRow`, `parse_table`, `kernel_table`) is pure and tested on a recorded-format
 fixture; `run` profiles.
@@ -269,7 +269,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from align.probes.common import build_trainer, model_summary, sync, train_step, write_json
-    from align.telemetry.throughput import rates
+    from align.telemetry.throughput import format_mfu, rates
 
     pc = cfg.probe.kernels
     trainer = build_trainer(cfg, out_dir)
@@ -296,7 +296,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     tp = trainer.throughput
     thr = rates(sum(m["tokens"] for m in timed), sum(m["real_tokens"] for m in timed), sum(m["loss_tokens"] for m in timed),
                 sum(m["model_flops"] for m in timed), sum(m["step_time_s"] for m in timed),
-                tp.ceiling.tflops if tp.ceiling else None, tp.datasheet_tflops)
+                tp.ceiling, tp.datasheet_tflops)
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities, with_flops=True) as prof:
@@ -338,9 +338,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         text = "# kernels probe\n\n" + format_table(table)
     text += (f"\nthroughput (unprofiled steps): tokens/s {thr['tokens_per_s']:,.0f}, real tokens/s "
              f"{thr['real_tokens_per_s']:,.0f}, loss tokens/s {thr['loss_tokens_per_s']:,.0f}, model FLOPs/token "
-             f"{thr['flops_per_token']:,.0f}, achieved {thr['achieved_tflops']:.3f} TFLOP/s, MFU "
-             f"{_pct(thr['mfu_measured'])} of measured ceiling ({tp.ceiling.label if tp.ceiling else 'not measured'}), "
-             f"{_pct(thr['mfu_datasheet'])} of datasheet ({tp.datasheet_tflops or 'n/a'} TFLOP/s)\n")
+             f"{thr['flops_per_token']:,.0f}, achieved {thr['achieved_tflops']:.3f} TFLOP/s; MFU: {format_mfu(thr)}\n")
     if table.kernels:
         text += "time split (share of kernel time): " + ", ".join(f"{g} {p:.1%}" for g, p in split.items() if p) + "\n"
         if table.profiler_flops:
@@ -354,10 +352,6 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     trainer.history.close()
     print(f"wrote {out_dir / 'kernels.json'}, kernels.md, profile_table.txt, profile_rows.json", flush=True)
     return 0
-
-
-def _pct(x: Optional[float]) -> str:
-    return "n/a" if x is None else f"{x:.2%}"
 
 
 def load_rows(path: Path) -> list[ProfRow]:

@@ -1,5 +1,5 @@
 """Mask probe: materialise the attention masks the model actually receives and assert their band
-structure (playbook 3.6). CPU, no weights, seconds.
+structure. CPU, no weights, seconds.
 
 transformers can skip mask creation and hand a layer `attention_mask=None` (the is_causal fast path);
 on a sliding-window layer that silently turns windowed attention into full causal attention: a

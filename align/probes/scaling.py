@@ -1,4 +1,4 @@
-"""`python -m align.probe probe=scaling`: the 10-minute triage (playbook 1).
+"""`python -m align.probe probe=scaling`: the 10-minute triage.
 
 Time fwd+bwd of the composed model at >= 3 sequence lengths w (fixed batch, warm-up, best of k), fit
 
@@ -67,15 +67,15 @@ class Fit:
 def fit(ws: Sequence[float], ts: Sequence[float], constant: bool = False) -> Fit:
     """Least squares in RELATIVE error (each point weighs by 1/t, so a 16x range does not let the
     longest point decide), of t = A*w + B*w^2 (+ C). Needs 3 distinct lengths at least: with two, a
-    fit over {linear, quadratic, fixed} has infinitely many solutions (playbook 1.1)."""
+    fit over {linear, quadratic, fixed} has infinitely many solutions."""
     w = np.asarray(ws, dtype=np.float64)
     t = np.asarray(ts, dtype=np.float64)
     if len(w) != len(t):
         raise ValueError(f"{len(w)} lengths but {len(t)} timings")
     distinct = len(set(w.tolist()))
     if distinct < 3:
-        raise FitRefused(f"{distinct} distinct lengths: a fit of t(w) from fewer than 3 points is undetermined "
-                         "(playbook 1.1); measure at least 3")
+        raise FitRefused(f"{distinct} distinct lengths: a fit of t(w) from fewer than 3 points is undetermined; "
+                         "measure at least 3")
     if np.any(t <= 0):
         raise ValueError("timings must be > 0")
     cols = [w, w * w] + ([np.ones_like(w)] if constant else [])
@@ -91,7 +91,7 @@ def fit(ws: Sequence[float], ts: Sequence[float], constant: bool = False) -> Fit
 
 def predict(f: Fit, E_w: float, E_w2: float) -> float:
     """Expected time of a batch whose width is distributed with moments E[w], E[w^2]: linear in the
-    moments, so E[t] = A*E[w] + B*E[w^2] + C exactly, and E[w^2] is NOT E[w]^2 (playbook 1.2)."""
+    moments, so E[t] = A*E[w] + B*E[w^2] + C exactly, and E[w^2] is NOT E[w]^2."""
     return f.A * E_w + f.B * E_w2 + f.C
 
 
@@ -281,8 +281,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         "throughput": rates(sum(m["tokens"] for m in steps), sum(m["real_tokens"] for m in steps),
                             sum(m["loss_tokens"] for m in steps), sum(m["model_flops"] for m in steps),
                             sum(m["step_time_s"] for m in steps),
-                            trainer.throughput.ceiling.tflops if trainer.throughput.ceiling else None,
-                            trainer.throughput.datasheet_tflops),
+                            trainer.throughput.ceiling, trainer.throughput.datasheet_tflops),
     }
     prediction = {
         "fit_batch_rows": rows,
@@ -317,6 +316,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
 
 
 def format_report(report: dict[str, Any], a: Analysis) -> str:
+    from align.telemetry.throughput import format_mfu
+
     f = a.fit
     lines = ["# scaling probe", "",
              f"model {report['model']['model_class']} ({report['model']['attn_implementation_resolved']}), "
@@ -365,16 +366,10 @@ def format_report(report: dict[str, Any], a: Analysis) -> str:
         "## throughput of the measured steps",
         f"tokens/s {th['tokens_per_s']:,.0f}, real tokens/s {th['real_tokens_per_s']:,.0f}, loss tokens/s "
         f"{th['loss_tokens_per_s']:,.0f}, model FLOPs/token {th['flops_per_token']:,.0f}, achieved "
-        f"{th['achieved_tflops']:.3f} TFLOP/s, MFU {_pct(th['mfu_measured'])} of the measured ceiling "
-        f"({report['throughput_convention']['ceiling']['label'] if report['throughput_convention']['ceiling'] else 'not measured'}), "
-        f"{_pct(th['mfu_datasheet'])} of the datasheet",
+        f"{th['achieved_tflops']:.3f} TFLOP/s; MFU: {format_mfu(th)}",
         f"FLOPs convention: {report['throughput_convention']['flops']['convention']}",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _pct(x: Optional[float]) -> str:
-    return "n/a" if x is None else f"{x:.2%}"
 
 
 def plot(a: Analysis, points: list[dict], path: Path) -> None:

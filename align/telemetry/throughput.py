@@ -1,9 +1,15 @@
-"""Throughput and MFU, with the counting convention written down next to the number (playbook 3.8).
+"""Throughput and MFU, with the counting convention written down next to the number.
 
 MFU invites a fight about what counts as a FLOP, so every run reports the decomposition beside it:
 tokens/s, real (unpadded) tokens/s, loss tokens/s, model FLOPs per token WITH its convention, achieved
 TFLOP/s, and MFU against two denominators: a bf16 matmul ceiling measured on the same device at
 start-up, and the vendor datasheet.
+
+An MFU is reported only against a denominator that bounds what the device can do: a CUDA device's
+measured bf16 GEMM rate or its datasheet figure. A CPU has neither (the small fp32 matmul measured
+there is beaten by the model's own bigger matmuls, which read as "198%"), so on a CPU MFU is null
+with the reason beside it. A value above 1 is never reported: it says the denominator or the FLOP
+count is wrong, not that the run beat the hardware; it becomes null with that reason.
 
 Counting convention (`CONVENTION`), per token of a micro-batch of padded width w:
 
@@ -12,7 +18,7 @@ Counting convention (`CONVENTION`), per token of a micro-batch of padded width w
 * N_active: parameters used in a matmul for this token: every parameter with >= 2 dims except
   input-embedding lookup tables (the LM head counts); MoE expert weights scaled by top_k/num_experts.
   For full fine-tuning this is the familiar 6N (2N forward, 2N input-gradient, 2N weight-gradient);
-  a frozen weight skips only its weight-gradient GEMM, so frozen-base LoRA is ~4N (playbook 3.9).
+  a frozen weight skips only its weight-gradient GEMM, so frozen-base LoRA is ~4N.
 * Attention (no parameters): QK^T and AV are 4*d_attn*ctx per token forward, x3 with backward, where
   d_attn = n_heads * head_dim (the q_proj width) and ctx = w, or min(w, window) on sliding layers.
   Counted over the full square (PaLM / Megatron convention), not halved for causal masking: a causal
@@ -148,6 +154,9 @@ class Ceiling:
     label: str
     """What was measured: device, dtype, size, statistic."""
     device_name: str
+    untrusted: Optional[str] = None
+    """Why this rate does not bound the device's throughput (MFU is not measured against it); None when
+    it does."""
 
 
 _CEILINGS: dict[str, Ceiling] = {}
@@ -192,7 +201,10 @@ def measure_matmul_ceiling(device: torch.device) -> Ceiling:
     label = f"{name} {dtype_name} {n}^3 matmul, median of {reps} after {warmup} warm-up"
     if device.type != "cuda":
         label += " (CPU rate: not a performance figure)"
-    c = Ceiling(tflops=2 * n**3 / t / 1e12, label=label, device_name=name)
+    untrusted = None if device.type == "cuda" else (
+        f"{device.type}: no trustworthy matmul ceiling (a small fp32 matmul's rate is not the device's peak; "
+        "the model's own larger matmuls run faster)")
+    c = Ceiling(tflops=2 * n**3 / t / 1e12, label=label, device_name=name, untrusted=untrusted)
     _CEILINGS[key] = c
     return c
 
@@ -203,20 +215,55 @@ def datasheet_tflops(device: torch.device) -> tuple[Optional[float], Optional[st
     return DATASHEET_BF16_TFLOPS.get(torch.cuda.get_device_name(device), (None, None))
 
 
+def mfu(achieved_tflops: float, denominator: Optional[float], what: str) -> tuple[Optional[float], Optional[str]]:
+    """(MFU, None) or (None, why not). Never a value above 1: a utilisation past the denominator says the
+    denominator or the FLOP count is wrong, not that the run beat the hardware."""
+    if not denominator:
+        return None, f"no {what}"
+    value = achieved_tflops / denominator
+    if value > 1:
+        return None, (f"{value:.0%} of the {what} ({denominator:.4g} TFLOP/s) is impossible: that denominator does "
+                      "not bound this device, or the FLOP count is wrong; not reported")
+    return value, None
+
+
 def rates(tokens: int, real_tokens: int, loss_tokens: int, flops: float, seconds: float,
-          ceiling_tflops: Optional[float], datasheet: Optional[float]) -> dict[str, Any]:
-    """The throughput numbers for `seconds` of work; MFU keys present and null when unknown."""
+          ceiling: Optional[Ceiling], datasheet: Optional[float]) -> dict[str, Any]:
+    """The throughput numbers for `seconds` of work. MFU keys are present and null when unknown or
+    impossible, and each `*_reason` key says why (None when there is a value)."""
     s = max(seconds, 1e-12)
     achieved = flops / s / 1e12
+    if ceiling is None:
+        measured, measured_why = None, "no ceiling measured in this process (rank 0 measures it)"
+    elif ceiling.untrusted:
+        measured, measured_why = None, ceiling.untrusted
+    else:
+        measured, measured_why = mfu(achieved, ceiling.tflops, f"measured ceiling ({ceiling.label})")
+    sheet, sheet_why = mfu(achieved, datasheet, "datasheet figure for this device")
     return {
         "tokens_per_s": tokens / s,
         "real_tokens_per_s": real_tokens / s,
         "loss_tokens_per_s": loss_tokens / s,
         "flops_per_token": flops / tokens if tokens else None,
         "achieved_tflops": achieved,
-        "mfu_measured": achieved / ceiling_tflops if ceiling_tflops else None,
-        "mfu_datasheet": achieved / datasheet if datasheet else None,
+        "mfu_measured": measured,
+        "mfu_measured_reason": measured_why,
+        "mfu_datasheet": sheet,
+        "mfu_datasheet_reason": sheet_why,
     }
+
+
+MFU_REASONS = ("mfu_measured_reason", "mfu_datasheet_reason")
+
+
+def format_mfu(r: dict[str, Any]) -> str:
+    """The MFU part of a probe's throughput line: percentages where known, else why there is none."""
+    def one(key: str, what: str) -> str:
+        if r[key] is None:
+            return f"no MFU against the {what}: {r[key + '_reason']}"
+        return f"{r[key]:.2%} of the {what}"
+
+    return f"{one('mfu_measured', 'measured ceiling')}; {one('mfu_datasheet', 'datasheet')}"
 
 
 def document_lengths(position_ids: torch.Tensor) -> list[int]:
@@ -270,9 +317,11 @@ class Throughput:
         if self._steps > self.skip_first:
             for k, v in dict(tokens=tokens, real_tokens=real, loss_tokens=loss, flops=flops, seconds=seconds).items():
                 self._totals[k] += v
-        out = rates(tokens, real, loss, flops, seconds, self.ceiling.tflops if self.ceiling else None, self.datasheet_tflops)
+        out = rates(tokens, real, loss, flops, seconds, self.ceiling, self.datasheet_tflops)
         for k in ("tokens_per_s", "real_tokens_per_s", "loss_tokens_per_s"):
             out.pop(k)  # the trainer reports token rates over all ranks; FLOPs and MFU here are this device's
+        for k in MFU_REASONS:
+            out.pop(k)  # history rows and W&B charts stay numeric; the run summary says why MFU is null
         out["model_flops"] = flops
         return out
 
@@ -281,9 +330,11 @@ class Throughput:
         t = self._totals
         counted = max(self._steps - self.skip_first, 0)
         r = rates(int(t["tokens"]), int(t["real_tokens"]), int(t["loss_tokens"]), t["flops"], t["seconds"],
-                  self.ceiling.tflops if self.ceiling else None, self.datasheet_tflops) if counted else {
+                  self.ceiling, self.datasheet_tflops) if counted else {
             k: None for k in ("tokens_per_s", "real_tokens_per_s", "loss_tokens_per_s", "flops_per_token",
                               "achieved_tflops", "mfu_measured", "mfu_datasheet")}
+        if not counted:
+            r.update({k: "no step was counted (the first is warm-up)" for k in MFU_REASONS})
         return {
             **{f"throughput/{k}": v for k, v in r.items()},
             "throughput/steps_counted": counted,

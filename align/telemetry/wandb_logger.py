@@ -124,6 +124,9 @@ class Logger:
     def summary(self, values: dict[str, Any]) -> None:
         pass
 
+    def image(self, key: str, path: Path) -> None:
+        pass
+
     def finish(self, exit_code: int = 0) -> None:
         pass
 
@@ -157,6 +160,11 @@ class WandbLogger(Logger):
         if self.loss is not None:  # the headline number; the loss function's settings are under loss/
             flat["loss"] = self.loss
         self.run.summary.update(flat)
+
+    def image(self, key: str, path: Path) -> None:
+        import wandb
+
+        self.run.log({key: wandb.Image(str(path))})
 
     def finish(self, exit_code: int = 0) -> None:
         if exit_code == 0 and self.export_dir is not None:

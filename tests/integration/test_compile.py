@@ -80,6 +80,42 @@ def test_router_telemetry_inside_compiled_blocks_adds_no_graph_per_layer_and_cou
     assert loads.shape[1] == 4 and np.array_equal(loads, eager)
 
 
+def test_a_compiled_runs_manifest_counts_its_recompiles_and_graph_breaks(tmp_path, monkeypatch):
+    """End to end through RunRecord: OLMoE's router hooks are torch.compiler.disable'd islands (a graph
+    break in every block) and compile_dynamic=null compiles a block again at the second shape."""
+    import functools
+
+    import torch._dynamo
+    from omegaconf import OmegaConf
+    from torch._dynamo.utils import counters
+
+    import align.parallel.compile as comp
+    import align.trainer
+    from align.cli import compose
+    from align.config import to_typed
+    from align.provenance import load
+    from align.recording import RunRecord
+
+    monkeypatch.setattr(align.trainer, "compile_blocks", functools.partial(comp.compile_blocks, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    ov = ["logger=none", "allow_dirty=true", "model=olmoe", "data.max_records=16", "trainer.compile=true",
+          "trainer.compile_dynamic=null", "trainer.max_steps=3", "trainer.export=false"]
+    cfg = compose(ov)
+    typed, run_dir = to_typed(cfg), tmp_path / "run"
+    record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, ov, ov)
+    with record:
+        record.start([])
+        t = align.trainer.Trainer.build(typed, run_dir)
+        record.built(t)
+        record.finished(t, t.fit())
+    dyn = load(run_dir)["dynamo"]
+    assert dyn["recompiles"] >= 1 and dyn["unique_graphs"] > dyn["recompiles"]
+    assert dyn["graph_breaks"] >= t.model.config.num_hidden_layers
+    assert any("disable" in reason for reason in dyn["graph_break_reasons"])
+    assert dyn["recompile_limit_hits"] == 0
+
+
 def test_token_ids_outside_the_vocabulary_are_refused(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"input_ids": [1, 2, 99999]}) + "\n")

@@ -97,6 +97,33 @@ def test_a_frame_past_the_recompile_limit_is_counted():
     assert dynamo_counters()[0]["recompile_limit_hits"] >= 1
 
 
+def test_a_forced_recompile_and_a_forced_graph_break_are_counted():
+    """The manifest's dynamo counts are the one in-band evidence of what compiled code ran; read them
+    through the same reader the manifest uses."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    double = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    double(torch.ones(2))
+    first, _ = dynamo_counters()
+    assert (first["recompiles"], first["graph_breaks"], first["unique_graphs"]) == (0, 0, 1)
+    double(torch.ones(3))  # a new static shape fails the guards: the frame compiles again
+    assert dynamo_counters()[0]["recompiles"] == 1
+
+    def broken(x):
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x * 2
+
+    torch.compile(broken, backend="eager")(torch.ones(2))
+    got, why = dynamo_counters()
+    assert why is None and got["graph_breaks"] == 1 and got["recompiles"] == 1
+    assert list(got["graph_break_reasons"]) == ["Call to `torch._dynamo.graph_break()`"]
+
+
 def test_dynamo_counters_never_raise(monkeypatch):
     import torch._dynamo.utils as du
 

@@ -41,3 +41,25 @@ def test_report_on_a_dir_without_jobs_exits_2(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert report.main([str(tmp_path / "missing")]) == 2
     assert "no job dirs" in capsys.readouterr().err
+
+
+def test_dot_axes_zoom_onto_close_values_and_start_at_zero_for_spread_ones():
+    lo, hi = report.axis_limits([3.4895, 3.5085, 3.5245])  # final losses of a sweep: bars from 0 all look alike
+    assert 3.4 < lo < 3.4895 and 3.5245 < hi < 3.6
+    assert report.axis_limits([5.0, 18.0, 41.0])[0] == 0.0  # padding waste 5..41 %: the ratio reads off the axis
+    lo, hi = report.axis_limits([2.0, 2.0])
+    assert lo < 2.0 < hi
+
+
+def test_the_report_figure_has_a_title_readable_labels_and_loss_curves(tmp_path):
+    _job(tmp_path, 0, ["sampler=bucket", "sampler.bucket_size=2"], [_row(s, 4.0 - 0.01 * s, 100, 50, 1.0, 0, 3) for s in (1, 2, 3)])
+    _job(tmp_path, 1, ["sampler=bucket", "sampler.bucket_size=32"], [_row(s, 4.0 - 0.02 * s, 100, 90, 1.0, 1, 4) for s in (1, 2, 3)])
+    jobs = report.job_dirs(tmp_path)
+    fig = report.figure([report.job_row(j) for j in jobs], "align.report sweep", {j.name: report.loss_points(j) for j in jobs})
+    assert fig._suptitle.get_text().startswith("align.report sweep: 2 of 2 jobs") and "shared: sampler=bucket" in fig._suptitle.get_text()
+    tokens, waste, loss, curves = fig.axes
+    assert [t.get_text() for t in tokens.get_yticklabels()] == ["sampler.bucket_size=2", "sampler.bucket_size=32"]
+    assert min(t.get_fontsize() for t in tokens.get_yticklabels()) >= 9
+    assert loss.get_xlim()[0] > 3.9  # final losses 3.97 and 3.94: not an axis from 0
+    assert [ln.get_label() for ln in curves.get_lines()] == ["sampler.bucket_size=2", "sampler.bucket_size=32"]
+    assert curves.get_xlabel() == "optimizer step" and "loss" in curves.get_ylabel()

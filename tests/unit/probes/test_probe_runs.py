@@ -4,6 +4,7 @@ Times on this machine are not performance figures: these tests check mechanics a
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -33,7 +34,11 @@ def test_scaling_probe_writes_table_json_and_png(compose, tmp_path, capsys):
     assert pr["sampled_batches"]["n"] == 16  # 32 records / 2 rows
     assert me["steps"] == 1 and len(me["segments"]) == 1 and me["step_s_mean"] > 0
     assert me["ce_caveat"].startswith("CE forward only") and 0 < me["ce_forward_fraction_of_step"] < 1
-    assert me["throughput"]["mfu_measured"] is not None and me["throughput"]["mfu_datasheet"] is None
+    # a CPU has no ceiling MFU can be measured against: say so, print no percentage (it printed 198.85%)
+    assert me["throughput"]["mfu_measured"] is None and me["throughput"]["mfu_datasheet"] is None
+    assert "no trustworthy matmul ceiling" in me["throughput"]["mfu_measured_reason"]
+    assert "no MFU against the measured ceiling: cpu: no trustworthy" in out and "MFU 1" not in out
+    assert not re.search(r"MFU[^\n]*\d%", out)
     assert r["model"]["attn_implementation_resolved"] == "sdpa"
     assert "regime at the data's micro-batch widths" in out and "CE forward" in out
 
@@ -66,6 +71,7 @@ def test_kernels_probe_on_cpu_says_there_are_no_device_kernels(compose, tmp_path
     r = json.loads((tmp_path / "kernels.json").read_text())
     assert r["kernel_table"]["kernels"] == [] and r["time_split"] is None
     assert r["throughput_unprofiled"]["tokens_per_s"] > 0
+    assert r["throughput_unprofiled"]["mfu_measured"] is None and "no MFU against the measured ceiling: cpu" in out
     assert "aten::mm" in (tmp_path / "profile_table.txt").read_text()  # the host ops were profiled
     assert any(row["name"] == "aten::mm" for row in json.loads((tmp_path / "profile_rows.json").read_text()))
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from align.config import to_typed
-from align.telemetry.throughput import CONVENTION, ModelFlops, Throughput, measure_matmul_ceiling, rates
+from align.telemetry.throughput import CONVENTION, Ceiling, ModelFlops, Throughput, measure_matmul_ceiling, rates
 
 
 def _model(compose, *overrides):
@@ -68,21 +68,44 @@ def test_sliding_layers_attend_over_their_window_only(compose):
     assert attn(64) - attn(32) == 12 * 32 * full.d_attn  # past the window only the full layer grows
 
 
-def test_cpu_ceiling_is_small_labelled_and_measured_once():
+def test_cpu_ceiling_is_small_labelled_measured_once_and_not_trusted_for_mfu():
     c = measure_matmul_ceiling(torch.device("cpu"))
     assert c.tflops > 0 and math.isfinite(c.tflops)
     assert "float32 512^3" in c.label and "not a performance figure" in c.label
+    assert c.untrusted and "no trustworthy matmul ceiling" in c.untrusted
     assert measure_matmul_ceiling(torch.device("cpu")) is c
 
 
+GPU = Ceiling(tflops=4.0, label="bf16 8192^3", device_name="gpu")
+
+
 def test_rates_and_mfu_against_both_denominators():
-    r = rates(tokens=1000, real_tokens=800, loss_tokens=300, flops=2e12, seconds=2.0, ceiling_tflops=4.0, datasheet=10.0)
+    r = rates(tokens=1000, real_tokens=800, loss_tokens=300, flops=2e12, seconds=2.0, ceiling=GPU, datasheet=10.0)
     assert (r["tokens_per_s"], r["real_tokens_per_s"], r["loss_tokens_per_s"]) == (500, 400, 150)
     assert r["flops_per_token"] == 2e9
     assert r["achieved_tflops"] == pytest.approx(1.0)
     assert r["mfu_measured"] == pytest.approx(0.25) and r["mfu_datasheet"] == pytest.approx(0.1)
+    assert r["mfu_measured_reason"] is None and r["mfu_datasheet_reason"] is None
     r = rates(1000, 800, 300, 2e12, 2.0, None, None)
     assert r["mfu_measured"] is None and r["mfu_datasheet"] is None  # present and null
+    assert "no ceiling measured" in r["mfu_measured_reason"] and "no datasheet" in r["mfu_datasheet_reason"]
+
+
+def test_an_mfu_above_one_is_never_reported_and_says_why():
+    """The CPU scaling probe printed "MFU 198.85%": a utilisation past its denominator is a wrong
+    denominator or FLOP count, whichever device computed it."""
+    r = rates(1000, 1000, 1000, flops=2e13, seconds=1.0, ceiling=GPU, datasheet=10.0)  # 20 TFLOP/s achieved
+    assert r["achieved_tflops"] == pytest.approx(20.0)
+    assert r["mfu_measured"] is None and "500%" in r["mfu_measured_reason"] and "impossible" in r["mfu_measured_reason"]
+    assert r["mfu_datasheet"] is None and "200%" in r["mfu_datasheet_reason"]
+    at_peak = rates(1000, 1000, 1000, flops=4e12, seconds=1.0, ceiling=GPU, datasheet=None)
+    assert at_peak["mfu_measured"] == pytest.approx(1.0)
+
+
+def test_an_untrusted_ceiling_gives_no_mfu_whatever_the_ratio():
+    cpu = Ceiling(tflops=4.0, label="cpu float32 512^3", device_name="cpu", untrusted="cpu: no trustworthy ceiling")
+    r = rates(1000, 1000, 1000, flops=1e12, seconds=1.0, ceiling=cpu, datasheet=None)  # 25% would be plausible
+    assert r["mfu_measured"] is None and r["mfu_measured_reason"] == "cpu: no trustworthy ceiling"
 
 
 class _B:
@@ -124,12 +147,14 @@ def test_every_training_step_reports_throughput(compose, tmp_path):
         assert key in rows[-1], key
     r = rows[-1]
     assert r["loss_tokens_per_s"] == pytest.approx(r["loss_tokens"] / r["step_time_s"])
-    assert r["mfu_measured"] == pytest.approx(r["achieved_tflops"] / trainer.throughput.ceiling.tflops)
-    assert r["mfu_datasheet"] is None  # CPU: no datasheet
+    assert r["mfu_measured"] is None and r["mfu_datasheet"] is None  # CPU: no trustworthy ceiling, no datasheet
+    assert not any(k.endswith("_reason") for k in r)  # history rows stay numeric
     s = trainer.summary()
     assert s["throughput/steps_counted"] == 2
     assert s["throughput/flops_convention"] == CONVENTION
     assert "cpu" in s["throughput/ceiling_label"]
+    assert s["throughput/mfu_measured"] is None
+    assert "no trustworthy matmul ceiling" in s["throughput/mfu_measured_reason"]
 
 
 def test_a_packed_batch_counts_attention_per_document(compose):

@@ -1,0 +1,145 @@
+"""`python -m align.inspect [train overrides] [index=N] [tokens=true]`: one encoded record, exactly as
+a run composed from the same overrides would train on it, with its loss mask visible.
+
+    python -m align.inspect                                   # record 0 of the default run's data
+    python -m align.inspect data=jsonl data.path=chat.jsonl index=3 tokens=true
+    python -m align.inspect model.pretrained=/ckpt/Mistral-7B-v0.3 data.max_seq_len=256
+
+The overrides are align.train's (the same config groups and keys, validated the same way); `index`
+(a record of the encoded data set, after truncation and drops, default 0) and `tokens` (add one line
+per token) are this tool's own. The record comes from the run's own tokenizer, chat template and
+encode cache (align.data.cache.load_dataset: an entry it writes is the one the run then reads).
+Tokens in the loss are the targets the model is trained to predict; the rest is context only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from align.cli import die, validate_command_line
+from align.errors import AlignError
+
+OPEN, CLOSE = "[[", "]]"
+"""Around each run of tokens in the loss (plain text: not in the loss)."""
+
+
+@dataclass
+class Options:
+    index: int = 0
+    """Which record of the encoded data set (0-based)."""
+    tokens: bool = False
+    """Print one line per token (position, id, in the loss or not, its text) under the record."""
+
+
+def split_argv(argv: Sequence[str]) -> tuple[Options, list[str]]:
+    """This tool's own `index=` and `tokens=` apart from align.train's overrides; bad values exit 2."""
+    opts, rest = Options(), []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key not in ("index", "tokens"):
+            rest.append(arg)
+        elif key == "index":
+            if not value.isdigit():
+                die(f"index={value}: not a record index; accepted: an integer >= 0")
+            opts.index = int(value)
+        elif value.lower() in ("true", "false"):
+            opts.tokens = value.lower() == "true"
+        else:
+            die(f"tokens={value}: accepted: true, false")
+    if any(a in ("-m", "--multirun") for a in rest):
+        die("-m: align.inspect shows the data of one run; drop -m/--multirun and pick one value per key")
+    return opts, rest
+
+
+def segments(ids: Sequence[int], mask: Sequence[bool]) -> list[tuple[bool, list[int]]]:
+    """Runs of consecutive tokens with the same loss flag, in order."""
+    out: list[tuple[bool, list[int]]] = []
+    for t, m in zip(ids, mask):
+        if out and out[-1][0] == bool(m):
+            out[-1][1].append(int(t))
+        else:
+            out.append((bool(m), [int(t)]))
+    return out
+
+
+def render(tok, ids: Sequence[int], mask: Sequence[bool], color: bool = False) -> str:
+    """The record's text with every run of loss tokens between OPEN and CLOSE (and green on a terminal).
+    Each run is decoded on its own, so a character split across a run boundary shows as a replacement."""
+    parts = []
+    for in_loss, run in segments(ids, mask):
+        text = tok.decode(run, skip_special_tokens=False)
+        if in_loss:
+            text = f"{OPEN}\033[32m{text}\033[0m{CLOSE}" if color else f"{OPEN}{text}{CLOSE}"
+        elif color:
+            text = f"\033[2m{text}\033[0m"
+        parts.append(text)
+    return "".join(parts)
+
+
+def token_lines(tok, ids: Sequence[int], mask: Sequence[bool]) -> list[str]:
+    lines = [f"{'pos':>5} {'id':>7}  loss  token"]
+    for pos, (t, m) in enumerate(zip(ids, mask)):
+        text = tok.decode([int(t)], skip_special_tokens=False)
+        lines.append(f"{pos:>5} {int(t):>7}  {'yes ' if m else ' -  '}  {text!r}")
+    return lines
+
+
+def header(cfg: Any, data: Any, i: int, ids: Sequence[int], mask: Sequence[bool]) -> list[str]:
+    from align.data.sources import source_specs
+    from align.data.tokenizer import tokenizer_dir
+
+    spec = source_specs(cfg.data)[int(data.source_index[i])]
+    n_loss = int(sum(bool(m) for m in mask))
+    # The encode keeps the first ids of the truncated records only: at the limit, say it may be one.
+    truncated = data.ids[i] in (data.stats.get("truncated_ids") or [])
+    at_limit = len(ids) == cfg.data.max_seq_len and cfg.data.truncation.value == "truncate"
+    meta = data.meta
+    return [
+        f"record {i} of {len(data)} (id {data.ids[i]}, root {data.roots[i]}, source {spec.name or spec.kind.value}: "
+        f"{spec.path})",
+        f"{len(ids)} tokens, {n_loss} in the loss ({n_loss / max(len(ids), 1):.1%})"
+        + (f"; truncated to data.max_seq_len={cfg.data.max_seq_len}" if truncated else
+           f"; at data.max_seq_len={cfg.data.max_seq_len} (truncated, or exactly that long)" if at_limit else ""),
+        f"tokenizer {tokenizer_dir(cfg.model)}, encode cache {'hit' if meta.get('cache_hit') else 'miss'} "
+        f"({str(meta.get('encode_cache_key'))[:12]})",
+        f"{OPEN} ... {CLOSE}: tokens in the loss (the targets the model learns to predict); the rest: context only",
+    ]
+
+
+def inspect_record(cfg: Any, opts: Options, color: bool = False) -> str:
+    """The text `main` prints for record `opts.index` of the run `cfg` would train on."""
+    from align.data.cache import load_dataset
+    from align.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(cfg.model)
+    data = load_dataset(cfg.data, cfg.model, tok)
+    if opts.index >= len(data):
+        raise IndexError(f"index={opts.index}: the encoded data set has {len(data)} records; "
+                         f"accepted: 0..{len(data) - 1}")
+    ids, mask = (a.tolist() for a in data.row(opts.index))
+    rule = "-" * 100
+    out = [*header(cfg, data, opts.index, ids, mask), rule, render(tok, ids, mask, color), rule]
+    if opts.tokens:
+        out += token_lines(tok, ids, mask)
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    opts, overrides = split_argv(list(sys.argv[1:] if argv is None else argv))
+    (cfg,) = validate_command_line(overrides)
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    try:
+        text = inspect_record(cfg, opts, color)
+    except AlignError as e:
+        die(str(e), e.exit_code)
+    except IndexError as e:
+        die(str(e))
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
