@@ -27,7 +27,7 @@ def train_cfg(tmp_path, path=None, **data) -> TrainConfig:
     d = dict(source="preference" if path else "gsm8k_pairs", path=str(path) if path else None,
              cache_dir=str(tmp_path / "cache"), encode_workers=0, max_seq_len=256)
     d.update(data)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), {"data": d}))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), {"data": d, "objective": {"kind": "dpo"}}))
 
 
 def pairs_of(tmp_path, tok, rows, **data) -> EncodedPairs:
@@ -161,9 +161,9 @@ def test_a_file_with_no_usable_pair_is_refused(tmp_path, tok):
 
 
 def test_chat_sources_and_mask_files_are_refused_for_pairs_and_pairs_for_sft(tmp_path, tok):
-    with pytest.raises(ConfigError, match="a preference objective trains on preference pairs, got gsm8k") as e:
-        load_pairs(train_cfg(tmp_path, source="gsm8k"), tok)
-    assert e.value.key == "data.source"
+    with pytest.raises(ConfigError, match="objective=dpo trains on preference pairs") as e:
+        train_cfg(tmp_path, source="gsm8k")  # refused when the config is typed, before any load
+    assert e.value.key == "data"
     mask = write_jsonl(tmp_path / "m.jsonl", [{"id": "x", "turns": [1]}])
     with pytest.raises(ConfigError) as e:
         load_pairs(train_cfg(tmp_path, mask_files=[str(mask)]), tok)

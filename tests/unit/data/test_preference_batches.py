@@ -34,7 +34,8 @@ def cfg_for(tmp_path, kind="bucket", packed=False, grad_accum=1, **sampler) -> T
     d = dict(source="gsm8k_pairs", root_field="steps", max_records=61, cache_dir=str(tmp_path / "cache"),
              encode_workers=0, max_seq_len=256)
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig),
-                                               {"data": d, "sampler": s, "trainer": {"grad_accum": grad_accum}}))
+                                               {"data": d, "sampler": s, "trainer": {"grad_accum": grad_accum},
+                                                "objective": {"kind": "dpo"}}))
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +189,7 @@ def test_a_mixture_of_pair_sources_weighs_pairs_per_source(tmp_path, tok):
     mix = {"a": {"kind": "preference", "path": str(a), "weight": 2.0}, "b": {"kind": "preference", "path": str(b)}}
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), {
         "data": {"mixture": mix, "cache_dir": str(tmp_path / "c"), "encode_workers": 0},
-        "sampler": {"micro_batch_size": 2}}))
+        "sampler": {"micro_batch_size": 2}, "objective": {"kind": "dpo"}}))
     pairs = load_pairs(cfg, tok)
     assert pairs.pair_ids[:1] == ["a:1"] and pairs.meta["records_per_source"] == [6, 6]
     s = build_pair_stream(cfg, pairs, tok.pad_token_id)
