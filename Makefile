@@ -29,8 +29,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q $(TORCH_ARGS)
 	$(PY) -m pip install -q -e ".[test]"
 	@# Read the installed signatures once, so that a kwarg the library refuses fails in < 1 s from
-	@# the first run on (align.signatures; a cold read imports torch and transformers: ~3 s).
-	-$(PY) -m align.preflight allow_dirty=true > /dev/null 2>&1
+	@# the first run on (align.run.signatures; a cold read imports torch and transformers: ~3 s).
+	-$(PY) -m align.tools.preflight allow_dirty=true > /dev/null 2>&1
 	touch $@
 
 train: setup

@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import align.evaluation.config  # noqa: F401  (registers eval_schema before Hydra composes)
-from align.cli import CONF_DIR, die, wants_hydra_only
+from align.run.cli import CONF_DIR, die, wants_hydra_only
 from align.errors import AlignError
 
 

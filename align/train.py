@@ -10,21 +10,27 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from align.cli import CONF_DIR, absolute_config_path, die, preflight_command_line, wants_hydra_only
 from align.config import to_typed
 from align.control.signals import StopSignals
 from align.errors import AlignError
 from align.parallel.launch import rank_overrides, record_exit
-from align.preflight import run_preflight
-from align.recording import STAGED_HYDRA, RunRecord, staging_overrides
+from align.run.cli import (
+    CONF_DIR,
+    absolute_config_path,
+    die,
+    job_preflight,
+    preflight_command_line,
+    wants_hydra_only,
+)
+from align.run.record import STAGED_HYDRA, RunRecord, staging_overrides
 
 
 def run(cfg: DictConfig, stop: StopSignals) -> int:
     from align.trainer import Trainer
 
     typed = to_typed(cfg)
-    checks = run_preflight(typed)  # again per job (cheap now): its checklist goes into the manifest
     hc = HydraConfig.get()
+    checks = job_preflight(typed, hc.overrides.task)  # the report of the pass before Hydra (run_preflight else)
     run_dir, staged = Path(hc.runtime.output_dir), hc.output_subdir == STAGED_HYDRA
     group = Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
     record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, sys.argv[1:], list(hc.overrides.task),

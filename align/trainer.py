@@ -31,7 +31,7 @@ from align.control.resume import check_resumable, resume_points, run_identity, t
 from align.control.signals import StopSignals
 from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, NonFiniteHalt, StopRequested
 from align.errors import ConfigError
-from align.loss import bypass_lm_head
+from align.objectives.ce import bypass_lm_head
 from align.models import build_model
 from align.models.build import token_id_tables
 from align.models.attention import sdpa_priority

@@ -99,7 +99,7 @@ def trainer_arm(arm: str, typed, rows_file: Path, steps: int, warmup: int) -> di
     clip 1.0, constant lr: the dense experiment's optimizer settings."""
     from transformers import DataCollatorWithFlattening, Trainer, TrainerCallback, TrainingArguments
 
-    from align.preflight import check_kwargs
+    from align.run.signatures import check_kwargs
     from align.telemetry.throughput import ModelFlops
 
     config = hf_config(typed)

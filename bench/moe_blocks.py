@@ -25,7 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from align.provenance import dynamo_counters  # noqa: E402
+from align.run.manifest import dynamo_counters  # noqa: E402
 from bench.common import experiment_config, hf_config  # noqa: E402
 
 MOE = "bench/base_moe"  # the experiment whose model is measured

@@ -58,7 +58,7 @@ class Arm:
 
 
 def die(message: str) -> NoReturn:
-    from align.cli import die as align_die
+    from align.run.cli import die as align_die
 
     align_die(message)
 
@@ -88,7 +88,7 @@ def align_overrides(arm: Arm, a: argparse.Namespace, out: Path, rows_file: Path)
 
 
 def _typed_or_die(arm: Arm, overrides: list[str]):
-    from align.cli import describe
+    from align.run.cli import describe
 
     try:
         return compose_typed(overrides)
@@ -141,9 +141,9 @@ def plan(tokens: Sequence[str], a: argparse.Namespace, out: Path, rows_file: Pat
 
 
 def profile_command(arm: Arm, out: Path) -> list[str]:
-    """The kernel table (align.probe probe=kernels) of an align arm's exact configuration."""
+    """The kernel table (align.tools.probe probe=kernels) of an align arm's exact configuration."""
     overrides = [o for o in arm.overrides if not o.startswith("trainer.max_steps=")]  # the probe counts its own
-    return [sys.executable, "-m", "align.probe", "probe=kernels", "probe.kernels.warmup=6",
+    return [sys.executable, "-m", "align.tools.probe", "probe=kernels", "probe.kernels.warmup=6",
             "probe.kernels.timed_steps=4", "probe.kernels.steps=3", *overrides,
             f"hydra.run.dir={out / 'runs' / ('kernels_' + arm.name)}"]
 

@@ -4,7 +4,7 @@
     python scripts/dist_evidence.py --cpu           # shake-out on CPU: 2 gloo processes, tiny model
 
 Runs (all through the real entry points: `python -m align.train`, launchers/torchrun.sh and
-`python -m align.supervise`), on an OLMoE-shaped model (64 experts, top-8; smaller width and depth):
+`python -m align.tools.supervise`), on an OLMoE-shaped model (64 experts, top-8; smaller width and depth):
   1. reference: one process, parallel=single, window = 2 micro-batches
   2. parallel=fsdp on N ranks, window = 2/N micro-batches per rank (same global window)
   3. parallel=ep on N ranks (N >= 2), experts sharded over the ranks, all-to-all dispatch
@@ -141,7 +141,7 @@ def main() -> int:
     code = torchrun(n, [*stop, f"hydra.run.dir={run_dir('uninterrupted')}"], env, out / "uninterrupted.log")
     report["runs"]["uninterrupted"] = {"exit": code, "losses": [r["loss"] for r in history(run_dir("uninterrupted"))]}
     sup_dir = run_dir("supervised")
-    sup_cmd = [sys.executable, "-m", "align.supervise", "--backoff", "2", "--", str(REPO / "launchers" / "torchrun.sh"),
+    sup_cmd = [sys.executable, "-m", "align.tools.supervise", "--backoff", "2", "--", str(REPO / "launchers" / "torchrun.sh"),
                *stop, f"hydra.run.dir={sup_dir}"]
     with open(out / "supervised.log", "w") as f:
         sup = subprocess.Popen(sup_cmd, cwd=REPO, env={**env, "NPROC": str(n)}, stdout=f, stderr=subprocess.STDOUT)

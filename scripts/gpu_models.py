@@ -25,11 +25,11 @@ sys.path.insert(0, str(REPO))
 def run_family(family: str, args, out: Path) -> dict:
     import torch
 
-    from align.cli import compose
+    from align.run.cli import compose
     from align.config import to_typed
     from align.models.memory import estimate_memory
     from align.parallel.env import resolve_device
-    from align.preflight import run_preflight
+    from align.run.preflight import run_preflight
     from align.telemetry.history import read_history
     from align.trainer import Trainer
 

@@ -4,7 +4,7 @@
     python3 scripts/gpu_probes.py --smoke    # the same four runs at tiny sizes (CPU is fine): shakes out bugs
 
 Random init, bf16 parameters (bf16 autocast), the bundled GSM8K as the real length distribution.
-Each probe runs as `python -m align.probe` in its own process (a fresh CUDA context per run) with
+Each probe runs as `python -m align.tools.probe` in its own process (a fresh CUDA context per run) with
 hydra.run.dir=$OUT/<run>; this script then gathers the headline numbers into $OUT/summary.json and
 prints them. Shapes:
 
@@ -107,7 +107,7 @@ def main() -> int:
         run = f"{probe}_{model}"
         if args.only and args.only not in run:
             continue
-        cmd = [sys.executable, "-m", "align.probe", *overrides(model, probe, args.smoke), f"hydra.run.dir={out / run}"]
+        cmd = [sys.executable, "-m", "align.tools.probe", *overrides(model, probe, args.smoke), f"hydra.run.dir={out / run}"]
         print(f"\n=== {run}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.time()
         p = subprocess.run(cmd)

@@ -22,7 +22,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # processes side by side, and OpenMP threads spinning against each other on 2 cores cost far more
 # than they win.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# align.signatures' cache in a directory of this session (inherited by the CLI subprocesses): tests
+# align.run.signatures' cache in a directory of this session (inherited by the CLI subprocesses): tests
 # neither trust a user's cache nor write into it.
 if "ALIGN_SIGNATURE_CACHE" not in os.environ:
     os.environ["ALIGN_SIGNATURE_CACHE"] = tempfile.mkdtemp(prefix="align-signatures-")
@@ -38,14 +38,14 @@ def run_cli(module: str, *args: str, cwd: Path | None = None, timeout: float = 9
 
 @pytest.fixture
 def compose():
-    from align.cli import compose as _compose
+    from align.run.cli import compose as _compose
 
     return _compose
 
 
 def build_trainer(tmp_path: Path, *overrides: str):
     """A Trainer built in-process from the composed config (no Hydra run, no subprocess)."""
-    from align.cli import compose
+    from align.run.cli import compose
     from align.config import to_typed
     from align.trainer import Trainer
 

@@ -1,6 +1,6 @@
 """The supervisor: run a training command, relaunch it after a failure while its checkpoints advance.
 
-    python -m align.supervise [--max-no-progress 3] [--backoff 10] -- launchers/torchrun.sh parallel=fsdp ...
+    python -m align.tools.supervise [--max-no-progress 3] [--backoff 10] -- launchers/torchrun.sh parallel=fsdp ...
 
 - exit 0: done. Exit 81 (non-finite halt) or 2 (refused configuration): never relaunched, the same
   failure would repeat.
@@ -76,7 +76,7 @@ class Supervisor:
         row = {"time": time.time(), "event": event, **fields}
         with open(self.run_dir / "supervisor.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
-        print(f"align.supervise: {event} " + " ".join(f"{k}={v}" for k, v in fields.items() if k != "command"),
+        print(f"align.tools.supervise: {event} " + " ".join(f"{k}={v}" for k, v in fields.items() if k != "command"),
               file=sys.stderr, flush=True)
 
     def newest_step(self) -> Optional[int]:

@@ -50,7 +50,7 @@ class EncodedDataset:
     def __len__(self) -> int:
         return len(self.ids)
 
-    # Provenance by attribute, for the manifest (align.recording reads these names).
+    # Provenance by attribute, for the manifest (align.run.record reads these names).
     @property
     def cache_key(self) -> Optional[str]:
         return self.meta.get("encode_cache_key")

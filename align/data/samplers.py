@@ -30,6 +30,36 @@ def padded_len(n: np.ndarray | int, multiple: int) -> np.ndarray | int:
     return -(-n // multiple) * multiple
 
 
+def batch_shapes(batches: Sequence[np.ndarray], lengths: np.ndarray, pad_to_multiple_of: int = 1,
+                 packed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens computed, real tokens) of each micro-batch, as collate would build it."""
+    if not len(batches):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
+    lens = np.asarray(lengths, dtype=np.int64)[np.concatenate(list(batches))]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    real = np.add.reduceat(lens, starts)
+    if packed:
+        return padded_len(real, pad_to_multiple_of), real
+    return sizes * padded_len(np.maximum.reduceat(lens, starts), pad_to_multiple_of), real
+
+
+def padding_stats(batches: Sequence[np.ndarray], lengths: np.ndarray, pad_to_multiple_of: int = 1,
+                  packed: bool = False) -> dict[str, float]:
+    """Padding waste (padded tokens / all tokens), the fraction of micro-batches with no padding
+    (those run without a mask, on SDPA's is_causal path), the largest micro-batch in tokens."""
+    computed, real = batch_shapes(batches, lengths, pad_to_multiple_of, packed)
+    total = int(computed.sum())
+    return {
+        "micro_batches": len(batches),
+        "pad_waste": 1.0 - real.sum() / total if total else 0.0,
+        "zero_pad_frac": float((computed == real).mean()) if len(batches) else 0.0,
+        "max_batch_tokens": int(computed.max()) if len(batches) else 0,
+        "mean_rows": float(np.mean([len(b) for b in batches])) if len(batches) else 0.0,
+    }
+
+
+
 class MicroBatchSampler:
     kind = "base"
 
@@ -101,8 +131,6 @@ class MicroBatchSampler:
     def stats(self) -> dict:
         """What this sampler does over epoch 0 (the manifest's sampler.stats): padding waste, zero-pad
         micro-batches, largest micro-batch, and roots per window beside a pure shuffle when known."""
-        from align.data.stats import padding_stats
-
         if self.plan is None:
             self.plan = padding_stats(self.global_batches(0), self.lengths, self.pad_to_multiple_of, self.packed)
         mine = padding_stats(self.rank_batches(0), self.lengths, self.pad_to_multiple_of, self.packed)

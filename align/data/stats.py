@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from align.data.samplers import MicroBatchSampler, padded_len
+from align.data.samplers import MicroBatchSampler, padding_stats
 
 
 def length_moments(lengths: np.ndarray) -> dict[str, float]:
@@ -21,35 +21,6 @@ def length_moments(lengths: np.ndarray) -> dict[str, float]:
     w = np.asarray(lengths, dtype=np.float64)
     e_w, e_w2 = float(w.mean()), float((w * w).mean())
     return {"E_w": e_w, "E_w2": e_w2, "w2_ratio": e_w2 / (e_w * e_w)}
-
-
-def batch_shapes(batches: Sequence[np.ndarray], lengths: np.ndarray, pad_to_multiple_of: int = 1,
-                 packed: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens computed, real tokens) of each micro-batch, as collate would build it."""
-    if not len(batches):
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    sizes = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
-    lens = np.asarray(lengths, dtype=np.int64)[np.concatenate(list(batches))]
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    real = np.add.reduceat(lens, starts)
-    if packed:
-        return padded_len(real, pad_to_multiple_of), real
-    return sizes * padded_len(np.maximum.reduceat(lens, starts), pad_to_multiple_of), real
-
-
-def padding_stats(batches: Sequence[np.ndarray], lengths: np.ndarray, pad_to_multiple_of: int = 1,
-                  packed: bool = False) -> dict[str, float]:
-    """Padding waste (padded tokens / all tokens), the fraction of micro-batches with no padding
-    (those run without a mask, on SDPA's is_causal path), the largest micro-batch in tokens."""
-    computed, real = batch_shapes(batches, lengths, pad_to_multiple_of, packed)
-    total = int(computed.sum())
-    return {
-        "micro_batches": len(batches),
-        "pad_waste": 1.0 - real.sum() / total if total else 0.0,
-        "zero_pad_frac": float((computed == real).mean()) if len(batches) else 0.0,
-        "max_batch_tokens": int(computed.max()) if len(batches) else 0,
-        "mean_rows": float(np.mean([len(b) for b in batches])) if len(batches) else 0.0,
-    }
 
 
 def root_codes(roots: Sequence[str]) -> np.ndarray:

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from align.provenance import canonical_json, now
+from align.run.manifest import canonical_json, now
 
 log = logging.getLogger("align")
 

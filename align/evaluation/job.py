@@ -24,7 +24,7 @@ from align.evaluation.report import REPORT_MD, EvalRecord, markdown
 from align.evaluation.runner import (ArmRun, essentials_of, generate_arm, generation_meaning, oracle_arm,
                                      prompts_per_call, sampling_spec, stop_ids)
 from align.evaluation.scoring import Scorer, build_scorer
-from align.provenance import canonical_json, config_hash, git_state, now
+from align.run.manifest import canonical_json, config_hash, git_state, now
 
 log = logging.getLogger("align")
 
@@ -36,7 +36,7 @@ def resolve_dtype(requested: Optional[str], device_type: str) -> str:
 class EvalJob:
     def __init__(self, cfg: EvalRunConfig, run_dir: Path, argv: list[str], overrides: list[str],
                  resolved: Mapping[str, Any]) -> None:
-        from align.secrets import redact, redact_argv
+        from align.run.redaction import redact, redact_argv
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.argv, self.overrides = redact_argv(list(argv)), redact_argv(list(overrides))
@@ -153,7 +153,7 @@ class EvalJob:
     # -------------------------------------------------------------------------------- recording
 
     def _start(self) -> None:
-        from align.provenance import versions
+        from align.run.manifest import versions
 
         cfg, r = self.cfg, self.record
         r.set("run", {"name": cfg.name or self.run_dir.name, "run_dir": str(self.run_dir.resolve()), "argv": self.argv,
@@ -176,7 +176,7 @@ class EvalJob:
 
     def _record_inputs(self, data: EvalData, scorer: Scorer) -> None:
         from align.parallel.env import resolve_device
-        from align.provenance import device_info
+        from align.run.manifest import device_info
 
         ev, r = self.cfg.eval, self.record
         why = {"fields.limit": "no limit: every record", "fields.id_field": "no id field: ids are line numbers"}

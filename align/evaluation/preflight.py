@@ -39,7 +39,7 @@ def check(cfg: EvalRunConfig, root: Path | None = None) -> None:
 
 def _check_git(cfg: EvalRunConfig, root: Path | None) -> None:
     from align.errors import ConfigError
-    from align.provenance import git_state
+    from align.run.manifest import git_state
 
     g = git_state(root)
     if g.commit is not None and g.dirty and not cfg.allow_dirty:
@@ -54,7 +54,7 @@ def _check_logger(cfg: EvalRunConfig) -> None:
 
     if cfg.logger.kind == LoggerKind.none:
         return
-    from align.preflight import check_kwargs
+    from align.run.signatures import check_kwargs
     from align.telemetry.wandb_logger import wandb_init_kwargs
 
     check_kwargs("wandb:init", wandb_init_kwargs(cfg.logger, Path("."), "preflight", None, {}), "logger")
@@ -65,7 +65,7 @@ def validate_command_line(argv: Sequence[str]) -> list[EvalRunConfig]:
     on the first bad one."""
     import dataclasses
 
-    from align.cli import compose, describe, die, job_override_lists
+    from align.run.cli import compose, describe, die, job_override_lists
     from align.errors import AlignError
     from align.evaluation.config import GROUP_SCHEMAS, to_typed
 

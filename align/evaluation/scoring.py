@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
-from align.evaluation import refusal
+import align.evaluation.refusal as refusal
 from align.evaluation.config import EvalConfig, EvalTask
 from align.evaluation.datasets import Item
 from align.evaluation.metrics import accuracy_metrics

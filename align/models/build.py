@@ -1,7 +1,7 @@
 """Build or load a model and record what it RESOLVED to (playbook 4.3).
 
 Kwargs for transformers are built as dicts first so preflight can check their names against the
-installed signatures before anything heavy runs (`align.models.checks`).
+installed signatures before anything heavy runs (`align.run.model_checks`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from align.errors import ConfigError
 from align.models.attention import AttentionChoice, resolve_attention
 from align.models.kwargs import config_kwargs, load_kwargs, preset_kwargs
 from align.models.lora import LoraGate, apply_lora, bnb_config, qlora_refusal
-from align.models.memory import count_params
-from align.models.registry import FAMILIES, FamilySpec, MoEShape
+from align.models.registry import FAMILIES, FamilySpec, MoEShape, count_params
 from align.models.runtime import ModelRuntime
 
 log = logging.getLogger("align")
@@ -55,7 +54,7 @@ def check_config_names(cfg: ModelConfig, kwargs: dict[str, Any], key: str) -> No
 @contextlib.contextmanager
 def loading(what: str, path: str) -> Iterator[None]:
     """A checkpoint that cannot be read is bad input (exit 2, one line naming model.pretrained), not a
-    crash: preflight catches what the files show (align.preflight.checkpoint_problem), this the rest.
+    crash: preflight catches what the files show (align.run.preflight.checkpoint_problem), this the rest.
     Running out of memory is not the checkpoint's fault and stays an error of its own."""
     try:
         yield

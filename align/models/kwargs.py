@@ -1,6 +1,6 @@
 """Kwargs for the family's config class and for `from_pretrained` / `_from_config`, built as data:
 the build calls them, and preflight checks their names against the installed signatures
-(align.kwargs_sites). Imports neither torch nor transformers, so preflight can build them first."""
+(align.run.kwargs_sites). Imports neither torch nor transformers, so preflight can build them first."""
 
 from __future__ import annotations
 

@@ -25,30 +25,9 @@ from typing import Any, Optional
 import torch
 
 from align.config import ModelConfig, OptimizerName, TrainConfig
-from align.models.registry import FAMILIES, MoEShape
+from align.models.registry import FAMILIES, MoEShape, ParamCount, count_params
 
 GiB = 1024**3
-
-
-@dataclass
-class ParamCount:
-    total: int
-    active: int
-    """Parameters a token passes through: all but the (E - k) / E share of the expert weights."""
-    trainable: int
-    experts: int
-
-
-def count_params(model: torch.nn.Module, moe: Optional[MoEShape], trainable: Optional[int] = None) -> ParamCount:
-    total = experts = grad = 0
-    for name, p in model.named_parameters():
-        n = p.numel()
-        total += n
-        grad += n if p.requires_grad else 0
-        if moe is not None and ".experts." in f".{name}.":
-            experts += n
-    active = total if moe is None else total - round(experts * (moe.num_experts - moe.top_k) / moe.num_experts)
-    return ParamCount(total, active, grad if trainable is None else trainable, experts)
 
 
 def bundled_vocab() -> tuple[int, dict[str, int]]:

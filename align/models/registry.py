@@ -1,7 +1,7 @@
 """The family table: which transformers classes a family uses, its size presets, where its routers are.
 
 A preset is a dict of config-class kwargs (names are checked against the installed config class in
-preflight, `align.models.checks`). `vocab_size` comes from the preset when it gives one (the `full`
+preflight, `align.run.model_checks`). `vocab_size` comes from the preset when it gives one (the `full`
 presets: the real embedding size) and from the tokenizer otherwise; special token ids always come
 from the tokenizer.
 
@@ -103,7 +103,7 @@ class FamilySpec:
     """Import path ("module:qualname") of the transformers config class."""
     model_class: str
     """Import path of the model class. Paths, not classes: importing transformers' models costs
-    seconds, and preflight reads their signatures from align.signatures' cache instead."""
+    seconds, and preflight reads their signatures from align.run.signatures' cache instead."""
     presets: dict[str, dict[str, Any]]
     attention: frozenset[AttnImpl] = field(default_factory=lambda: frozenset(AttnImpl))
     """Attention backends the family's transformers class supports at all (the machine may still
@@ -119,7 +119,7 @@ class FamilySpec:
 
     def classes(self) -> tuple[type, type]:
         """(config class, model class), imported now."""
-        from align.signatures import resolve
+        from align.run.signatures import resolve
 
         return resolve(self.config_class), resolve(self.model_class)
 
@@ -244,3 +244,24 @@ FAMILIES: dict[Family, FamilySpec] = {
         router_taps=_gemma4_taps, fused_experts=True, extra_config_kwargs=_GEMMA4_EXTRA,
     ),
 }
+
+
+@dataclass
+class ParamCount:
+    total: int
+    active: int
+    """Parameters a token passes through: all but the (E - k) / E share of the expert weights."""
+    trainable: int
+    experts: int
+
+
+def count_params(model: torch.nn.Module, moe: Optional[MoEShape], trainable: Optional[int] = None) -> ParamCount:
+    total = experts = grad = 0
+    for name, p in model.named_parameters():
+        n = p.numel()
+        total += n
+        grad += n if p.requires_grad else 0
+        if moe is not None and ".experts." in f".{name}.":
+            experts += n
+    active = total if moe is None else total - round(experts * (moe.num_experts - moe.top_k) / moe.num_experts)
+    return ParamCount(total, active, grad if trainable is None else trainable, experts)

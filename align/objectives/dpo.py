@@ -27,7 +27,8 @@ import torch
 
 from align.config import ObjectiveConfig, ReferenceDtype, ReferenceKind, TrainConfig
 from align.data.collate import Batch
-from align.errors import AlignError, ConfigError
+from align.errors import ConfigError
+from align.objectives.gate import GateError, run_gate  # noqa: F401  (GateError: raised by the gate)
 from align.objectives.logps import sequence_sums, sequence_token_counts, token_logps
 from align.objectives.preference_losses import PairLogps, preference_loss
 from align.objectives.preference_spec import PreferenceLoss, needs_reference
@@ -38,12 +39,6 @@ from align.parallel.env import DistEnv
 log = logging.getLogger("align")
 
 _DTYPES = {ReferenceDtype.bf16: torch.bfloat16, ReferenceDtype.fp32: torch.float32}
-
-
-class GateError(AlignError):
-    """The step-0 gate failed: the run would train against a wrong reference or wrong pairs."""
-
-    exit_code = 2
 
 
 def resolve_reference(cfg: TrainConfig) -> Optional[ReferenceKind]:
@@ -248,8 +243,6 @@ class DPO:
     def gate(self, batch: Batch) -> dict[str, Any]:
         """Run the step-0 checks on `batch` (this rank's first micro-batch) and return the report;
         raises GateError when one fails. Skipped on a resume (the policy has moved on)."""
-        from align.objectives.gate import run_gate
-
         if self.resumed_at:
             self.gate_report = {"ran": False, "why": "resumed: the policy has trained since step 0"}
             return self.gate_report

@@ -15,6 +15,17 @@ from typing import Any
 import torch
 
 from align.data.collate import Batch
+from align.errors import ConfigError
+
+
+
+class GateError(ConfigError):
+    """The step-0 gate failed: the run would train against a wrong reference or wrong pairs (exit 2,
+    like the mask gate: nothing has trained)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("objective gate", message)
+
 
 FP32_TOLERANCE = 1e-4
 BF16_TOLERANCE = 5e-2
@@ -52,8 +63,6 @@ def alone_sequence_logps(obj: Any, pair_ids: list[int]) -> torch.Tensor:
 
 
 def run_gate(obj: Any, batch: Batch) -> dict[str, Any]:
-    from align.objectives.dpo import GateError
-
     model = obj.model
     was = model.training
     model.eval()  # dropout (LoRA's included) would make two forwards of the same tokens differ
@@ -84,5 +93,5 @@ def run_gate(obj: Any, batch: Batch) -> dict[str, Any]:
                                "(mis-paired batch, misaligned mask or attention across packed sequences)",
                 "reference_ok": f"the policy differs from its reference at step 0 by "
                                 f"{report['reference_max_abs_per_token']:.3g} nats/token (wrong reference)"}
-        raise GateError("objective gate: " + "; ".join(what[k] for k in failed) + f" > tolerance {tol:g}")
+        raise GateError("; ".join(what[k] for k in failed) + f" > tolerance {tol:g}")
     return report

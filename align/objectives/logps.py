@@ -2,7 +2,7 @@
 preference pairs, a group of rollouts): each label position names its sequence in `seq_ids`
 (-1: no target), and the token log-probs are summed into their sequence with `index_add`.
 
-Two ways to the same sums, as for SFT's loss (align/loss.py): from all logits at once, or, when the
+Two ways to the same sums, as for SFT's loss (align/objectives/ce.py): from all logits at once, or, when the
 model's head was bypassed (`hidden_only`), from hidden states with the head applied over `chunk`
 target tokens at a time under activation checkpointing, so at most [chunk, vocab] logits exist."""
 

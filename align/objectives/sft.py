@@ -1,5 +1,5 @@
 """Supervised fine-tuning: cross-entropy over the loss-masked tokens, summed per micro-batch and
-divided by the loss tokens of the whole window on all ranks (align/loss.py holds the two ways to
+divided by the loss tokens of the whole window on all ranks (align/objectives/ce.py holds the two ways to
 the same sum: all logits at once, or the head and CE in chunks)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from align.data.cache import load_dataset
 from align.data.collate import Batch
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream, build_stream
-from align.loss import ChunkedCE, ce_sum
+from align.objectives.ce import ChunkedCE, ce_sum
 from align.parallel.env import DistEnv
 
 

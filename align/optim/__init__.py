@@ -27,7 +27,7 @@ def optimizer_target(cfg: OptimizerConfig, sharded: bool = False) -> str:
 
 
 def optimizer_class(cfg: OptimizerConfig, sharded: bool = False) -> Callable[..., torch.optim.Optimizer]:
-    from align.signatures import resolve
+    from align.run.signatures import resolve
 
     return resolve(optimizer_target(cfg, sharded))
 
@@ -60,7 +60,7 @@ def build_optimizer(cfg: OptimizerConfig, params, device: torch.device) -> torch
 
 
 def scheduler_factory():
-    from align.signatures import resolve
+    from align.run.signatures import resolve
 
     return resolve(SCHEDULER)
 

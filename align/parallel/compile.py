@@ -2,7 +2,7 @@
 reused by every layer of its class; the loss, the optimizer and the data path stay eager.
 
 torch is imported inside the functions: `compile_kwargs` is also preflight's kwargs builder, which
-runs before any heavy import (align.kwargs_sites)."""
+runs before any heavy import (align.run.kwargs_sites)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ LOSS_CAVEAT = (
 
 def build_trainer(cfg: TrainConfig, out_dir: Path) -> Trainer:
     """The same preflight and build as `python -m align.train`; the probe then drives it."""
-    from align.preflight import run_preflight
+    from align.run.preflight import run_preflight
 
     run_preflight(cfg)
     return Trainer.build(cfg, out_dir)

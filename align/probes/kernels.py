@@ -1,4 +1,4 @@
-"""`python -m align.probe probe=kernels`: where the device time goes, kernel by kernel.
+"""`python -m align.tools.probe probe=kernels`: where the device time goes, kernel by kernel.
 
 torch.profiler over real trainer steps. `key_averages()` lists the ATen op AND the kernel it
 launched, each carrying the same self device time, so summing the table gives ~2x the step (the

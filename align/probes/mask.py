@@ -16,7 +16,7 @@ unpadded batch, wrong for a sliding layer whose window binds. Flash attention ta
 kernel argument instead of a mask: there the module's `sliding_window` is checked (weaker evidence,
 reported as such).
 
-    python -m align.probe probe=mask model=gemma4      # report + mask.json in the probe's run dir
+    python -m align.tools.probe probe=mask model=gemma4      # report + mask.json in the probe's run dir
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def assert_masks(model: torch.nn.Module, data: EncodedDataset, pad_id: int, leng
 
 
 def run(cfg: TrainConfig, out_dir: Path) -> int:
-    """`python -m align.probe probe=mask`: build the composed model from config (random init; on the
+    """`python -m align.tools.probe probe=mask`: build the composed model from config (random init; on the
     run's device, so CPU here) and a few real records, print the report, write mask.json; exit 2 when
     a band is wrong."""
     from align.data.encode import encode_records

@@ -1,4 +1,4 @@
-"""`python -m align.probe probe=padding`: the bucket sweep from the data alone.
+"""`python -m align.tools.probe probe=padding`: the bucket sweep from the data alone.
 
 For a pure shuffle and each bucket size: padding waste (padded tokens / all tokens), the fraction
 of micro-batches with zero padding (they run without a mask, on SDPA's is_causal path), roots per

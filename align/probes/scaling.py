@@ -1,4 +1,4 @@
-"""`python -m align.probe probe=scaling`: the 10-minute triage.
+"""`python -m align.tools.probe probe=scaling`: the 10-minute triage.
 
 Time fwd+bwd of the composed model at >= 3 sequence lengths w (fixed batch, warm-up, best of k), fit
 

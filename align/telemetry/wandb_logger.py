@@ -45,7 +45,7 @@ def sweep_job_name(task_overrides: list[str], sweep_overrides: Optional[list[str
     `sweep_overrides` is the sweep's command line (multirun.yaml); without it, all the job's overrides."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from align.secrets import redact_argv
+    from align.run.redaction import redact_argv
 
     swept = None
     if sweep_overrides:

@@ -57,7 +57,7 @@ def test_dry_run_prints_each_command_and_writes_nothing(out, capsys):
     assert fsdp.startswith("bash ") and "launchers/torchrun.sh --nproc 4 experiment=bench/dense_eager_fsdp" in fsdp
     assert "bench/hf_arm.py --arm hf_padded --steps 30 --warmup 8" in cmds["hf_padded"]
     kernels = cmds["kernels of dense_best"]
-    assert "-m align.probe probe=kernels" in kernels and "experiment=bench/dense_best" in kernels
+    assert "-m align.tools.probe probe=kernels" in kernels and "experiment=bench/dense_best" in kernels
     assert not out.exists()
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from align.cli import CONF_DIR
+from align.run.cli import CONF_DIR
 from align.config import GROUP_SCHEMAS, TrainConfig, to_typed
 
 # eval/ belongs to conf/eval.yaml (align.eval), not to the train config: tests/unit/evaluation/test_config.py

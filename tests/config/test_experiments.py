@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from align.cli import CONF_DIR
+from align.run.cli import CONF_DIR
 from align.config import TrainConfig, to_typed
 
 EXPERIMENT_DIR = CONF_DIR / "experiment"

@@ -10,7 +10,7 @@ import typing
 
 import pytest
 
-from align.cli import CONF_DIR, validate_command_line
+from align.run.cli import CONF_DIR, validate_command_line
 from align.config import GROUP_SCHEMAS, TrainConfig, schema_fields, to_typed
 from align.errors import ConfigError
 
@@ -152,7 +152,7 @@ IGNORED = [
     (["model.pretrained=/ckpt", "model.preset=full"], "model.preset", "ignored when model.pretrained is set"),
     (["model=olmoe", "parallel=ep", "model.init_on_device=true"], "model.init_on_device", "ignored by parallel=ep"),
     (["probe.scaling.warmup=3"], "probe.scaling.warmup",
-     "ignored by align.train; it is read by `python -m align.probe probe=scaling`"),
+     "ignored by align.train; it is read by `python -m align.tools.probe probe=scaling`"),
 ]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from align.cli import compose
+from align.run.cli import compose
 from align.config import to_typed
 
 pytestmark = pytest.mark.gpu
@@ -32,9 +32,9 @@ def _needs_cuda():
 def _run(tmp_path: Path, *overrides: str) -> dict:
     from omegaconf import OmegaConf
 
-    from align.preflight import collect
-    from align.provenance import key_paths, load, manifest_paths, null_leaves
-    from align.recording import RunRecord
+    from align.run.preflight import collect
+    from align.run.manifest import key_paths, load, manifest_paths, null_leaves
+    from align.run.record import RunRecord
     from align.trainer import Trainer
 
     cfg = compose([*SMALL, *overrides])

@@ -80,7 +80,7 @@ def run(fn: Callable, world: int, *args: Any, timeout: float = 240, env: dict | 
 def fit(rank: int, world: int, run_dir: str, overrides: list[str], hook: Callable | None = None) -> int:
     """Build and fit one Trainer; return the CLI's exit code for it. Writes this rank's outcome and
     the trainer's model_info to <run_dir>/rank<r>/result.json. `hook(trainer, rank)` runs after build."""
-    from align.cli import compose
+    from align.run.cli import compose
     from align.config import to_typed
     from align.errors import AlignError
     from align.trainer import Trainer

@@ -91,10 +91,10 @@ def test_a_compiled_runs_manifest_counts_its_recompiles_and_graph_breaks(tmp_pat
 
     import align.parallel.compile as comp
     import align.trainer
-    from align.cli import compose
+    from align.run.cli import compose
     from align.config import to_typed
-    from align.provenance import load
-    from align.recording import RunRecord
+    from align.run.manifest import load
+    from align.run.record import RunRecord
 
     monkeypatch.setattr(align.trainer, "compile_blocks", functools.partial(comp.compile_blocks, backend="eager"))
     torch._dynamo.reset()

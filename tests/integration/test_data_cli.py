@@ -1,5 +1,5 @@
 """Data through the real entry points: bad input exits 2 through `python -m align.train` with one
-line naming file:line and nothing in the cache; the bucket sweep runs and `align.report` reads it;
+line naming file:line and nothing in the cache; the bucket sweep runs and `align.tools.report` reads it;
 a run's history rows and summary carry the data stats."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from align import report
+from align.tools import report
 from align.config import to_typed
 from tests.conftest import run_cli
 

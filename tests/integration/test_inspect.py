@@ -1,4 +1,4 @@
-"""`python -m align.inspect`: one encoded record as the run with the same overrides trains on it,
+"""`python -m align.tools.inspect`: one encoded record as the run with the same overrides trains on it,
 the tokens in the loss marked."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from align import inspect as align_inspect
-from align.cli import compose
+from align.tools import inspect as align_inspect
+from align.run.cli import compose
 from align.config import to_typed
 from tests.conftest import run_cli
 
@@ -43,7 +43,7 @@ def test_the_marked_text_is_the_records_loss_tokens_and_follows_the_overrides(tm
 
 
 def test_the_cli_runs_from_the_same_config_groups_as_train(tmp_path):
-    p = run_cli("align.inspect", "model=olmoe", f"data.cache_dir={tmp_path / 'cache'}", "data.max_records=8", "index=0")
+    p = run_cli("align.tools.inspect", "model=olmoe", f"data.cache_dir={tmp_path / 'cache'}", "data.max_records=8", "index=0")
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.startswith("record 0 of ") and "[[" in p.stdout and "]]" in p.stdout
 
@@ -51,7 +51,7 @@ def test_the_cli_runs_from_the_same_config_groups_as_train(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["index=-1"], "index=-1: not a record index"),
     (["tokens=maybe"], "tokens=maybe: accepted: true, false"),
-    (["-m", "data.max_seq_len=64,128"], "-m: align.inspect shows the data of one run"),
+    (["-m", "data.max_seq_len=64,128"], "-m: align.tools.inspect shows the data of one run"),
     (["data.no_such_key=1"], "data.no_such_key"),
     (["index=8"], "index=8: the encoded data set has 8 records; accepted: 0..7"),
 ])

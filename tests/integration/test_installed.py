@@ -1,5 +1,5 @@
 """A non-editable install runs from any directory: the wheel carries conf/ (as align/conf/) and the
-bundled data assets, and align.cli finds them there."""
+bundled data assets, and align.run.cli finds them there."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_an_installed_align_composes_and_preflights_from_another_directory(tmp_p
     assert (site / "align" / "conf" / "train.yaml").is_file() and (site / "align" / "data" / "assets").is_dir()
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    where = _run(site, cwd, "-c", "import align, align.cli; print(align.__file__); print(align.cli.CONF_DIR)")
+    where = _run(site, cwd, "-c", "import align, align.run.cli; print(align.__file__); print(align.run.cli.CONF_DIR)")
     assert where.returncode == 0, where.stderr[-2000:]
     module, conf = where.stdout.split()
     assert Path(module).is_relative_to(site) and Path(conf) == site / "align" / "conf"
@@ -61,7 +61,7 @@ def test_an_installed_align_composes_and_preflights_from_another_directory(tmp_p
     assert job.returncode == 0, job.stderr[-2000:]
     assert "family: olmoe" in job.stdout and "kind: bucket" in job.stdout
 
-    pre = _run(site, cwd, "-m", "align.preflight", "allow_dirty=true")
+    pre = _run(site, cwd, "-m", "align.tools.preflight", "allow_dirty=true")
     assert pre.returncode == 0, (pre.stdout + pre.stderr)[-3000:]
     assert f"data file: {site / 'align' / 'data' / 'assets' / 'gsm8k' / 'train.jsonl'}" in pre.stdout
     assert "preflight PASS" in pre.stdout

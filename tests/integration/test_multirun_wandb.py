@@ -52,7 +52,7 @@ def test_sweep_gives_each_job_its_own_run_dir_and_wandb_run(tmp_path):
 
 
 def _fit(run_dir: Path, *overrides: str) -> None:
-    from align.cli import compose
+    from align.run.cli import compose
     from align.config import to_typed
     from align.trainer import Trainer
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from align.cli import compose
+from align.run.cli import compose
 from align.config import to_typed
 from align.errors import EXIT_CONFIG, ConfigError
-from align.provenance import key_paths, load, manifest_paths, null_leaves
-from align.recording import RunRecord
-from align.secrets import REDACTED
+from align.run.manifest import key_paths, load, manifest_paths, null_leaves
+from align.run.record import RunRecord
+from align.run.redaction import REDACTED
 from tests.conftest import REPO, run_cli
 
 SECRETS = {"ALIGN_PLANTED_API_KEY": "sk-planted-0xdeadbeef-1", "HF_TOKEN": "hf_planted_0xdeadbeef_2",
@@ -88,7 +88,7 @@ def test_train_refuses_a_dirty_tree_before_creating_anything(tmp_path):
                 "trainer.export=false", cwd=repo, env={"PYTHONPATH": str(repo)})
     assert p.returncode == EXIT_CONFIG, p.stderr[-2000:]
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert lines[-1].startswith("align: error: git: refusing to start") and "align/loss.py" in lines[-1]
+    assert lines[-1].startswith("align: error: git: refusing to start") and "align/objectives/ce.py" in lines[-1]
     assert not run_dir.exists()
 
 
@@ -96,7 +96,7 @@ def test_train_refuses_a_dirty_tree_before_creating_anything(tmp_path):
 
 
 def _record(tmp_path: Path, *overrides: str, container_extra: dict | None = None):
-    from align.preflight import collect
+    from align.run.preflight import collect
 
     cfg = compose(["data.max_records=24", "trainer.max_steps=1", "allow_dirty=true", *overrides])
     typed = to_typed(cfg)
@@ -133,7 +133,7 @@ def test_moe_run_records_the_resolved_experts_kernel_not_the_request(tmp_path):
     assert m["model"]["experts_implementation_resolved"] == trainer.model.config._experts_implementation == "grouped_mm"
     assert "not requested" in m["null_reasons"]["model.experts_implementation_requested"]
     # the kwargs preflight checks are the ones the call site uses (no drift between check and call)
-    from align.kwargs_sites import data_loader
+    from align.run.kwargs_sites import data_loader
 
     assert data_loader(typed).kwargs.keys() == trainer.stream.kwargs.keys()
 
@@ -223,7 +223,7 @@ def test_encode_cache_provenance_is_taken_from_the_data_pipeline(tmp_path, monke
     import sys
     import types
 
-    from align.preflight import collect
+    from align.run.preflight import collect
 
     monkeypatch.setitem(sys.modules, "align.data.cache", types.SimpleNamespace(cache_key_parts=lambda d, m: {"key": "a" * 64}))
     typed, record, run_dir, _ = _record(tmp_path, "logger=none")

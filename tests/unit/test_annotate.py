@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from align.annotate import NOTE, annotate, main
-from align.provenance import GitState, Manifest, key_paths
+from align.tools.annotate import NOTE, annotate, main
+from align.run.manifest import GitState, Manifest, key_paths
 
 
 @pytest.fixture

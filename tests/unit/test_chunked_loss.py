@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from align.loss import ChunkedCE, bypass_lm_head, ce_sum
+from align.objectives.ce import ChunkedCE, bypass_lm_head, ce_sum
 from tests.conftest import build_trainer
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from align.provenance import key_paths
+from align.run.manifest import key_paths
 from tests.conftest import REPO
 
 

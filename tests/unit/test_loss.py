@@ -8,7 +8,7 @@ import torch
 
 from align.data.collate import IGNORE, collate
 from align.data.encode import EncodedDataset
-from align.loss import ce_sum
+from align.objectives.ce import ce_sum
 
 
 def _dataset(rows):

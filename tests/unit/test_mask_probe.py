@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from align.cli import compose
+from align.run.cli import compose
 from align.config import to_typed
 from align.errors import EXIT_CONFIG, ConfigError
 from align.probes import mask as mask_probe
@@ -111,7 +111,7 @@ def test_mistral_with_a_sliding_window_override_is_windowed_everywhere():
 
 
 def test_probe_entry_is_registered_and_writes_its_report(tmp_path):
-    from align.probe import PROBES
+    from align.tools.probe import PROBES
 
     assert PROBES["mask"] == "align.probes.mask"
     cfg = to_typed(compose(["probe=mask", "model=gemma4", "probe.mask.records=8"], config_name="probe"))

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from align.provenance import (
+from align.run.manifest import (
     SCHEMA,
     SCHEMA_VERSION,
     GitState,
@@ -23,7 +23,7 @@ from align.provenance import (
     skeleton,
     tokenizer_hashes,
 )
-from align.recording import classify_kernels, exit_of
+from align.run.record import classify_kernels, exit_of
 
 
 def test_skeleton_has_every_schema_key_and_a_reason_for_every_null():

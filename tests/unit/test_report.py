@@ -1,10 +1,10 @@
-"""`python -m align.report DIR`: one row per job of a multirun dir, from overrides and history."""
+"""`python -m align.tools.report DIR`: one row per job of a multirun dir, from overrides and history."""
 
 from __future__ import annotations
 
 import json
 
-from align import report
+from align.tools import report
 
 
 def _job(root, n, overrides, rows):
@@ -55,8 +55,8 @@ def test_the_report_figure_has_a_title_readable_labels_and_loss_curves(tmp_path)
     _job(tmp_path, 0, ["sampler=bucket", "sampler.bucket_size=2"], [_row(s, 4.0 - 0.01 * s, 100, 50, 1.0, 0, 3) for s in (1, 2, 3)])
     _job(tmp_path, 1, ["sampler=bucket", "sampler.bucket_size=32"], [_row(s, 4.0 - 0.02 * s, 100, 90, 1.0, 1, 4) for s in (1, 2, 3)])
     jobs = report.job_dirs(tmp_path)
-    fig = report.figure([report.job_row(j) for j in jobs], "align.report sweep", {j.name: report.loss_points(j) for j in jobs})
-    assert fig._suptitle.get_text().startswith("align.report sweep: 2 of 2 jobs") and "shared: sampler=bucket" in fig._suptitle.get_text()
+    fig = report.figure([report.job_row(j) for j in jobs], "align.tools.report sweep", {j.name: report.loss_points(j) for j in jobs})
+    assert fig._suptitle.get_text().startswith("align.tools.report sweep: 2 of 2 jobs") and "shared: sampler=bucket" in fig._suptitle.get_text()
     tokens, waste, loss, curves = fig.axes
     assert [t.get_text() for t in tokens.get_yticklabels()] == ["sampler.bucket_size=2", "sampler.bucket_size=32"]
     assert min(t.get_fontsize() for t in tokens.get_yticklabels()) >= 9

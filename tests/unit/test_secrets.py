@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from align.errors import ConfigError
-from align.secrets import REDACTED, is_secret, recorded_env, redact, redact_argv
+from align.run.redaction import REDACTED, is_secret, recorded_env, redact, redact_argv
 
 HF = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cD1eF3g"
 SK = "sk-proj-" + "Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2"

@@ -1,4 +1,4 @@
-"""align.signatures: a cached answer equals a live read of the installed callable. Any file it was
+"""align.run.signatures: a cached answer equals a live read of the installed callable. Any file it was
 read from changing makes it a miss, and so does another install or version. A damaged entry is
 rebuilt, never trusted. With the cache warm, `align.train` refuses a kwarg without importing torch,
 transformers or wandb. Stand-in libraries are written to tmp_path; dropping them from sys.modules
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from align import signatures
-from align.preflight import KwargsSite, Status, check_site
+from align.run import signatures
+from align.run.checklist import Status
+from align.run.kwargs_sites import check_site
+from align.run.signatures import KwargsSite
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -253,9 +255,9 @@ def test_auto_device_checks_the_union_and_resolves_the_device_only_when_refused(
     import torch
 
     import align.optim
-    from align.cli import compose
+    from align.run.cli import compose
     from align.config import to_typed
-    from align.kwargs_sites import optimizer
+    from align.run.kwargs_sites import optimizer
 
     auto, cuda = (to_typed(compose(["logger=none", f"trainer.device={d}"])) for d in ("auto", "cuda"))
     assert "fused" in optimizer(auto).kwargs  # checked without knowing the device: the CUDA names too

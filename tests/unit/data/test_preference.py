@@ -20,14 +20,14 @@ U = lambda text: {"role": "user", "content": text}  # noqa: E731
 A = lambda text: {"role": "assistant", "content": text}  # noqa: E731
 
 
-def train_cfg(tmp_path, path=None, **data) -> TrainConfig:
+def train_cfg(tmp_path, path=None, objective="dpo", **data) -> TrainConfig:
     """A TrainConfig typed as Hydra types it, on a local preference file (or the bundled pairs)."""
     from omegaconf import OmegaConf
 
     d = dict(source="preference" if path else "gsm8k_pairs", path=str(path) if path else None,
              cache_dir=str(tmp_path / "cache"), encode_workers=0, max_seq_len=256)
     d.update(data)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), {"data": d, "objective": {"kind": "dpo"}}))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), {"data": d, "objective": {"kind": objective}}))
 
 
 def pairs_of(tmp_path, tok, rows, **data) -> EncodedPairs:
@@ -251,7 +251,7 @@ def test_the_key_covers_the_chat_template(tmp_path):
 
 
 def test_chat_record_keys_carry_no_pairing(tmp_path):
-    cfg = train_cfg(tmp_path, source="gsm8k")
+    cfg = train_cfg(tmp_path, source="gsm8k", objective="sft")
     parts = cache_key_parts(cfg.data, cfg.model)
     assert parts["pairing"] is None
     keyed = {k: v for k, v in parts.items() if k not in ("key", "aux_files", "source_specs", "pairing")}

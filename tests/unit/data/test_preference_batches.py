@@ -15,7 +15,6 @@ from align.config import TrainConfig
 from align.data.collate import IGNORE, collate
 from align.data.pairs import PairSampler, build_pair_stream, collate_pairs
 from align.data.preference import EncodedPairs, load_pairs
-from align.data.stats import padding_stats
 
 SAMPLERS = [
     ("shuffle", False, {}), ("bucket", False, {}), ("budget", False, {}),

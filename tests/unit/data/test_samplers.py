@@ -9,7 +9,8 @@ import pytest
 
 from align.config import SamplerConfig, SamplerKind
 from align.data.samplers import BucketSampler, BudgetSampler, ShuffleSampler, build_sampler, padded_len
-from align.data.stats import padding_stats, roots_per_window
+from align.data.samplers import padding_stats
+from align.data.stats import roots_per_window
 from align.errors import ConfigError
 
 RNG = np.random.default_rng(7)

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from align.cli import compose
+from align.run.cli import compose
 from align.config import to_typed
 from align.data.cache import cache_key_parts, load_dataset
 from align.data.collate import IGNORE, collate

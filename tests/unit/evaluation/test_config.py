@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 import align.evaluation.config as mod
-from align.cli import CONF_DIR, compose
+from align.run.cli import CONF_DIR, compose
 from align.errors import ConfigError
 from align.evaluation.config import EvalConfig, EvalRunConfig, EvalTask, to_typed
 

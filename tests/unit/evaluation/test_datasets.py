@@ -11,7 +11,7 @@ from align.data.sources import bundled_gsm8k
 from align.errors import ConfigError
 from align.evaluation.config import EvalConfig, EvalTask
 from align.evaluation.datasets import load_data
-from align.provenance import sha256_file
+from align.run.manifest import sha256_file
 from align.rewards import get_verifier
 
 

@@ -49,7 +49,7 @@ def test_fallback_allow_logs_loudly_and_the_built_model_records_requested_resolv
 
 def test_preflight_lists_the_attention_check_and_refuses_before_any_model_load(compose, monkeypatch):
     from align.config import to_typed
-    from align.preflight import run_preflight
+    from align.run.preflight import run_preflight
 
     import align.models.build as build_mod
 
@@ -60,7 +60,7 @@ def test_preflight_lists_the_attention_check_and_refuses_before_any_model_load(c
     att = [c for c in checks if c.name == "attention resolution (align.models)"]
     assert att and att[0].status.value == "WARN" and "runs sdpa: olmoe's transformers class does not support" in att[0].detail
 
-    from align.models.checks import model_checks
+    from align.run.model_checks import model_checks
 
     refused = [c for c in model_checks(to_typed(compose(["model=olmoe", "attention=flex"]))) if not c.ok]
     assert refused[0].key == "attention.implementation" and "does not support flex_attention" in refused[0].detail

@@ -9,7 +9,7 @@ import torch
 from align.config import AttentionConfig, Family, LoraConfig, ModelConfig
 from align.errors import ConfigError
 from align.models import build_model
-from align.models.lora import InertAdapterError, discover_targets
+from align.models.lora import InertAdapterError
 from tests.unit.models.conftest import batch
 
 
@@ -107,9 +107,11 @@ def test_qlora_dense_trains_on_a_4bit_base_and_exports_merged_full_precision_wei
 
 
 def test_preflight_checks_the_peft_and_bnb_kwargs_by_name_before_any_model_load(compose, monkeypatch):
-    import align.models.checks as checks
+    import align.run.model_checks as checks
     from align.config import to_typed
-    from align.preflight import KwargsSite, Status, check_site
+    from align.run.checklist import Status
+    from align.run.kwargs_sites import check_site
+    from align.run.signatures import KwargsSite
 
     cfg = to_typed(compose(["model=mistral", "model.lora.enabled=true", "model.lora.qlora=true"]))
     for site in (checks.lora_site(cfg), checks.qlora_site(cfg)):

@@ -8,7 +8,7 @@ import torch
 from align.config import Family, to_typed
 from align.errors import ConfigError
 from align.models import memory
-from align.models.memory import count_params, estimate_memory
+from align.models.memory import estimate_memory
 
 
 def _cfg(compose, *ov):
@@ -55,7 +55,7 @@ def test_estimate_components_move_the_right_way(compose):
 
 
 def test_preflight_refuses_a_config_that_cannot_fit_unless_allowed(compose, monkeypatch):
-    from align.preflight import run_preflight
+    from align.run.preflight import run_preflight
 
     monkeypatch.setattr(memory, "device_memory", lambda device: 80 * 1024**3)  # an 80 GiB card
     with pytest.raises(ConfigError, match=r"model.allow_over_memory: the training-memory estimate does not fit.*7.248B"):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from align.config import AttnImpl, Family, ModelConfig, Preset
-from align.models.memory import count_params, meta_model
+from align.models.memory import meta_model
+from align.models.registry import count_params
 from align.models.registry import FAMILIES
 
 ALL = [(f, p) for f in Family for p in Preset]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from align.config import to_typed
 from align.data.collate import IGNORE
-from align.loss import ChunkedCE
+from align.objectives.ce import ChunkedCE
 from align.parallel.grad import clip_grad_norm_
 
 SMALL = ["data.max_records=32", "sampler.micro_batch_size=2", "trainer.grad_accum=2", "logger=none",

@@ -4,9 +4,9 @@ activation_checkpointing_enable)."""
 
 from __future__ import annotations
 
-from align.cli import compose
+from align.run.cli import compose
 from align.config import to_typed
-from align.kwargs_sites import activation_checkpointing
+from align.run.kwargs_sites import activation_checkpointing
 from align.parallel.wrap import enable_activation_checkpointing
 
 

@@ -167,9 +167,9 @@ def test_adamw8bit_is_checked_and_built_as_the_class_that_will_run(monkeypatch):
     otherwise. Checking bitsandbytes under fsdp refused runs on machines without it."""
     import importlib.util
 
-    from align.cli import compose
+    from align.run.cli import compose
     from align.config import to_typed
-    from align.kwargs_sites import optimizer as optimizer_site
+    from align.run.kwargs_sites import optimizer as optimizer_site
     from align.optim import optimizer_target
 
     cfg = OptimizerConfig(name=OptimizerName.adamw8bit)

@@ -114,7 +114,7 @@ def test_a_fraction_is_refused_where_blocks_have_no_per_block_switch():
 
 def test_preflight_refuses_the_fraction_on_such_a_model_before_building(compose, monkeypatch):
     from align.models import memory
-    from align.preflight import run_preflight
+    from align.run.preflight import run_preflight
 
     monkeypatch.setattr(memory, "meta_model", lambda cfg: (_OldStyleModel(), None))
     cfg = to_typed(compose(["allow_dirty=true", "parallel.activation_checkpointing=true",
@@ -131,7 +131,7 @@ def test_preflight_refuses_the_fraction_on_such_a_model_before_building(compose,
     ["parallel.activation_checkpointing_fraction=0.5"],  # without checkpointing it would do nothing
 ])
 def test_bad_fractions_exit_2_with_one_line_naming_the_key(overrides, capsys):
-    from align.cli import validate_command_line
+    from align.run.cli import validate_command_line
 
     with pytest.raises(SystemExit) as e:
         validate_command_line(overrides)
@@ -146,8 +146,8 @@ def test_the_manifest_records_the_blocks_that_recompute(tmp_path, compose):
     from omegaconf import OmegaConf
 
     from align.parallel.fsdp import decoder_blocks
-    from align.provenance import load
-    from align.recording import RunRecord
+    from align.run.manifest import load
+    from align.run.record import RunRecord
     from align.trainer import Trainer
 
     ov = ["logger=none", "data.max_records=24", "trainer.max_steps=1", "allow_dirty=true",

@@ -78,6 +78,6 @@ def test_kernels_probe_on_cpu_says_there_are_no_device_kernels(compose, tmp_path
 
 @pytest.mark.parametrize("name", ["scaling", "kernels"])
 def test_probes_are_registered(name):
-    from align.probe import PROBES
+    from align.tools.probe import PROBES
 
     assert PROBES[name] == f"align.probes.{name}"

@@ -85,7 +85,7 @@ def test_two_lengths_are_refused_by_the_config_before_any_work():
 
 
 def test_two_lengths_on_the_command_line_exit_2_with_one_line(capsys):
-    from align.cli import validate_command_line
+    from align.run.cli import validate_command_line
 
     with pytest.raises(SystemExit) as e:
         validate_command_line(["probe=scaling", "probe.scaling.lengths=[1024,2048]"], config_name="probe")

@@ -7,7 +7,7 @@ import inspect
 import json
 
 from align.config import LoggerConfig
-from align.secrets import REDACTED
+from align.run.redaction import REDACTED
 from align.telemetry.wandb_logger import (RUN_ID_FILE, artifact_kwargs, summary_scalars, sweep_job_name,
                                           wandb_init_kwargs, wandb_run_id)
 

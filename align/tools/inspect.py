@@ -1,9 +1,9 @@
-"""`python -m align.inspect [train overrides] [index=N] [tokens=true]`: one encoded record, exactly as
+"""`python -m align.tools.inspect [train overrides] [index=N] [tokens=true]`: one encoded record, exactly as
 a run composed from the same overrides would train on it, with its loss mask visible.
 
-    python -m align.inspect                                   # record 0 of the default run's data
-    python -m align.inspect data=jsonl data.path=chat.jsonl index=3 tokens=true
-    python -m align.inspect model.pretrained=/ckpt/Mistral-7B-v0.3 data.max_seq_len=256
+    python -m align.tools.inspect                                   # record 0 of the default run's data
+    python -m align.tools.inspect data=jsonl data.path=chat.jsonl index=3 tokens=true
+    python -m align.tools.inspect model.pretrained=/ckpt/Mistral-7B-v0.3 data.max_seq_len=256
 
 The overrides are align.train's (the same config groups and keys, validated the same way); `index`
 (a record of the encoded data set, after truncation and drops, default 0) and `tokens` (add one line
@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from align.cli import die, validate_command_line
+from align.run.cli import die, validate_command_line
 from align.errors import AlignError
 
 OPEN, CLOSE = "[[", "]]"
@@ -50,7 +50,7 @@ def split_argv(argv: Sequence[str]) -> tuple[Options, list[str]]:
         else:
             die(f"tokens={value}: accepted: true, false")
     if any(a in ("-m", "--multirun") for a in rest):
-        die("-m: align.inspect shows the data of one run; drop -m/--multirun and pick one value per key")
+        die("-m: align.tools.inspect shows the data of one run; drop -m/--multirun and pick one value per key")
     return opts, rest
 
 

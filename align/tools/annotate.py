@@ -1,4 +1,4 @@
-"""`python -m align.annotate RUN_DIR "text" [--affects KEY,...]`: correct a run's record without
+"""`python -m align.tools.annotate RUN_DIR "text" [--affects KEY,...]`: correct a run's record without
 editing it (playbook 4.4).
 
 provenance.json is never touched. The correction is appended to PROVENANCE-NOTE.md beside it with
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from align.errors import EXIT_CONFIG, EXIT_OK
-from align.provenance import MANIFEST, _get, manifest_paths, now
+from align.run.manifest import MANIFEST, _get, manifest_paths, now
 
 NOTE = "PROVENANCE-NOTE.md"
 
@@ -92,10 +92,10 @@ def annotate(run_dir: Path, text: str, affects: Sequence[str] = ()) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from align.cli import die
+    from align.run.cli import die
     from align.errors import AlignError
 
-    p = argparse.ArgumentParser(prog="python -m align.annotate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m align.tools.annotate", description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("text")
     p.add_argument("--affects", default="", help="comma-separated dotted manifest keys the correction concerns")

@@ -1,4 +1,4 @@
-"""`python -m align.report DIR`: one row per job of a multirun (or one run) dir, printed and plotted.
+"""`python -m align.tools.report DIR`: one row per job of a multirun (or one run) dir, printed and plotted.
 
 Per job: the overrides that differ between jobs, real (unpadded) tokens/s, padding waste, the
 fraction of zero-pad micro-batches, roots per accumulation window and the final loss, all read from
@@ -160,7 +160,7 @@ def figure(rows: list[dict[str, Any]], title: str = "", curves: Optional[dict[st
         ax.grid(alpha=0.3)
         ax.legend(fontsize=9, loc="upper right")
     shared = " ".join(sorted(common))
-    fig.suptitle(f"{title or 'align.report'}: {len(ok)} of {len(rows)} jobs with history"
+    fig.suptitle(f"{title or 'align.tools.report'}: {len(ok)} of {len(rows)} jobs with history"
                  + (f"\nshared: {shared}" if shared else ""), fontsize=12)
     fig.tight_layout()
     return fig
@@ -175,7 +175,7 @@ def loss_points(job: Path) -> list[tuple[int, float]]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m align.report", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m align.tools.report", description=__doc__.splitlines()[0])
     ap.add_argument("dir", type=Path, help="a multirun dir (multirun/<sweep>) or one run dir")
     ap.add_argument("--out", type=Path, default=None, help="where report.json and report.png go (default: DIR)")
     args = ap.parse_args(argv)
@@ -191,7 +191,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = args.out or args.dir
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(rows, indent=2))
-    plot(rows, out / "report.png", f"align.report {args.dir.resolve().name}", {j.name: loss_points(j) for j in jobs})
+    plot(rows, out / "report.png", f"align.tools.report {args.dir.resolve().name}", {j.name: loss_points(j) for j in jobs})
     print(f"wrote {out / 'report.json'} and {out / 'report.png'}")
     return 0
 

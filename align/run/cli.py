@@ -8,9 +8,11 @@ Hydra's compose API first, converts each to the typed config, and fails with one
 
 from __future__ import annotations
 
+import itertools
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
@@ -61,7 +63,11 @@ def _override_key(exc: BaseException, key: str) -> str:
 
 def describe(exc: BaseException) -> str:
     """One line for a composition, override or value error: the key, the problem, what is accepted."""
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     from align.config import unknown_key
@@ -121,26 +127,67 @@ def absolute_config_path(argv: Sequence[str]) -> list[str]:
     return out
 
 
+# Hydra's flags that take a value (as `--flag value` or `--flag=value`); every other word that does
+# not start with "-" is an override.
+_VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun",
+                "--package", "-p")
+
+
+@dataclass
+class CommandLine:
+    """What `python -m align.<entry> [flags] [overrides]` asks for, read the way Hydra reads it."""
+
+    overrides: list[str]
+    multirun: bool = False
+    config_path: Optional[str] = None
+    config_name: Optional[str] = None
+
+
+def parse_command_line(argv: Sequence[str]) -> CommandLine:
+    out = CommandLine([])
+    words = list(argv)
+    i = 0
+    while i < len(words):
+        w = words[i]
+        flag, eq, value = w.partition("=")
+        if w in ("-m", "--multirun"):
+            out.multirun = True
+        elif flag in _VALUE_FLAGS:
+            if not eq:
+                i += 1
+                value = words[i] if i < len(words) else ""
+            if flag in ("--config-path", "-cp"):
+                out.config_path = value
+            elif flag in ("--config-name", "-cn"):
+                out.config_name = value
+        elif not w.startswith("-"):
+            out.overrides.append(w)
+        i += 1
+    return out
+
+
 def config_source(argv: Sequence[str], config_name: str) -> tuple[Path, str]:
     """The directory and primary config the command line composes (`--config-path`, `--config-name`)."""
-    from hydra._internal.utils import get_args_parser
-
-    args = get_args_parser().parse_args(list(argv))
+    args = parse_command_line(argv)
     return Path(args.config_path) if args.config_path else CONF_DIR, args.config_name or config_name
 
 
 def job_override_lists(argv: Sequence[str]) -> tuple[list[list[str]], bool]:
-    """The override list of every job the command line would run, and whether it is a multirun."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra._internal.utils import get_args_parser
+    """The override list of every job the command line would run (the cartesian product of its sweep
+    overrides, as Hydra's basic sweeper runs them), and whether it is a multirun."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    args = get_args_parser().parse_args(list(argv))
-    parsed = OverridesParser.create().parse_overrides(args.overrides)
+    args = parse_command_line(argv)
     if not args.multirun:
         return [list(args.overrides)], False
-    batches = BasicSweeper.split_arguments(parsed, None)
-    return [job for batch in batches for job in batch], True
+    axes = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+            else [o.input_line] for o in OverridesParser.create().parse_overrides(args.overrides)]
+    return [list(job) for job in itertools.product(*axes)], True
+
+
+def job_key(overrides: Sequence[str]) -> tuple[str, ...]:
+    """A job's identity across the pre-Hydra pass and the job itself: its task overrides, sorted."""
+    return tuple(sorted(o for o in overrides if not o.lstrip("+~").startswith("hydra.")))
 
 
 def validate_command_line(argv: Sequence[str], config_name: str = "train") -> list:
@@ -158,16 +205,29 @@ def validate_command_line(argv: Sequence[str], config_name: str = "train") -> li
         die(describe(exc))
 
 
+PREFLIGHTED: dict[tuple[str, ...], Any] = {}
+"""Each job's preflight report from the pass before Hydra, by `job_key`: the job records it in its
+manifest instead of running the checks a second time (a job run in another process has none here)."""
+
+
 def preflight_command_line(argv: Sequence[str], config_name: str = "train") -> None:
     """Compose, type and preflight every job of `argv` before Hydra creates a run dir: a refusal
     leaves nothing behind, and a cheap failure (values, git, files) exits before any library import."""
-    from align.preflight import run_preflight
+    from align.run.preflight import run_preflight
 
-    for typed in validate_command_line(argv, config_name):
+    jobs, _ = job_override_lists(argv)
+    for job, typed in zip(jobs, validate_command_line(argv, config_name)):
         try:
-            run_preflight(typed)
+            PREFLIGHTED[job_key(job)] = run_preflight(typed)
         except AlignError as e:
             die(str(e), e.exit_code)
+
+
+def job_preflight(cfg: Any, task_overrides: Sequence[str]) -> Any:
+    """This job's preflight report: the one taken before Hydra started, else run now."""
+    from align.run.preflight import run_preflight
+
+    return PREFLIGHTED.pop(job_key(task_overrides), None) or run_preflight(cfg)
 
 
 def wants_hydra_only(argv: Sequence[str]) -> bool:

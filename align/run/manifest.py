@@ -3,7 +3,7 @@
 Written at start with EVERY key of `SCHEMA` present (present-and-null: a null leaf always carries a
 reason in `null_reasons`), updated once the components are built, completed in a `finally` with the
 exit code, then made read-only and never edited: corrections go in PROVENANCE-NOTE.md beside it
-(`python -m align.annotate`). docs/provenance.md.
+(`python -m align.tools.annotate`). docs/provenance.md.
 
 This module imports neither torch nor transformers at import time: preflight uses its git and
 hashing helpers before anything heavy is loaded.
@@ -361,7 +361,7 @@ class Manifest:
 
     def __init__(self, run_dir: Path, enabled: bool = True, staging: Optional[Path] = None) -> None:
         self.run_dir = Path(run_dir)
-        self.path = Path(staging or run_dir) / MANIFEST  # in `staging` until unstage() (align.recording)
+        self.path = Path(staging or run_dir) / MANIFEST  # in `staging` until unstage() (align.run.record)
         self.enabled = enabled
         self.data = skeleton()
         self.closed = False
@@ -386,7 +386,7 @@ class Manifest:
     # files
     def write(self, status: str) -> None:
         if self.closed:
-            raise RuntimeError(f"{self.path} is complete and read-only; annotate it instead (python -m align.annotate)")
+            raise RuntimeError(f"{self.path} is complete and read-only; annotate it instead (python -m align.tools.annotate)")
         self.data["status"] = status
         self.data["null_reasons"].pop("status", None)
         if not self.enabled:

@@ -1,6 +1,6 @@
 """The model's preflight checks: everything about the model that can be decided before the tokenizer,
-the encode or any weight is touched. Registered in `align.preflight.CHECKS`; yields
-`align.preflight.Check` rows (a failure names the config key to change):
+the encode or any weight is touched. Registered in `align.run.preflight.CHECKS`; yields
+`align.run.preflight.Check` rows (a failure names the config key to change):
 
 - config kwargs (preset + overrides) accepted by the installed config class (also a kwargs site)
 - attention backend supported by the family and the machine (else refused, or fallback=allow)
@@ -20,7 +20,7 @@ from align.config import TrainConfig
 from align.errors import ConfigError
 from align.models.attention import resolve_attention
 from align.models.build import check_router_losses
-from align.models.lora import bnb_kwargs, discover_targets, lora_kwargs, qlora_refusal
+from align.models.lora import discover_targets, qlora_refusal
 from align.models.memory import estimate_memory, meta_model
 from align.models.registry import FAMILIES
 
@@ -32,7 +32,7 @@ def _device(cfg: TrainConfig) -> torch.device:
 
 
 def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator:
-    from align.preflight import Check, Status
+    from align.run.checklist import Check, Status
 
     def failed(item: str, name: str, e: ConfigError):
         return Check(item, name, Status.failed, e.message + ("" if e.value is None else f" (got {e.value!r})"), e.key)
@@ -81,22 +81,3 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
         yield Check("config", "params and memory", Status.warned, est.line() + " (allowed by model.allow_over_memory)")
     else:
         yield Check("config", "params and memory", Status.passed, est.line())
-
-
-def lora_site(cfg: TrainConfig):
-    """peft.LoraConfig's kwargs, as apply_lora builds them (align.preflight.KWARGS_SITES)."""
-    if not cfg.model.lora.enabled:
-        return None
-    from align.preflight import KwargsSite
-
-    model, _ = meta_model(cfg.model)
-    return KwargsSite("peft:LoraConfig", lora_kwargs(cfg.model.lora, discover_targets(model)), "model.lora")
-
-
-def qlora_site(cfg: TrainConfig):
-    """transformers.BitsAndBytesConfig's kwargs for a QLoRA base (align.preflight.KWARGS_SITES)."""
-    if not (cfg.model.lora.enabled and cfg.model.lora.qlora):
-        return None
-    from align.preflight import KwargsSite
-
-    return KwargsSite("transformers:BitsAndBytesConfig", bnb_kwargs(), "model.lora.qlora")

@@ -38,6 +38,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+from align.errors import ConfigError
+
 CACHE_ENV = "ALIGN_SIGNATURE_CACHE"
 """Directory of the cache (tests point it at a tmp dir); default $XDG_CACHE_HOME/align/signatures."""
 
@@ -285,3 +287,43 @@ def _write(entry: Path, key: dict[str, Any], acc: Accepted, files: set[str]) -> 
         os.replace(tmp, entry)  # readers see the old entry or the new one, never half of one
     except OSError:
         Path(tmp).unlink(missing_ok=True)
+
+
+# -------------------------------------------------------------------------- kwargs by name
+
+
+@dataclass
+class KwargsSite:
+    """One library call align makes with kwargs built from config (playbook 4.2)."""
+
+    target: Union[str, Callable]
+    """The installed callable, or its import path "module:qualname": read from align.run.signatures' cache,
+    imported only on a miss. A site that names the path keeps `align.train`'s refusals import-free."""
+    kwargs: dict[str, Any]
+    """The kwargs exactly as the call site builds them (same builder function)."""
+    key: str
+    """Config key named in the error (what the user changes)."""
+    also: tuple[Union[str, Callable], ...] = ()
+    """Callables that receive this one's leftover **kwargs (their names are accepted too)."""
+    exact: Optional[Callable[[], "KwargsSite"]] = None
+    """Set when `kwargs` is the union over the devices the run may get (trainer.device=auto: deciding
+    imports torch, ~1 s): builds the site for this machine's device, only when the union is refused."""
+
+
+def accepted_names(fn: Union[str, Callable]) -> set[str]:
+    return accepted(fn).names
+
+
+def unknown_kwargs(site: KwargsSite) -> tuple[list[str], Accepted]:
+    acc = accepted(site.target)
+    for other in site.also:
+        o = accepted(other)
+        acc = Accepted(acc.names | o.names, f"{acc.how}; + {o.name} ({o.how})", acc.name)
+    return sorted(set(site.kwargs) - acc.names), acc
+
+
+def check_kwargs(fn: Union[str, Callable], kwargs: dict[str, Any], what: str, also: tuple = ()) -> None:
+    """Fail by NAME when `fn`, as installed, does not accept a key of `kwargs` (playbook 4.2)."""
+    unknown, acc = unknown_kwargs(KwargsSite(fn, kwargs, what, also))
+    if unknown:
+        raise ConfigError(what, f"{acc.name} does not accept {unknown}; it accepts: {', '.join(sorted(acc.names))}")

@@ -1,4 +1,4 @@
-"""`python -m align.supervise [options] -- <train command>`: relaunch a training command after a
+"""`python -m align.tools.supervise [options] -- <train command>`: relaunch a training command after a
 failure while its checkpoints advance (align/control/supervisor.py; docs/distributed.md)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from align.control.supervisor import Policy, Supervisor
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        print("usage: python -m align.supervise [options] -- <train command ...>", file=sys.stderr)
+        print("usage: python -m align.tools.supervise [options] -- <train command ...>", file=sys.stderr)
         return 2
     cut = argv.index("--")
-    ap = argparse.ArgumentParser(prog="python -m align.supervise")
+    ap = argparse.ArgumentParser(prog="python -m align.tools.supervise")
     ap.add_argument("--max-no-progress", type=int, default=Policy.max_no_progress,
                     help="give up after this many attempts in a row without a newer complete checkpoint")
     ap.add_argument("--backoff", type=float, default=Policy.backoff_s, help="seconds before the first relaunch (doubles)")

@@ -3,19 +3,38 @@
 Each function builds the kwargs with the SAME builder the call site uses, and names the installed
 callable it goes to; it returns None when this config does not make that call. Values are
 placeholders only where the real value needs heavy work (the tokenizer's vocab size): the names are
-what is checked. Listed in `align.preflight.KWARGS_SITES`.
+what is checked. Listed in `KWARGS_SITES` at the end of this module.
 
 Targets are import paths and the builders import neither torch nor transformers, so on the default
-config a refused name costs no library import when align.signatures' cache is current.
+config a refused name costs no library import when align.run.signatures' cache is current.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from align.config import Device, LoggerKind, ParallelKind, TrainConfig
-from align.preflight import KwargsSite
+from align.errors import AlignError
+from align.run.checklist import Check, Context, Status
+from align.run.signatures import KwargsSite, unknown_kwargs
+
+
+def check_site(name: str, site: KwargsSite) -> Check:
+    try:
+        unknown, acc = unknown_kwargs(site)
+    except Exception as e:  # the callable is missing or not importable: that is a failure too
+        return Check("kwargs", name, Status.failed, f"cannot read the installed callable {site.target!r}: {type(e).__name__}: {e}", site.key)
+    if unknown and site.exact is not None:  # the union over devices was refused: decide on this machine's
+        return check_site(name, site.exact())
+    if unknown:
+        return Check("kwargs", name, Status.failed,
+                     f"{acc.name} does not accept {unknown}; it accepts: {', '.join(sorted(acc.names))}", site.key)
+    union = "; the names of every device trainer.device=auto may pick" if site.exact else ""
+    return Check("kwargs", name, Status.passed, f"{len(site.kwargs)} names ok against {acc.name} ({acc.how}){union}", site.key)
+
+
+
 
 
 class TokenizerShape:
@@ -96,7 +115,7 @@ def model_config(cfg: TrainConfig) -> Optional[KwargsSite]:
     from align.models.registry import FAMILIES
 
     # The config class's __post_init__ consumes names its signature lacks (Gemma4TextConfig:
-    # global_head_dim): align.signatures reads those from its installed source too.
+    # global_head_dim): align.run.signatures reads those from its installed source too.
     return KwargsSite(FAMILIES[cfg.model.family].config_class, config_kwargs(cfg.model, TokenizerShape()), "model.overrides")
 
 
@@ -135,3 +154,58 @@ def compile_blocks(cfg: TrainConfig) -> Optional[KwargsSite]:
     from align.parallel.compile import COMPILE, compile_kwargs
 
     return KwargsSite(COMPILE, compile_kwargs(cfg.trainer.compile_dynamic), "trainer.compile_dynamic")
+
+
+def lora_site(cfg: TrainConfig) -> Optional[KwargsSite]:
+    """peft.LoraConfig's kwargs, as apply_lora builds them (from the model built on the meta device)."""
+    if not cfg.model.lora.enabled:
+        return None
+    from align.models.lora import discover_targets, lora_kwargs
+    from align.models.memory import meta_model
+
+    model, _ = meta_model(cfg.model)
+    return KwargsSite("peft:LoraConfig", lora_kwargs(cfg.model.lora, discover_targets(model)), "model.lora")
+
+
+def qlora_site(cfg: TrainConfig) -> Optional[KwargsSite]:
+    """transformers.BitsAndBytesConfig's kwargs for a QLoRA base."""
+    if not (cfg.model.lora.enabled and cfg.model.lora.qlora):
+        return None
+    from align.models.lora import bnb_kwargs
+
+    return KwargsSite("transformers:BitsAndBytesConfig", bnb_kwargs(), "model.lora.qlora")
+
+
+# Every kwargs call site, in the order checked: name -> function of the TrainConfig returning a
+# KwargsSite, or None when this config does not make that call. Register a new one with one line.
+KWARGS_SITES: dict[str, Callable[[TrainConfig], Optional[KwargsSite]]] = {
+    "wandb.init": wandb_init,
+    "wandb model artifact": wandb_model_artifact,
+    "wandb log_artifact": wandb_log_artifact,
+    "DataLoader": data_loader,
+    "optimizer": optimizer,
+    "model config class": model_config,
+    "model from_pretrained/_from_config": model_load,
+    "activation checkpointing": activation_checkpointing,
+    "lr scheduler": scheduler,
+    "torch.compile of the blocks": compile_blocks,
+    "peft LoraConfig": lora_site,
+    "bitsandbytes 4-bit config": qlora_site,
+}
+
+
+def check_kwargs_sites(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    for name, build in KWARGS_SITES.items():
+        try:
+            site = build(cfg)
+        except AlignError as e:
+            yield Check("kwargs", name, Status.failed, str(e), getattr(e, "key", None))
+            continue
+        except Exception as e:
+            yield Check("kwargs", name, Status.failed, f"building the kwargs failed: {type(e).__name__}: {e}")
+            continue
+        if site is None:
+            yield Check("kwargs", name, Status.na, "not called by this config")
+        else:
+            yield check_site(name, site)
+

@@ -1,4 +1,4 @@
-"""`python -m align.probe probe=<name> [train overrides]`: triage probes on the composed run.
+"""`python -m align.tools.probe probe=<name> [train overrides]`: triage probes on the composed run.
 
 Each probe reuses the trainer's own data pipeline, model build, collate and loss, so it measures
 what actually runs. A probe module exposes `run(cfg: TrainConfig, out_dir: Path) -> int`.
@@ -14,7 +14,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from align.cli import CONF_DIR, die, validate_command_line, wants_hydra_only
+from align.run.cli import CONF_DIR, die, validate_command_line, wants_hydra_only
 from align.config import to_typed
 from align.errors import AlignError, ConfigError
 

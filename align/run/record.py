@@ -28,8 +28,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from align.config import TrainConfig
 from align.errors import EXIT_CONFIG, EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
-from align.provenance import MANIFEST, Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
-from align.secrets import REDACTED, recorded_env, redact, redact_argv
+from align.run.manifest import MANIFEST, Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
+from align.run.redaction import REDACTED, recorded_env, redact, redact_argv
 
 log = logging.getLogger("align")
 
@@ -89,7 +89,7 @@ class RunRecord:
 
     def start(self, preflight: Any) -> None:
         """Written before any heavy work: every key present, what is known from config and disk."""
-        from align.provenance import versions
+        from align.run.manifest import versions
 
         cfg, m = self.cfg, self.manifest
         m.start(name=cfg.name or self.run_dir.name, argv=self.argv, overrides=self.overrides, resolved=self.resolved,
@@ -127,7 +127,7 @@ class RunRecord:
         m.set("data.tokenizer_sha256", tok_sha, "no tokenizer files found")
         m.set("data.chat_template_sha256", tmpl_sha, "the tokenizer has no chat template file or field")
         m.set("data.aux_files", {str(path): m.data["data"]["sha256"], **files})
-        from align.preflight import encode_cache_key
+        from align.run.preflight import encode_cache_key
 
         m.set("data.encode_cache_key", encode_cache_key(cfg), "this build has no encode cache: every run encodes from scratch")
         m.null("data.encode_meta", "pending: read from the encoded dataset after build")
@@ -145,7 +145,7 @@ class RunRecord:
     def built(self, trainer: Any) -> None:
         """After Trainer.build: what the model, device and data RESOLVED to; then the mask gate."""
         from align.probes.mask import assert_masks
-        from align.provenance import device_info
+        from align.run.manifest import device_info
 
         self.accept()  # Trainer.build wrote nothing before its resume decision; from here the attempt counts
         self.trainer = trainer
@@ -335,7 +335,7 @@ def write_replay_config(path: Path, values: dict[str, Any]) -> None:
     """config.yaml = the schema default, the conf/hydra run-dir settings, then the run's values."""
     from omegaconf import OmegaConf
 
-    from align.cli import CONF_DIR
+    from align.run.cli import CONF_DIR
 
     body = {k: v for k, v in values.items() if k not in ("defaults", "hydra")}
     hydra = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "hydra" / "default.yaml"), resolve=False)

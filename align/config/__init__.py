@@ -1,0 +1,45 @@
+"""Typed configuration: one dataclass per config group, registered in Hydra's ConfigStore.
+
+`conf/train.yaml` composes the groups onto the `train_schema` node below, so every YAML value is
+type-checked by omegaconf when Hydra composes, and `to_typed()` (the one seam from config to
+objects: `OmegaConf.to_object`) runs each `__post_init__` for value checks. Choices are `Enum`s
+(omegaconf rejects `typing.Literal`, LANDMINES 12). Every field carries a docstring; the
+configuration reference in docs/configuration.md is generated from these.
+
+`to_typed` also refuses, for every schema at once: a key the schema does not declare (omegaconf
+lets `+group.key=value` add one to a typed node), a non-finite float anywhere, and a key set to
+anything but its default while the composed option does not read it (each schema's `ignored()`
+says which of its fields the current choice leaves unread, and who reads them).
+
+Values are checked here; kwargs NAMES are checked against the installed libraries in
+`align.run.preflight`. A `ConfigError` names the dotted key and what is accepted, and becomes exit 2.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from align.config.base import _choices, _only, _plain, _read, _require  # noqa: F401
+from align.config.checks import check_composed, check_ignored, schema_fields, unknown_key  # noqa: F401
+from align.config.data import *  # noqa: F403
+from align.config.model import *  # noqa: F403
+from align.config.probe import *  # noqa: F403
+from align.config.root import GROUP_SCHEMAS, TrainConfig, register  # noqa: F401
+from align.config.train import *  # noqa: F403
+
+SCHEMA_MODULES = ("align.config.model", "align.config.data", "align.config.train", "align.config.probe",
+                  "align.config.root")
+"""The modules that hold the schema dataclasses (the docs generator and the docstring test read them)."""
+
+
+def to_typed(cfg: DictConfig) -> TrainConfig:
+    """The seam from composed config to objects; every refusal surfaces as `ConfigError`: keys and
+    non-finite floats first (`check_composed`), then each `__post_init__`, then `check_ignored`."""
+    check_composed(cfg)
+    obj = OmegaConf.to_object(cfg)
+    assert isinstance(obj, TrainConfig), type(obj)
+    check_ignored(obj)
+    return obj
+
+
+register()

@@ -1,0 +1,134 @@
+"""Checks over every schema at once, before and after the dataclasses are built (see align/config/__init__.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import math
+import typing
+from typing import Any, Optional
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from align.config.base import _plain
+from align.config.root import TrainConfig
+from align.errors import ConfigError
+
+
+def _join(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
+
+
+def _unwrap(tp: Any) -> Any:
+    """Optional[X] -> X."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
+
+
+@functools.cache
+def schema_fields(cls: type) -> dict[str, Any]:
+    """A schema's fields and their types, in declaration order (Optional unwrapped)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: _unwrap(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def _mapped_schema(tp: Any) -> Optional[type]:
+    """The schema of the values of a `dict[str, Schema]` field; None for any other type (an open
+    mapping such as `model.overrides` takes any key)."""
+    if typing.get_origin(tp) is dict:
+        value = _unwrap(typing.get_args(tp)[1])
+        return value if dataclasses.is_dataclass(value) else None
+    return None
+
+
+def unknown_key(dotted: str, root: Optional[type] = None) -> Optional[ConfigError]:
+    """The error for a dotted key no schema declares, naming the schema it falls in, its keys and
+    the closest one; None when the key is declared or lies inside an open mapping."""
+    parts, cls, i = dotted.split("."), root or TrainConfig, 0
+    while i < len(parts):
+        fields_ = schema_fields(cls)
+        if parts[i] not in fields_:
+            parent, bad = ".".join(parts[:i]), ".".join(parts[:i + 1])
+            close = difflib.get_close_matches(parts[i], list(fields_), n=1)
+            mean = f" (did you mean {_join(parent, close[0])}?)" if close else ""
+            return ConfigError(bad, f"unknown key{' in ' + parent if parent else ''}{mean}; accepted keys: "
+                                    f"{', '.join(fields_)}")
+        tp, i = fields_[parts[i]], i + 1
+        if dataclasses.is_dataclass(tp):
+            cls = tp
+        elif _mapped_schema(tp) is not None and i < len(parts):
+            cls, i = _mapped_schema(tp), i + 1  # parts[i] names an entry of the mapping
+        else:
+            return None
+    return None
+
+
+def _check_finite(value: Any, key: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, "must be a finite number", value)
+    if isinstance(value, (ListConfig, list)):
+        for v in value:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(key, "every element must be a finite number", list(value))
+            _check_finite(v, key)
+    elif isinstance(value, (DictConfig, dict)):
+        for k in value:
+            _check_finite(value[k], _join(key, str(k)))
+
+
+def check_composed(node: DictConfig, cls: Optional[type] = None, key: str = "") -> None:
+    """Refuse what omegaconf lets through: a key the schema does not declare (`+group.key=value`
+    adds one to a typed node, and `to_object` would drop it), and a non-finite float in any field
+    (`lr=inf` passes `lr > 0`; `max_grad_norm=nan` fails `> 0` and turns clipping off)."""
+    fields_ = schema_fields(cls or TrainConfig)
+    for name in node.keys():
+        k = _join(key, str(name))
+        if name not in fields_:
+            raise unknown_key(k) or ConfigError(k, "unknown key")
+        if OmegaConf.is_missing(node, name):
+            continue
+        value, tp = node[name], fields_[name]
+        if dataclasses.is_dataclass(tp) and isinstance(value, DictConfig):
+            check_composed(value, tp, k)
+        elif _mapped_schema(tp) is not None and isinstance(value, DictConfig):
+            for entry in value.keys():
+                check_composed(value[entry], _mapped_schema(tp), f"{k}.{entry}")
+        else:
+            _check_finite(value, k)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _first_set(value: Any, default: Any, key: str) -> Optional[tuple[str, Any]]:
+    """The first (key, value) below `key` that differs from its default; None when none does."""
+    if dataclasses.is_dataclass(value) and type(value) is type(default):
+        for f in dataclasses.fields(value):
+            hit = _first_set(getattr(value, f.name), getattr(default, f.name), f"{key}.{f.name}")
+            if hit:
+                return hit
+        return None
+    return None if value == default else (key, value)
+
+
+def check_ignored(obj: Any, key: str = "") -> None:
+    """Refuse a field set to anything but its default while the composed choice does not read it
+    (`data.path=...` under data=gsm8k trained on GSM8K). Each schema's `ignored(key)` maps the
+    fields its current choice leaves unread (dotted, for a reader in another group) to why."""
+    for dotted, why in (obj.ignored(key) if hasattr(obj, "ignored") else {}).items():
+        *up, name = dotted.split(".")
+        owner = functools.reduce(getattr, up, obj)
+        f = next(f for f in dataclasses.fields(owner) if f.name == name)
+        hit = _first_set(getattr(owner, name), _default(f), _join(key, dotted))
+        if hit:
+            raise ConfigError(hit[0], why, _plain(hit[1]))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            check_ignored(value, _join(key, f.name))
+        elif isinstance(value, dict):
+            for entry, sub in value.items():
+                if dataclasses.is_dataclass(sub):
+                    check_ignored(sub, f"{_join(key, f.name)}.{entry}")

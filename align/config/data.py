@@ -1,0 +1,235 @@
+"""Schemas of the data and sampler groups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Optional
+
+
+from align.config.base import _only, _read, _require
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+class Source(StrEnum):
+    gsm8k = "gsm8k"
+    jsonl = "jsonl"
+    parquet = "parquet"
+    tokens = "tokens"
+    preference = "preference"
+    """A local JSONL file of preference records ({prompt, chosen, rejected}; align/data/preference.py)."""
+    gsm8k_pairs = "gsm8k_pairs"
+    """The bundled preference pairs derived from GSM8K train (align/data/assets/gsm8k_pairs)."""
+
+    @property
+    def bundled(self) -> bool:
+        return self in (Source.gsm8k, Source.gsm8k_pairs)
+
+    @property
+    def pairs(self) -> bool:
+        """The source holds preference pairs (for a preference objective), not chat records."""
+        return self in (Source.preference, Source.gsm8k_pairs)
+
+
+class Truncation(StrEnum):
+    drop = "drop"
+    truncate = "truncate"
+    fail = "fail"
+
+
+class OnBadRecord(StrEnum):
+    fail = "fail"
+    skip = "skip"
+
+
+@dataclass
+class SourceConfig:
+    """One source of a mixture (`data.mixture.<name>`). A null field inherits the same `data.*` field."""
+
+    kind: Source = Source.jsonl
+    """gsm8k: the bundled copy (`split`). jsonl/parquet: the local file `path`. tokens: a local JSONL
+    file of pre-tokenized rows (`tokens_field`). preference: a local JSONL file of preference pairs;
+    gsm8k_pairs: the bundled pairs (a mixture holds pairs only or chat records only)."""
+    path: Optional[str] = None
+    """Local file for kind=jsonl or kind=parquet."""
+    split: str = "train"
+    """Bundled GSM8K split for kind=gsm8k: train or test."""
+    weight: float = 1.0
+    """Epochs of this source per epoch of the mixture: 2.0 repeats every record twice, 0.5 draws a
+    fresh random half each epoch (deterministic from seed and epoch)."""
+    messages_field: Optional[str] = None
+    """Chat field; null: `data.messages_field`."""
+    prompt_field: Optional[str] = None
+    """Prompt field; null: `data.prompt_field`."""
+    response_field: Optional[str] = None
+    """Response field; null: `data.response_field`."""
+    root_field: Optional[str] = None
+    """Root field; null: `data.root_field`."""
+    id_field: Optional[str] = None
+    """Id field; null: `data.id_field`."""
+    tokens_field: Optional[str] = None
+    """Token-id field of a tokens source; null: `data.tokens_field`."""
+
+    def check(self, key: str) -> None:
+        _require(self.split in ("train", "test"), f"{key}.split", "must be one of: train, test", self.split)
+        _require(self.weight > 0, f"{key}.weight", "must be > 0", self.weight)
+        if not self.kind.bundled:
+            _require(bool(self.path), f"{key}.path", f"is required when {key}.kind={self.kind.value}", self.path)
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        kind = f"{key}.kind"
+        return _read({"path": _only(kind, self.kind, FILE_SOURCES), "split": _only(kind, self.kind, [Source.gsm8k]),
+                      "tokens_field": _only(kind, self.kind, [Source.tokens]),
+                      **{f: _only(kind, self.kind, CHAT_SOURCES) for f in CHAT_FIELDS}})
+
+
+FILE_SOURCES = (Source.jsonl, Source.parquet, Source.tokens, Source.preference)
+"""Sources read from a local file (`path`)."""
+CHAT_SOURCES = (Source.gsm8k, Source.jsonl, Source.parquet)
+"""Sources whose records are chats (fields become messages; a tokens source has none)."""
+CHAT_FIELDS = ("messages_field", "prompt_field", "response_field")
+
+
+@dataclass
+class DataConfig:
+    source: Source = Source.gsm8k
+    """gsm8k: the copy bundled in the package. jsonl/parquet: a local file given by `path`. tokens:
+    a local JSONL file of pre-tokenized rows (no chat template; every token after the first is a
+    target unless the row has a `loss_mask`). preference: a local JSONL file of preference pairs
+    ({prompt, chosen, rejected}, or two chats sharing a prefix); gsm8k_pairs: the bundled pairs.
+    Ignored when `mixture` is set."""
+    path: Optional[str] = None
+    """Local data file for `source=jsonl` (one JSON object per line) or `source=parquet`."""
+    split: str = "train"
+    """Bundled GSM8K split: train or test."""
+    name: Optional[str] = None
+    """Source name used in record ids and roots; null: `gsm8k`, or the file's stem."""
+    messages_field: str = "messages"
+    """Field holding a chat (list of {role, content}); used when present in a record."""
+    prompt_field: str = "question"
+    """Field holding the prompt when a record has no `messages_field`."""
+    response_field: str = "answer"
+    """Field holding the response when a record has no `messages_field`."""
+    root_field: Optional[str] = None
+    """Record field that splits a source into roots (root = `<source>/<field>=<value>`); null: the
+    root is the source name. Bundled GSM8K derives `steps` (reasoning lines of the answer)."""
+    id_field: Optional[str] = None
+    """Record field holding a stable id (id = `<source>:<value>`); null: `<source>:<line number>`."""
+    tokens_field: str = "input_ids"
+    """Field holding the token ids of a row of a `tokens` source (an optional `loss_mask` field of 0/1
+    per token marks the targets; position 0 is never a target)."""
+    mixture: dict[str, SourceConfig] = field(default_factory=dict)
+    """Several sources by name, each with a weight; when set, `source`/`path`/`split` are unused."""
+    mask_files: list[str] = field(default_factory=list)
+    """Auxiliary loss-mask files (JSONL lines {"id": <record id>, "turns": [message indices]}):
+    the named assistant turns get no loss. OR-merged with the prompt mask and with each other."""
+    max_seq_len: int = 512
+    """Longest encoded record in tokens (prompt + response + EOS)."""
+    truncation: Truncation = Truncation.drop
+    """A record longer than `max_seq_len`: drop it, truncate it from the right, or fail (exit 2)."""
+    on_bad_record: OnBadRecord = OnBadRecord.fail
+    """A malformed line or a record without the configured fields: fail (exit 2, naming file:line)
+    or skip it (counted in the data report)."""
+    max_records: Optional[int] = None
+    """Use only the first N records of each source (null: all)."""
+    cache: bool = True
+    """Reuse encodings from `cache_dir`, keyed on everything that can change what they mean."""
+    cache_dir: str = ".cache/align/encode"
+    """Encode cache directory (relative to the working directory); one sub-directory per key."""
+    encode_workers: Optional[int] = None
+    """Worker processes that encode; 0 encodes in-process; null: in-process under 2,000 records,
+    else one per available core (at most 8)."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_seq_len >= 8, "data.max_seq_len", "must be >= 8", self.max_seq_len)
+        _require(self.split in ("train", "test"), "data.split", "must be one of: train, test", self.split)
+        if not self.source.bundled and not self.mixture:
+            _require(bool(self.path), "data.path", f"is required when data.source={self.source.value}", self.path)
+        if self.max_records is not None:
+            _require(self.max_records >= 1, "data.max_records", "must be >= 1 or null", self.max_records)
+        if self.encode_workers is not None:
+            _require(self.encode_workers >= 0, "data.encode_workers", "must be >= 0 or null", self.encode_workers)
+        for name, src in self.mixture.items():
+            src.check(f"data.mixture.{name}")
+        kinds = {n: s.kind.pairs for n, s in self.mixture.items()}
+        _require(len(set(kinds.values())) <= 1, "data.mixture",
+                 "mixes preference pairs with chat records; accepted: only pair kinds (preference, gsm8k_pairs) "
+                 "or only chat kinds", {n: s.kind.value for n, s in self.mixture.items()})
+
+    @property
+    def holds_pairs(self) -> bool:
+        """The sources are preference pairs (a preference objective's data), not chat records."""
+        return next(iter(self.mixture.values())).kind.pairs if self.mixture else self.source.pairs
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        out = {} if self.cache else {"cache_dir": f"ignored when {key}.cache=false"}
+        if not self.mixture:
+            return {**out, **_read({
+                "path": _only(key, self.source, FILE_SOURCES), "split": _only(key, self.source, [Source.gsm8k]),
+                "tokens_field": _only(key, self.source, [Source.tokens]),
+                **{f: _only(key, self.source, CHAT_SOURCES) for f in CHAT_FIELDS}})}
+        mix = f"ignored when {key}.mixture is set: each {key}.mixture.<name> has its own"
+        out.update({f: mix for f in ("source", "path", "split", "name")})
+        # A mixture source inherits a null field from data.*: data.<field> is read when one does.
+        inherit = {"tokens_field": [Source.tokens], **{f: CHAT_SOURCES for f in CHAT_FIELDS}}
+        for f, kinds in inherit.items():
+            if not any(s.kind in kinds and getattr(s, f) is None for s in self.mixture.values()):
+                out[f] = (f"ignored: no source of {key}.mixture with kind {' or '.join(k.value for k in kinds)} "
+                          f"leaves its own {f} null to inherit it")
+        return out
+
+
+# --------------------------------------------------------------------------------------- sampler
+
+
+class SamplerKind(StrEnum):
+    shuffle = "shuffle"
+    bucket = "bucket"
+    budget = "budget"
+
+
+@dataclass
+class SamplerConfig:
+    kind: SamplerKind = SamplerKind.shuffle
+    """shuffle: random micro-batches. bucket: sort by length within buckets of `bucket_size`
+    records, cut micro-batches of neighbours, then shuffle the micro-batches globally. budget: as
+    bucket, but each micro-batch takes as many rows as fit in `max_tokens`."""
+    micro_batch_size: int = 8
+    """Rows per micro-batch (shuffle, bucket; ignored by budget)."""
+    bucket_size: int = 64
+    """Records per length bucket (bucket, budget). A bucket as large as the data is a full sort; one no
+    larger than `micro_batch_size` pairs nothing (micro-batches keep `micro_batch_size` rows)."""
+    max_tokens: Optional[int] = None
+    """Token budget of a micro-batch (budget sampler): rows x padded length <= max_tokens (packed:
+    the sum of the padded row lengths). Must hold the longest record."""
+    pad_to_multiple_of: int = 1
+    """Round each micro-batch's padded length up to a multiple of this (bounds the set of shapes)."""
+    mask_padding: bool = True
+    """Give right-padded micro-batches an attention mask. false: no mask: in a causal decoder a real
+    token attends only to positions at its left, all real, so real-token logits are unchanged (tested
+    per family and backend) and SDPA keeps its is_causal fast path; MoE router statistics and losses
+    still leave padding out. Padding costs compute either way (see padding waste)."""
+    packed: bool = False
+    """Concatenate a micro-batch's rows into one padding-free row with restarting `position_ids`
+    (no attention mask, `use_cache=False`; documents never attend to each other)."""
+
+    def __post_init__(self) -> None:
+        _require(self.micro_batch_size >= 1, "sampler.micro_batch_size", "must be >= 1", self.micro_batch_size)
+        _require(self.bucket_size >= 1, "sampler.bucket_size", "must be >= 1", self.bucket_size)
+        _require(self.pad_to_multiple_of >= 1, "sampler.pad_to_multiple_of", "must be >= 1", self.pad_to_multiple_of)
+        if self.kind == SamplerKind.budget:
+            _require(self.max_tokens is not None, "sampler.max_tokens", "is required when sampler.kind=budget")
+        if self.max_tokens is not None:
+            _require(self.max_tokens >= 1, "sampler.max_tokens", "must be >= 1 or null", self.max_tokens)
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`). `micro_batch_size` under
+        budget is TrainConfig's call: the probes read it whatever the sampler."""
+        return _read({"bucket_size": _only(key, self.kind, [SamplerKind.bucket, SamplerKind.budget]),
+                      "max_tokens": _only(key, self.kind, [SamplerKind.budget]),
+                      "mask_padding": f"ignored when {key}.packed=true (a packed row has no padding)" if self.packed
+                      else None})

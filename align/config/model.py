@@ -1,0 +1,181 @@
+"""Schemas of the model and attention groups."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Optional
+
+
+from align.config.base import _only, _read, _require
+
+
+# ----------------------------------------------------------------------------------------- model
+
+
+class Family(StrEnum):
+    mistral = "mistral"
+    olmoe = "olmoe"
+    gemma4 = "gemma4"
+    """Gemma-4 text model, dense MLP (presets: tiny, small, full = gemma-4-31B)."""
+    gemma4_moe = "gemma4_moe"
+    """Gemma-4 text model with its MoE block (enable_moe_block; full = gemma-4-26B-A4B)."""
+
+
+class Preset(StrEnum):
+    tiny = "tiny"
+    small = "small"
+    full = "full"
+
+
+class ExpertsImpl(StrEnum):
+    eager = "eager"
+    batched_mm = "batched_mm"
+    grouped_mm = "grouped_mm"
+
+
+@dataclass
+class MoEConfig:
+    experts: Optional[ExpertsImpl] = None
+    """Requested MoE experts kernel (transformers' `experts_implementation`); null keeps the
+    library default. The resolved one is read back from `config._experts_implementation`."""
+    lb_weight: float = 0.0
+    """Load-balancing loss weight added to the training loss; 0 computes and logs it but does not
+    apply it. What was applied is recorded in the manifest (LANDMINES 5)."""
+    z_weight: float = 0.0
+    """Router z-loss weight added to the training loss; 0 computes and logs it but does not apply it."""
+    telemetry: bool = True
+    """Router telemetry per MoE layer at every optimizer step (load, MaxVio, utilization, dead
+    experts, entropy, lb/z values) into history, W&B `moe/l{i}/...` and plots/moe_expert_load.png."""
+
+    def __post_init__(self) -> None:
+        _require(self.lb_weight >= 0, "model.moe.lb_weight", "must be >= 0", self.lb_weight)
+        _require(self.z_weight >= 0, "model.moe.z_weight", "must be >= 0", self.z_weight)
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Train LoRA adapters (peft) instead of the full model."""
+    r: int = 16
+    """LoRA rank."""
+    alpha: float = 32.0
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    gate_steps: int = 10
+    """After this many optimizer steps every `lora_B` must have moved from zero, else the run halts
+    (the inert-adapter gate). 0 disables the gate (recorded in the manifest)."""
+    qlora: bool = False
+    """Quantize the frozen base to 4-bit NF4 with bitsandbytes while loading (QLoRA). Dense families
+    only (fused 3-D expert weights are not nn.Linear, so bitsandbytes would leave them full size);
+    needs `model.pretrained` (quantizing random weights measures nothing)."""
+
+    def __post_init__(self) -> None:
+        _require(self.r >= 1, "model.lora.r", "must be >= 1", self.r)
+        _require(self.alpha > 0, "model.lora.alpha", "must be > 0", self.alpha)
+        _require(0 <= self.dropout < 1, "model.lora.dropout", "must be in [0, 1)", self.dropout)
+        _require(self.gate_steps >= 0, "model.lora.gate_steps", "must be >= 0 (0 disables the gate)", self.gate_steps)
+        _require(self.enabled or not self.qlora, "model.lora.qlora", "needs model.lora.enabled=true", self.qlora)
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        if self.enabled:
+            return {}
+        return {f.name: f"ignored unless {key}.enabled=true" for f in dataclasses.fields(self) if f.name != "enabled"}
+
+
+@dataclass
+class ModelConfig:
+    family: Family = Family.mistral
+    """Model family: the transformers class that is built (no align model code)."""
+    preset: Preset = Preset.tiny
+    """Size preset when building from config with random init: tiny (CPU tests), small, full."""
+    pretrained: Optional[str] = None
+    """A local HF checkpoint directory (config.json, safetensors, tokenizer). Its tokenizer and chat
+    template are used. Null builds `preset` with random init and the bundled tokenizer."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Model-config fields that replace the preset's (names checked against the config class)."""
+    init_on_device: bool = False
+    """Create random-init weights directly on the CUDA device (single and fsdp; a 7B model's host init
+    costs a minute and its fp32 size in host RAM). Off by default: CUDA and host RNG streams differ,
+    so runs that must start from identical weights (parity across parallel layouts) keep it off."""
+    dtype: Optional[str] = None
+    """Parameter dtype (float32, bfloat16); null: float32 (bf16 autocast does the compute on GPU)."""
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    """MoE options; ignored by dense families."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA options."""
+    allow_over_memory: bool = False
+    """Start even when preflight's training-memory estimate exceeds the memory of the visible device."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.dtype in (None, "float32", "bfloat16", "float16"),
+            "model.dtype",
+            "must be one of: float32, bfloat16, float16 (or null)",
+            self.dtype,
+        )
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`). `moe` on a dense model is
+        refused by preflight (align.models.build.check_router_losses): only the built config says
+        whether a checkpoint has a router."""
+        if not self.pretrained:
+            return {}
+        return {"preset": f"ignored when {key}.pretrained is set (the checkpoint's config.json gives the shape)",
+                "init_on_device": f"ignored when {key}.pretrained is set (it places random-init weights)"}
+
+
+# ------------------------------------------------------------------------------------- attention
+
+
+class AttnImpl(StrEnum):
+    sdpa = "sdpa"
+    eager = "eager"
+    flex = "flex"
+    flash = "flash"
+
+    @property
+    def hf_name(self) -> str:
+        """The `attn_implementation` string transformers expects."""
+        return {"sdpa": "sdpa", "eager": "eager", "flex": "flex_attention", "flash": "flash_attention_2"}[self.value]
+
+
+class Fallback(StrEnum):
+    refuse = "refuse"
+    allow = "allow"
+
+
+class SdpaKernel(StrEnum):
+    flash = "flash"
+    cudnn = "cudnn"
+    efficient = "efficient"
+    math = "math"
+
+    @property
+    def torch_name(self) -> str:
+        """The `torch.nn.attention.SDPBackend` member."""
+        return {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                "math": "MATH"}[self.value]
+
+
+@dataclass
+class AttentionConfig:
+    implementation: AttnImpl = AttnImpl.sdpa
+    """Requested attention backend. The resolved one (`config._attn_implementation`) is recorded."""
+    fallback: Fallback = Fallback.refuse
+    """refuse: a backend the family or machine cannot run fails preflight. allow: fall back to the
+    library's choice, log it loudly and record both."""
+    sdpa_kernels: list[SdpaKernel] = field(
+        default_factory=lambda: [SdpaKernel.flash, SdpaKernel.efficient, SdpaKernel.cudnn, SdpaKernel.math])
+    """With implementation=sdpa: the kernels torch may pick, in priority order, applied around every
+    forward; the first that supports the call runs. Flash first because on the H200 torch's own order
+    (`[]`) picks cuDNN, which builds a plan per new shape: with ragged batches flash-first trained
+    4-6% (dense) and 18% (OLMoE) faster (H200, 2026-11-30, docs/performance.md). The kernel that
+    ran is recorded from the profiler on GPU."""
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        return _read({"sdpa_kernels": _only(key, self.implementation, [AttnImpl.sdpa])})

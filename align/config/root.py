@@ -1,0 +1,83 @@
+"""The root schema a run composes onto, and the one table group -> schema."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+from hydra.core.config_store import ConfigStore
+
+from align.config.base import _require
+from align.config.data import *  # noqa: F403
+from align.config.model import *  # noqa: F403
+from align.config.probe import *  # noqa: F403
+from align.config.train import *  # noqa: F403
+
+
+# ------------------------------------------------------------------------------------------ root
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    allow_dirty: bool = False
+    """Start even when the git tree has uncommitted changes (the manifest then says dirty)."""
+    name: Optional[str] = None
+    """Run name for W&B and the manifest; null: the run dir's name."""
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    """Probe options, composed only by `conf/probe.yaml` (`python -m align.tools.probe probe=<name>`)."""
+
+    def __post_init__(self) -> None:
+        if self.optimizer.overlap:  # FSDP2 runs its own streams; a compiled block would trace the waits
+            _require(self.parallel.kind == ParallelKind.single, "optimizer.overlap",
+                     f"needs parallel=single (got parallel={self.parallel.kind.value})", True)
+            _require(not self.trainer.compile, "optimizer.overlap", "needs trainer.compile=false", True)
+        if self.logger.log_model:
+            _require(self.logger.kind == LoggerKind.wandb and self.trainer.export, "logger.log_model",
+                     "needs logger=wandb and trainer.export=true (the artifact is the export)", True)
+        if self.optimizer.compile:
+            _require(self.optimizer.name == OptimizerName.adamw, "optimizer.compile",
+                     f"needs optimizer=adamw (got {self.optimizer.name.value})", True)
+        pairs = self.objective.kind == ObjectiveKind.dpo
+        _require(self.data.holds_pairs == pairs, "data",
+                 f"objective={self.objective.kind.value} trains on "
+                 + ("preference pairs: use data=gsm8k_pairs or data=preference" if pairs else
+                    "records, not preference pairs: use objective=dpo with this data"), self.data.source.value)
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields of several groups whose reader depends on another group (see `check_ignored`)."""
+        out = {}
+        if self.sampler.kind == SamplerKind.budget and self.probe.name is None:
+            out["sampler.micro_batch_size"] = ("ignored by sampler=budget (rows per micro-batch follow "
+                                               "sampler.max_tokens); it is read by sampler=shuffle, sampler=bucket")
+        if self.parallel.kind == ParallelKind.ep and not self.model.pretrained:
+            out["model.init_on_device"] = "ignored by parallel=ep; it is read by parallel=single, parallel=fsdp"
+        return out
+
+
+# The one table: config group -> schema. conf/<group>/*.yaml files are validated against these.
+GROUP_SCHEMAS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "sampler": SamplerConfig,
+    "attention": AttentionConfig,
+    "optimizer": OptimizerConfig,
+    "parallel": ParallelConfig,
+    "logger": LoggerConfig,
+    "trainer": TrainerConfig,
+    "objective": ObjectiveConfig,
+    "probe": ProbeConfig,
+}
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)

@@ -1,0 +1,335 @@
+"""Schemas of the optimizer, parallel, logger, trainer and objective groups."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from typing import Optional
+
+from align.errors import ConfigError
+
+from align.config.base import _only, _read, _require
+
+
+# ------------------------------------------------------------------------------------- optimizer
+
+
+class OptimizerName(StrEnum):
+    adamw = "adamw"
+    adamw8bit = "adamw8bit"
+
+
+@dataclass
+class OptimizerConfig:
+    name: OptimizerName = OptimizerName.adamw
+    """adamw: torch.optim.AdamW (fused on CUDA). adamw8bit: 8-bit AdamW, bitsandbytes on plain
+    tensors when installed (else torchao), torchao under parallel=fsdp/ep (bitsandbytes fails on
+    DTensor parameters); the one that ran is recorded as `optimizer_impl`."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (>= 0)."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """Adam betas: two decay rates, each in [0, 1)."""
+    eps: float = 1e-8
+    """Adam epsilon (> 0: with 0, a parameter whose gradient stays zero divides 0 by 0)."""
+    warmup_ratio: float = 0.05
+    """Warm-up as a fraction of `trainer.max_steps`; converted to steps at the scheduler call site,
+    so it survives a change of run length (playbook 4.2)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still logged)."""
+    compile: bool = False
+    """torch.compile torch's own AdamW step (foreach, capturable; the learning rate is handed in as a
+    device tensor so a schedule does not recompile, and the clip scale is applied inside the compiled
+    step) instead of the fused kernel. At OLMoE-1B-7B's shapes on an H200 (2026-11-30) the compiled
+    update streams at 3.9 TB/s against fused AdamW's 2.3 TB/s: 25.0 vs 41.9 ms per step. The first
+    step compiles (~40 s there). CUDA and optimizer=adamw only; on a CPU it resolves to off and the
+    manifest's `optimizer_step` says why. A non-finite step is then skipped by the host. With
+    `optimizer.overlap` each chunk steps through the compiled update (kind overlap+compiled; dynamo's
+    recompile limit is raised to two graphs per chunk and recorded as `recompile_limit`)."""
+    overlap: bool = False
+    """Run each step's optimizer on a side CUDA stream, decoder block by block, while the next
+    forward waits for a block's parameters only when it reaches that block (align.optim.step).
+    Bit-identical to the plain step. parallel=single and eager blocks only; on a CPU it resolves
+    to off, and the manifest's `optimizer_step` says why. Combines with `optimizer.compile`."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optimizer.lr", "must be > 0", self.lr)
+        _require(0 <= self.warmup_ratio < 1, "optimizer.warmup_ratio", "must be in [0, 1)", self.warmup_ratio)
+        _require(len(self.betas) == 2, "optimizer.betas", "must be a list of two floats", self.betas)
+        # torch's AdamW checks these only when the optimizer is built, after the tokenizer, the encode and the model.
+        _require(all(0 <= b < 1 for b in self.betas), "optimizer.betas", "each beta must be in [0, 1)", self.betas)
+        _require(self.eps > 0, "optimizer.eps", "must be > 0", self.eps)
+        _require(self.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0", self.weight_decay)
+
+
+# -------------------------------------------------------------------------------------- parallel
+
+
+class ParallelKind(StrEnum):
+    single = "single"
+    fsdp = "fsdp"
+    ep = "ep"
+
+
+class ParamDtype(StrEnum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+@dataclass
+class ParallelConfig:
+    kind: ParallelKind = ParallelKind.single
+    """single: one process, one device. fsdp: FSDP2 `fully_shard` per decoder block and at the root
+    over every rank (launch with launchers/torchrun.sh). ep: experts sharded on dim 0 over an EP mesh
+    dimension with tokens exchanged by all-to-all (transformers' expert parallel), dense parameters
+    under FSDP2; MoE families only."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder block in backward (transformers' activation checkpointing)."""
+    activation_checkpointing_fraction: float = 1.0
+    """With `activation_checkpointing`: the fraction f (0 < f <= 1) of the L decoder blocks to
+    recompute; the others keep their activations (faster, more memory). k = max(1, floor(f*L + 0.5))
+    blocks, spread evenly over depth: indices floor(i*L/k) for i < k (f=0.5, L=16: 0, 2, ..., 14).
+    The manifest records the indices: model.extra.parallel.activation_checkpointing_blocks."""
+    param_dtype: ParamDtype = ParamDtype.auto
+    """Dtype FSDP2 gathers parameters in for compute (MixedPrecisionPolicy); gradients are always
+    reduced in float32. auto: bfloat16 on CUDA, float32 on CPU."""
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward (re-gather in backward): less memory,
+    one more all-gather per block."""
+    ep_size: Optional[int] = None
+    """Ranks that hold distinct experts (parallel=ep); null: all ranks. Must divide the world size
+    and the number of experts; the remaining factor shards each expert with FSDP."""
+    pg_timeout_s: int = 600
+    """Process-group timeout: a collective that waits longer fails (with a flight-recorder dump on
+    NCCL when `flight_recorder_entries` > 0) instead of hanging the job."""
+    flight_recorder_entries: int = 2000
+    """NCCL flight recorder ring size (TORCH_FR_BUFFER_SIZE); 0 disables it. On a collective
+    timeout each rank dumps its recent collectives under <run_dir>/rank<r>/flight_recorder/."""
+
+    def __post_init__(self) -> None:
+        if self.ep_size is not None:
+            _require(self.ep_size >= 1, "parallel.ep_size", "must be >= 1 or null", self.ep_size)
+        _require(0 < self.activation_checkpointing_fraction <= 1, "parallel.activation_checkpointing_fraction",
+                 "must be in (0, 1]: the fraction of decoder blocks to recompute", self.activation_checkpointing_fraction)
+        _require(self.activation_checkpointing or self.activation_checkpointing_fraction == 1,
+                 "parallel.activation_checkpointing_fraction",
+                 "has no effect unless parallel.activation_checkpointing=true; set both, or leave the fraction at 1.0",
+                 self.activation_checkpointing_fraction)
+        _require(self.pg_timeout_s >= 1, "parallel.pg_timeout_s", "must be >= 1", self.pg_timeout_s)
+        _require(self.flight_recorder_entries >= 0, "parallel.flight_recorder_entries", "must be >= 0",
+                 self.flight_recorder_entries)
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        sharded = [ParallelKind.fsdp, ParallelKind.ep]
+        return _read({"ep_size": _only(key, self.kind, [ParallelKind.ep]),
+                      "param_dtype": _only(key, self.kind, sharded),
+                      "reshard_after_forward": _only(key, self.kind, [ParallelKind.fsdp]),
+                      "pg_timeout_s": _only(key, self.kind, sharded),
+                      "flight_recorder_entries": _only(key, self.kind, sharded)})
+
+
+# ---------------------------------------------------------------------------------------- logger
+
+
+class LoggerKind(StrEnum):
+    wandb = "wandb"
+    none = "none"
+
+
+class WandbMode(StrEnum):
+    offline = "offline"
+    online = "online"
+
+
+@dataclass
+class LoggerConfig:
+    kind: LoggerKind = LoggerKind.wandb
+    """wandb: log to Weights & Biases on rank 0. none: history.jsonl only."""
+    mode: WandbMode = WandbMode.offline
+    """offline writes the run under the run dir with no network; online syncs."""
+    project: str = "align"
+    """W&B project."""
+    entity: Optional[str] = None
+    """W&B entity (team or user); null: the default of the logged-in user."""
+    tags: list[str] = field(default_factory=list)
+    """W&B tags."""
+    log_model: bool = False
+    """Log the exported model (`<run_dir>/export`, needs trainer.export=true) as a W&B model artifact
+    `run-<id>-model` (aliases latest, step-<n>) when the run completes. Off: exports stay local."""
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        return _read({f: _only(key, self.kind, [LoggerKind.wandb]) for f in ("mode", "project", "entity", "tags")})
+
+
+# --------------------------------------------------------------------------------------- trainer
+
+
+class Precision(StrEnum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class Device(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class ResumePolicy(StrEnum):
+    auto = "auto"
+    never = "never"
+    must = "must"
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 150
+    """Optimizer steps to run."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step. The loss is averaged per loss token over the whole window."""
+    seed: int = 0
+    """Seed for model init, sampling and dropout."""
+    deterministic: bool = False
+    """`torch.use_deterministic_algorithms(True)` (slower; needed for bit-exact reruns on GPU)."""
+    precision: Precision = Precision.auto
+    """auto: bf16 autocast on CUDA, fp32 on CPU."""
+    device: Device = Device.auto
+    """auto: CUDA when available, else CPU."""
+    cuda_alloc_conf: Optional[str] = None
+    """PYTORCH_CUDA_ALLOC_CONF for this run when the environment sets none, e.g.
+    `expandable_segments:True` (ragged shapes fragment fixed segments; each allocator retry frees the
+    cache and synchronises). Applied before CUDA starts; the value in force is recorded. null: as is."""
+    log_every: int = 10
+    """Console log line every N optimizer steps when stderr is not a TTY (history gets every step)."""
+    export: bool = True
+    """Write the trained model in HF layout (safetensors, config, tokenizer) to `export/` at the end."""
+    save_every: int = 0
+    """Write a checkpoint (torch.distributed.checkpoint) every N optimizer steps; 0: only at a
+    coordinated stop. A checkpoint counts only when complete (see docs/distributed.md)."""
+    keep_last: int = 2
+    """Complete checkpoints kept on disk (older ones are deleted, including those a previous attempt
+    of this run left); 0 keeps all."""
+    resume: ResumePolicy = ResumePolicy.auto
+    """auto: resume from the newest complete checkpoint under <run_dir>/checkpoints when there is
+    one. never: start fresh (existing checkpoints are left alone). must: refuse to start without one."""
+    resume_from: Optional[str] = None
+    """An explicit checkpoint directory to resume from (overrides the automatic pick)."""
+    resume_despite_mismatch: bool = False
+    """Resume even though world size, dataset fingerprint, sampler or model shape differ from the
+    checkpoint's (refused by default, with the reason)."""
+    compile: bool = False
+    """torch.compile each decoder block. On an H200 (2026-11-30) it made the whole step 1.42x faster
+    for OLMoE-1B-7B and 1.45x for the dense bench model (docs/performance.md). The first steps
+    compile (OLMoE there: ~80 s cold with optimizer.compile; inductor's disk cache shortens reruns).
+    Recompiles, graph breaks and recompile-limit hits are in the manifest's dynamo counters."""
+    compile_dynamic: Optional[bool] = True
+    """torch.compile's `dynamic` for the blocks under trainer.compile. true: one graph with symbolic
+    batch and sequence sizes from the first call (a one-row batch adds one more); on an H200
+    (2026-11-30) it ran OLMoE's blocks as fast as a graph compiled for one fixed shape. null: a block
+    compiles for the first shape and turns dynamic at its first recompile. false: a graph per shape
+    (bound the shapes with sampler.pad_to_multiple_of). Past dynamo's recompile limit (8) a block runs
+    eager, which only the manifest's dynamo counters show."""
+    loss_chunk_tokens: int = 0
+    """> 0: compute the LM head and cross-entropy over this many target tokens at a time (recomputed
+    in backward), so logits memory stays bounded for large vocabularies; 0: all logits at once."""
+    max_consecutive_skipped_steps: int = 3
+    """Optimizer steps with a non-finite loss or gradient norm (on any rank) are skipped on all
+    ranks; more than this many in a row halt the run (exit 81, HALT.json)."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_steps >= 1, "trainer.max_steps", "must be >= 1", self.max_steps)
+        _require(self.save_every >= 0, "trainer.save_every", "must be >= 0", self.save_every)
+        _require(self.keep_last >= 0, "trainer.keep_last", "must be >= 0", self.keep_last)
+        _require(self.max_consecutive_skipped_steps >= 0, "trainer.max_consecutive_skipped_steps", "must be >= 0",
+                 self.max_consecutive_skipped_steps)
+        _require(self.grad_accum >= 1, "trainer.grad_accum", "must be >= 1", self.grad_accum)
+        _require(self.log_every >= 1, "trainer.log_every", "must be >= 1", self.log_every)
+        _require(self.loss_chunk_tokens >= 0, "trainer.loss_chunk_tokens", "must be >= 0", self.loss_chunk_tokens)
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        return {} if self.compile else {"compile_dynamic": f"ignored unless {key}.compile=true"}
+
+
+# ------------------------------------------------------------------------------------- objective
+
+
+class ObjectiveKind(StrEnum):
+    sft = "sft"
+    dpo = "dpo"
+
+
+class ReferenceKind(StrEnum):
+    auto = "auto"
+    model = "model"
+    adapters_off = "adapters_off"
+    precomputed = "precomputed"
+    none = "none"
+
+
+class ReferenceDtype(StrEnum):
+    same = "same"
+    bf16 = "bf16"
+    fp32 = "fp32"
+
+
+@dataclass
+class ObjectiveConfig:
+    """What the run optimises (the `objective` group); align/objectives/base.py is the seam. Keys
+    after `kind` belong to dpo (align/objectives/dpo.py); under sft they must stay at their defaults."""
+
+    kind: ObjectiveKind = ObjectiveKind.sft
+    """sft: cross-entropy on the loss-masked tokens (chat: the assistant turns), averaged per loss
+    token over the accumulation window on all ranks. dpo: a preference loss on pairs (`loss`)."""
+    loss: str = "sigmoid"
+    """dpo: sigmoid (DPO), ipo, hinge, robust, conservative (label-smoothed sigmoid), simpo and orpo
+    (both reference-free); definitions in align/objectives/preference_losses.py."""
+    beta: float = 0.1
+    """dpo: the loss's beta (for orpo, the weight of the odds-ratio term: the paper's lambda)."""
+    label_smoothing: float = 0.0
+    """dpo, robust and conservative only: the assumed label-flip rate, in [0, 0.5)."""
+    simpo_gamma: float = 0.0
+    """dpo, simpo only: the target reward margin."""
+    reference: ReferenceKind = ReferenceKind.auto
+    """dpo: what the loss is measured against. model: a frozen copy of the starting policy;
+    adapters_off: the LoRA base (adapters disabled, no copy); precomputed: the starting policy's
+    log-probs computed once and cached on their meaning; none: reference-free losses. auto:
+    none for simpo/orpo, adapters_off with LoRA, else model."""
+    reference_dtype: ReferenceDtype = ReferenceDtype.same
+    """dpo, reference=model: the frozen copy's parameter dtype (bf16 halves its memory)."""
+    gate_tolerance: Optional[float] = None
+    """dpo: the step-0 gate's bound on |batched - alone| summed log-prob per target token (nats);
+    null: 1e-4 in fp32, 5e-2 under bf16 autocast (docs/objectives.md)."""
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """The preference keys, under an objective that does not read them (see `check_ignored`)."""
+        return _read({f.name: _only("objective", self.kind, [ObjectiveKind.dpo]) for f in fields(self)
+                      if f.name != "kind"})
+
+    def __post_init__(self) -> None:
+        from align.objectives.preference_spec import check_hyperparameters, needs_reference
+
+        if self.kind != ObjectiveKind.dpo:
+            return
+        try:
+            check_hyperparameters(self.loss, beta=self.beta, label_smoothing=self.label_smoothing,
+                                  simpo_gamma=self.simpo_gamma)
+        except ValueError as e:
+            key, _, msg = str(e).partition(": ")
+            raise ConfigError(f"objective.{key}" if key != "loss" else "objective.loss", msg) from None
+        free = not needs_reference(self.loss)
+        if free:
+            _require(self.reference in (ReferenceKind.auto, ReferenceKind.none), "objective.reference",
+                     f"loss={self.loss} is reference-free: use auto or none", self.reference.value)
+        else:
+            _require(self.reference != ReferenceKind.none, "objective.reference",
+                     f"loss={self.loss} needs a reference: auto, model, adapters_off or precomputed", "none")
+        if self.gate_tolerance is not None:
+            _require(math.isfinite(self.gate_tolerance) and self.gate_tolerance > 0, "objective.gate_tolerance",
+                     "must be a finite number > 0", self.gate_tolerance)

@@ -1,0 +1,260 @@
+"""Preflight: every check that needs no tokenizer, encode or model load, run before anything heavy:
+the pre-launch checklist (align/run/checklist.py; docs/provenance.md).
+
+    python -m align.tools.preflight [overrides]      # prints the checklist for this config; exit 0 or 2
+
+`align.train` runs the same checks first and stops at the first failure. Checks run cheapest first
+(values, git, files: a few ms), then the kwargs checks, which read the installed signatures through
+align.run.signatures (a cache keyed on the files they come from; a miss imports the library). A check is a function `(cfg, ctx) -> Iterable[Check]` listed in CHECKS; a kwargs call
+site is a function `(cfg) -> KwargsSite | None` listed in align/run/kwargs_sites.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from align.config import TrainConfig
+from align.errors import AlignError
+from align.run.checklist import Check, Context, Report, Status, _Stop
+from align.run.kwargs_sites import check_kwargs_sites
+
+# ------------------------------------------------------------------------------------- checks
+
+
+def check_git(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    from align.run.manifest import git_state
+
+    g = git_state(ctx.root)
+    if g.commit is None:
+        yield Check("tree", "git", Status.warned, f"{g.reason}: the manifest records git as null with this reason")
+        return
+    where = f"{g.root} @ {g.describe}"
+    if not g.dirty:
+        yield Check("tree", "git", Status.passed, f"{where} (clean)")
+    elif cfg.allow_dirty:
+        yield Check("tree", "git", Status.warned,
+                    f"{where}: {len(g.changed or [])} changed file(s), allowed by allow_dirty=true; the manifest records dirty + diff sha256")
+    else:
+        files = ", ".join((g.changed or [])[:5]) + (" ..." if len(g.changed or []) > 5 else "")
+        yield Check("tree", "git", Status.failed,
+                    f"refusing to start: working tree {g.root} has uncommitted changes ({files}); the recorded commit "
+                    f"{g.commit[:12]} would not describe this run. Commit, or pass allow_dirty=true", "git")
+
+
+def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    from align.data.sources import source_specs  # stdlib + config only: no torch, no tokenizer
+
+    yield Check("config", "values", Status.passed, "every group type- and value-checked by its dataclass")
+    for spec in source_specs(cfg.data):  # every source of a mixture, JSONL or Parquet
+        ok = spec.path.is_file()
+        yield Check("config", "data file", Status.passed if ok else Status.failed, f"{spec.path}" if ok else f"no such file: {spec.path}",
+                    f"{spec.key}.path")
+    for m in cfg.data.mask_files:
+        ok = Path(m).is_file()
+        yield Check("config", "mask file", Status.passed if ok else Status.failed, m if ok else f"no such file: {m}", "data.mask_files")
+    if cfg.model.pretrained:
+        d = Path(cfg.model.pretrained)
+        problem = checkpoint_problem(d)
+        yield Check("config", "checkpoint dir", Status.failed if problem else Status.passed,
+                    problem or f"{d} (config.json parses; every safetensors file as long as its header says)",
+                    "model.pretrained")
+
+
+def checkpoint_problem(d: Path) -> Optional[str]:
+    """Why the HF checkpoint dir `d` cannot load, from its files alone (milliseconds: config.json is
+    parsed, each safetensors header is read and its tensor offsets are held against the file size);
+    None when nothing is seen. A truncated shard otherwise fails inside from_pretrained, after the
+    tokenizer, the encode and the rest of the weights."""
+    if not (d.is_dir() and (d / "config.json").is_file()):
+        return f"not a readable HF checkpoint dir (needs config.json): {d}"
+    problem = _json_problem(d / "config.json")
+    if problem:
+        return problem
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        problem = _json_problem(index)
+        if problem:
+            return problem
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            return f"{index} has no weight_map"
+        shards: dict[str, set[str]] = {}
+        for name, shard in weight_map.items():
+            shards.setdefault(shard, set()).add(name)
+        for shard, names in sorted(shards.items()):
+            problem, held = safetensors_problem(d / shard)
+            if problem:
+                return problem
+            if not names <= held:
+                missing = names - held
+                return f"{d / shard} lacks {len(missing)} tensor(s) {index.name} places there, e.g. {min(missing)}"
+        return None
+    if (d / "model.safetensors").is_file():
+        return safetensors_problem(d / "model.safetensors")[0]
+    if any(d.glob("pytorch_model*.bin")):
+        return None  # torch pickles: nothing to read without loading them
+    return f"no weights in {d} (looked for model.safetensors, model.safetensors.index.json, pytorch_model*.bin)"
+
+
+def _json_problem(path: Path) -> Optional[str]:
+    try:
+        value = json.loads(path.read_text())
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror or e}"
+    except UnicodeDecodeError:
+        return f"{path} is not text (not a JSON file)"
+    except ValueError as e:
+        return f"{path} is not valid JSON: {e}"
+    return None if isinstance(value, dict) else f"{path} holds a JSON {type(value).__name__}, not an object"
+
+
+def safetensors_problem(path: Path) -> tuple[Optional[str], set[str]]:
+    """(why `path` is not a whole safetensors file or None, the tensor names its header holds). The
+    format: an 8-byte little-endian header length, a JSON header giving each tensor's byte range in
+    the data that follows, and that data, which must end where the last range ends."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little")
+            if len(head) < 8 or n > size - 8:
+                return f"{path} is truncated or not a safetensors file: {size} bytes, header claims {n}", set()
+            header = json.loads(f.read(n))
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror or e}", set()
+    except ValueError as e:
+        return f"{path}: its safetensors header is not valid JSON ({e})", set()
+    try:
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        return f"{path}: its safetensors header has no valid data_offsets", set()
+    if 8 + n + end != size:
+        how = "truncated" if 8 + n + end > size else "longer than its header says"
+        return f"{path} is {how}: {size} bytes, its header places tensor data up to byte {8 + n + end}", set(tensors)
+    return None, set(tensors)
+
+
+def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    """The family/machine support rule lives in align.models.attention (the build uses the same one)."""
+    from align.config import Fallback
+    from align.models.attention import unsupported_reason
+
+    def device_type() -> str:  # only the flash rule asks; resolving trainer.device=auto imports torch
+        from align.parallel.env import resolve_device
+
+        return resolve_device(cfg.trainer.device).type
+
+    impl = cfg.attention.implementation
+    reason = unsupported_reason(cfg.model.family, impl, device_type)
+    if reason is None:
+        yield Check("config", "attention backend", Status.passed,
+                    f"{cfg.model.family.value} supports {impl.value} (requested; the resolved one is recorded)")
+    elif cfg.attention.fallback == Fallback.allow:
+        yield Check("config", "attention backend", Status.warned,
+                    f"{reason}; fallback=allow: the library picks, the manifest records what it resolved to",
+                    "attention.implementation")
+    else:
+        yield Check("config", "attention backend", Status.failed, reason, "attention.implementation")
+
+
+def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    from align.data.sources import source_path
+    from align.data.tokenizer import tokenizer_dir
+    from align.run.manifest import sha256_file, tokenizer_hashes
+
+    p = source_path(cfg.data)
+    if p.is_file():
+        yield Check("cache", "data content hash", Status.passed, f"{p.name} sha256 {sha256_file(p)[:16]}")
+    else:
+        yield Check("cache", "data content hash", Status.failed, f"cannot hash the data: no such file: {p}", "data.path")
+    tok_sha, tmpl_sha, _ = tokenizer_hashes(tokenizer_dir(cfg.model))
+    if tok_sha:
+        yield Check("cache", "tokenizer + chat template hashes", Status.passed,
+                    f"tokenizer {tok_sha[:16]}, template {tmpl_sha[:16] if tmpl_sha else 'none'}")
+    try:
+        key = encode_cache_key(cfg)
+    except AlignError as e:  # a file the key covers is missing or unreadable
+        yield Check("cache", "encode cache key", Status.failed, f"cannot compute: {e}", getattr(e, "key", None))
+        return
+    if key is None:
+        yield Check("cache", "encode cache key", Status.na, "this build has no encode cache: every run encodes from scratch")
+    else:
+        yield Check("cache", "encode cache key", Status.passed, f"{key[:16]} (content hashes, not paths; align.data.cache)")
+
+
+def encode_cache_key(cfg: TrainConfig) -> Optional[str]:
+    """The key of the encode cache entry this config will use, from files only (align.data.cache,
+    when this build has an encode cache); None when it has none."""
+    parts = _optional("align.data.cache", "cache_key_parts")
+    return None if parts is None else parts(cfg.data, cfg.model)["key"]
+
+
+def _optional(module: str, attr: str) -> Optional[Callable]:
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return None
+
+
+def check_device(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    from align.config import Device
+
+    if cfg.trainer.device != Device.cuda:
+        return
+    import torch
+
+    ok = torch.cuda.is_available()
+    yield Check("config", "device", Status.passed if ok else Status.failed,
+                "CUDA available" if ok else "trainer.device=cuda but torch sees no CUDA device", "trainer.device")
+
+
+# Cheapest first: values, git and files fail in milliseconds, before any library import.
+# Each entry is a check function or its "module:function" path; register a new one with one line.
+
+
+def check_model(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    """The checks that build the model on the meta device (torch is imported only when they run)."""
+    from align.run.model_checks import model_checks
+
+    yield from model_checks(cfg, ctx)
+
+
+# Cheapest first: values, git and files fail in milliseconds, before any library import.
+CHECKS: list[Callable[[TrainConfig, Context], Iterable[Check]]] = [
+    check_files,
+    check_git,
+    check_cache,
+    check_attention,
+    check_device,
+    check_kwargs_sites,
+    check_model,
+]
+
+
+def collect(cfg: TrainConfig, root: Path | None = None, stop_on_fail: bool = False) -> Report:
+    """Run every check; with `stop_on_fail`, stop at the first failure (align.train)."""
+    from align.run.manifest import code_root
+
+    t0 = time.perf_counter()
+    ctx = Context(root=root or code_root(), stop_on_fail=stop_on_fail)
+    try:
+        for check in CHECKS:
+            for c in check(cfg, ctx):
+                ctx.add(c)
+    except _Stop:
+        pass
+    return Report(ctx.checks, time.perf_counter() - t0)
+
+
+def run_preflight(cfg: TrainConfig, root: Path | None = None) -> Report:
+    """The checks `align.train` runs first: raise ConfigError (exit 2) at the first failure."""
+    report = collect(cfg, root=root, stop_on_fail=True)
+    if not report.ok:
+        raise report.failures[0].error()
+    return report
