@@ -25,8 +25,8 @@ def conf_dir() -> Path:
     repo's conf/ there), else the checkout's `conf/` beside the package (editable install, PYTHONPATH).
     The packaged copy wins: an installed align sits among other distributions, one of which may ship
     a directory named conf."""
-    here = Path(__file__).resolve().parent
-    packaged, checkout = here / "conf", here.parent / "conf"
+    package = Path(__file__).resolve().parents[1]  # align/
+    packaged, checkout = package / "conf", package.parent / "conf"
     return packaged if (packaged / "train.yaml").is_file() else checkout
 
 

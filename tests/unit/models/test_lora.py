@@ -107,7 +107,8 @@ def test_qlora_dense_trains_on_a_4bit_base_and_exports_merged_full_precision_wei
 
 
 def test_preflight_checks_the_peft_and_bnb_kwargs_by_name_before_any_model_load(compose, monkeypatch):
-    import align.run.model_checks as checks
+    import align.models.lora as lora
+    import align.run.kwargs_sites as checks
     from align.config import to_typed
     from align.run.checklist import Status
     from align.run.kwargs_sites import check_site
@@ -116,8 +117,8 @@ def test_preflight_checks_the_peft_and_bnb_kwargs_by_name_before_any_model_load(
     cfg = to_typed(compose(["model=mistral", "model.lora.enabled=true", "model.lora.qlora=true"]))
     for site in (checks.lora_site(cfg), checks.qlora_site(cfg)):
         assert check_site("x", site).status == Status.passed, site
-    real = checks.lora_kwargs
-    monkeypatch.setattr(checks, "lora_kwargs", lambda *a: {**real(*a), "lora_dropuot": 0.1})
+    real = lora.lora_kwargs
+    monkeypatch.setattr(lora, "lora_kwargs", lambda *a: {**real(*a), "lora_dropuot": 0.1})
     bad = check_site("peft LoraConfig", checks.lora_site(cfg))
     assert bad.status == Status.failed and "['lora_dropuot']" in bad.detail and bad.key == "model.lora"
     assert checks.lora_site(to_typed(compose(["model=mistral"]))) is None

@@ -10,20 +10,11 @@ import pytest
 from align.run.cli import compose
 from align.config import to_typed
 from align.errors import ConfigError
-from align.run.preflight import (
-    CHECKLIST,
-    KWARGS_SITES,
-    Context,
-    KwargsSite,
-    Status,
-    accepted_names,
-    check_git,
-    check_kwargs,
-    check_site,
-    collect,
-    main,
-    run_preflight,
-)
+from align.run.checklist import CHECKLIST, Context, Status
+from align.run.kwargs_sites import KWARGS_SITES, check_site
+from align.run.preflight import check_git, collect, run_preflight
+from align.run.signatures import KwargsSite, accepted_names, check_kwargs
+from align.tools.preflight import main
 
 
 def typed(*overrides: str):
@@ -121,7 +112,7 @@ def test_a_compile_kwarg_torch_does_not_take_fails_preflight(monkeypatch):
 
 
 def test_a_new_call_site_registers_with_one_line(monkeypatch):
-    monkeypatch.setitem(KWARGS_SITES, "stand-in", f"{__name__}:_standin_site")
+    monkeypatch.setitem(KWARGS_SITES, "stand-in", _standin_site)
     cfg = typed("allow_dirty=true", "logger=none")
     [c] = [c for c in _kwargs_checks(cfg) if c.name == "stand-in"]
     assert c.status == Status.failed and "['warmup_ratio']" in c.detail
