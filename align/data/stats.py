@@ -96,3 +96,24 @@ class DataStats:
         out.update(self.moments)
         out.update(self.data_meta)
         return out
+
+
+def sampler_stats(stream: Any) -> dict[str, Any]:
+    """Padding and shape of epoch 0 as this rank's sampler cuts it (numpy only, no collate)."""
+    sampler = stream.sampler
+    own = getattr(sampler, "stats", None)
+    if callable(own):  # the data engineer's sampler may report richer stats (roots per window)
+        return dict(own())
+    lengths = np.asarray(stream.data.lengths)
+    mult = int(getattr(stream, "mult", 1) or 1)
+    batches = sampler.rank_batches(0)
+    real = padded = zero = 0
+    for rows in batches:
+        ls = lengths[rows]
+        width = -(-int(ls.max()) // mult) * mult
+        real += int(ls.sum())
+        padded += width * len(rows)
+        zero += int(width * len(rows) == int(ls.sum()))
+    return {"micro_batches_per_epoch": len(batches), "real_tokens_epoch0": real, "padded_tokens_epoch0": padded,
+            "padding_waste_epoch0": 1 - real / padded if padded else None,
+            "zero_pad_fraction_epoch0": zero / len(batches) if batches else None}

@@ -186,3 +186,15 @@ def describe_model(model: torch.nn.Module, cfg: ModelConfig, attn: AttentionChoi
 
 __all__ = ["BuiltModel", "build_model", "describe_model", "load_kwargs", "config_kwargs", "preset_kwargs",
            "model_config", "LoraGate"]
+
+
+def resolved_backends(model: Any, moe: bool) -> dict[str, Any]:
+    """Read back from the built model (playbook 4.3): `config._attn_implementation` and, for MoE,
+    `config._experts_implementation`."""
+    mc = getattr(model, "config", None)
+    out = {}
+    if mc is not None and getattr(mc, "_attn_implementation", None) is not None:
+        out["attn_implementation_resolved"] = mc._attn_implementation
+    if moe and mc is not None and getattr(mc, "_experts_implementation", None) is not None:
+        out["experts_implementation_resolved"] = mc._experts_implementation
+    return out

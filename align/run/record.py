@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from align.config import TrainConfig
 from align.errors import EXIT_CONFIG, EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
 from align.run.manifest import MANIFEST, Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
 from align.run.redaction import REDACTED, recorded_env, redact, redact_argv
+
+if TYPE_CHECKING:
+    from align.trainer import Trainer
 
 log = logging.getLogger("align")
 
@@ -72,7 +74,7 @@ class RunRecord:
         self.env, env_redacted = recorded_env()
         self.redacted += [f"env:{n}" for n in env_redacted]
         self.manifest = Manifest(self.run_dir, enabled=_rank() == 0, staging=self.staging)
-        self.trainer: Any = None
+        self.trainer: Optional["Trainer"] = None
         self._code: Optional[int] = None
         self._reason = "completed"
         if self.manifest.enabled:
@@ -142,16 +144,15 @@ class RunRecord:
         shutil.rmtree(hydra, ignore_errors=True)
         os.replace(staging, hydra)
 
-    def built(self, trainer: Any) -> None:
-        """After Trainer.build: what the model, device and data RESOLVED to; then the mask gate."""
-        from align.probes.mask import assert_masks
+    def built(self, trainer: "Trainer") -> None:
+        """After Trainer.build: what the run RESOLVED to (`Trainer.describe`), then the gates before
+        step 1: the mask gate and the objective's own (each report, or its failure, recorded)."""
         from align.run.manifest import device_info
 
         self.accept()  # Trainer.build wrote nothing before its resume decision; from here the attempt counts
         self.trainer = trainer
-        m = self.manifest
-        # The model's own config is the authority on what it resolved to; BuiltModel.info is a copy.
-        info = {**trainer.model_info, **resolved_backends(trainer.model, is_moe(self.cfg))}
+        m, d = self.manifest, trainer.describe()
+        info = d["model"]
         keys = {"model_class": "model.class", "attn_implementation_resolved": "model.attn_implementation_resolved",
                 "experts_implementation_resolved": "model.experts_implementation_resolved", "dtype": "model.dtype",
                 "params_total": "model.params_total"}
@@ -161,51 +162,41 @@ class RunRecord:
             else:
                 m.null(dst, f"BuiltModel.info has no {src}")
         if m.data["model"]["experts_implementation_resolved"] is None and not is_moe(self.cfg):
-            m.null("model.experts_implementation_resolved", f"{self.cfg.model.family.value} is a dense family: no experts kernel")
-        known = set(keys) | {"family", "preset", "pretrained", "attn_implementation_requested", "experts_implementation_requested"}
+            m.null("model.experts_implementation_resolved",
+                   f"{self.cfg.model.family.value} is a dense family: no experts kernel")
+        known = set(keys) | {"family", "preset", "pretrained", "attn_implementation_requested",
+                             "experts_implementation_requested"}
         m.set("model.extra", {k: v for k, v in info.items() if k not in known})
-        dev, reasons = device_info(trainer.env.device)
+        dev, reasons = device_info(d["device"])
         m.update({f"device.{k}": v for k, v in dev.items()}, reasons)
-        m.set("parallel.world_size", trainer.env.world)
-        ac = trainer.autocast()
-        fast = getattr(ac, "fast_dtype", None)
-        m.set("model.autocast_dtype", str(fast).removeprefix("torch.") if fast is not None else None,
-              "no autocast: compute runs in the parameter dtype")
-        self._record_data(trainer)
-        family, kernels, why = sdpa_kernel_family(trainer, info.get("attn_implementation_resolved"))
+        m.set("parallel.world_size", d["world_size"])
+        m.set("model.autocast_dtype", d["autocast_dtype"], "no autocast: compute runs in the parameter dtype")
+        self._record_data(d["data"], d["sampler_stats"])
+        family, kernels, why = trainer.sdpa_kernel_record()
         m.set("model.sdpa_kernel_family", family, why)
         m.set("model.sdpa_kernels", kernels, why)
         m.null("mask_probe", "pending: the mask gate runs next")
+        m.set("objective", d["objective"])
         m.write("built")
-        try:
-            report = assert_masks(trainer.model, trainer.data, trainer.stream.pad_id)
-            m.set("mask_probe", {"ok": True, "attn_implementation": report["attn_implementation"],
-                                 "sliding_window": report["sliding_window"], "by_type": report["by_type"]})
-        except AlignError as e:
-            m.set("mask_probe", {"ok": False, "error": str(e)})
-            raise
-        self._objective_gate(trainer)
+        self._gate("mask_probe", trainer.check_masks)
+        self._gate("objective", trainer.check_objective)
         m.write("built")
         trainer.logger.summary(flat(m.data))
 
-    def _objective_gate(self, trainer: Any) -> None:
-        """The objective's own check before the first update (DPO: pairs and reference at step 0),
-        on the micro-batch step 1 trains on; its report, or its failure, goes into the manifest."""
-        objective, m = trainer.objective, self.manifest
-        m.set("objective", objective.describe())
+    def _gate(self, key: str, check: Callable[[], dict[str, Any]]) -> None:
+        """Run a gate; its report goes under `key`, or, when it refuses the run, why."""
         try:
-            objective.gate(trainer.stream.peek().to(trainer.env.device))
+            self.manifest.set(key, check())
         except AlignError as e:
-            m.set("objective", {**objective.describe(), "gate": {"ran": True, "ok": False, "error": str(e)}})
+            self.manifest.set(key, {"ok": False, "error": str(e)})
             raise
-        m.set("objective", objective.describe())
 
-    def _record_data(self, trainer: Any) -> None:
-        m, data = self.manifest, trainer.data
-        m.set("data.encode_stats", dict(getattr(data, "stats", {}) or {}), "the encoded dataset reports no stats")
+    def _record_data(self, data: dict[str, Any], sampler: dict[str, Any]) -> None:
+        m = self.manifest
+        m.set("data.encode_stats", data["stats"] or {}, "the encoded dataset reports no stats")
         # The encoded dataset's own provenance (align.data.cache: `.meta`) is what the run actually
         # used, cache hit or miss: prefer it to what start() computed from the files.
-        meta = dict(getattr(data, "meta", None) or {})
+        meta = data["meta"] or {}
         m.set("data.encode_meta", meta or None, "the encoded dataset carries no .meta (no encode cache in this build)")
         for src, key in (("encode_cache_key", "data.encode_cache_key"), ("tokenizer_sha256", "data.tokenizer_sha256"),
                          ("chat_template_sha256", "data.chat_template_sha256")):
@@ -216,9 +207,9 @@ class RunRecord:
             if isinstance(f, dict) and f.get("path") and f.get("sha256"):
                 aux[str(f["path"])] = f["sha256"]
         m.set("data.aux_files", aux)
-        m.set("sampler.stats", sampler_stats(trainer.stream))
+        m.set("sampler.stats", sampler)
 
-    def finished(self, trainer: Any, code: int) -> int:
+    def finished(self, trainer: "Trainer", code: int) -> int:
         self.trainer = trainer
         self._code = int(code)
         known = {EXIT_OK: "completed", EXIT_NONFINITE: "non-finite halt (see HALT.json)",
@@ -263,18 +254,6 @@ def is_moe(cfg: TrainConfig) -> bool:
     from align.models.registry import FAMILIES
 
     return FAMILIES[cfg.model.family].is_moe
-
-
-def resolved_backends(model: Any, moe: bool) -> dict[str, Any]:
-    """Read back from the built model (playbook 4.3): `config._attn_implementation` and, for MoE,
-    `config._experts_implementation`."""
-    mc = getattr(model, "config", None)
-    out = {}
-    if mc is not None and getattr(mc, "_attn_implementation", None) is not None:
-        out["attn_implementation_resolved"] = mc._attn_implementation
-    if moe and mc is not None and getattr(mc, "_experts_implementation", None) is not None:
-        out["experts_implementation_resolved"] = mc._experts_implementation
-    return out
 
 
 def exit_of(exc: BaseException) -> tuple[int, str]:
@@ -343,70 +322,3 @@ def write_replay_config(path: Path, values: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(REPLAY_HEADER.format(dir=path.parent.resolve()) + text)
     os.replace(tmp, path)
-
-
-def sampler_stats(stream: Any) -> dict[str, Any]:
-    """Padding and shape of epoch 0 as this rank's sampler cuts it (numpy only, no collate)."""
-    import numpy as np
-
-    sampler = stream.sampler
-    own = getattr(sampler, "stats", None)
-    if callable(own):  # the data engineer's sampler may report richer stats (roots per window)
-        return dict(own())
-    lengths = np.asarray(stream.data.lengths)
-    mult = int(getattr(stream, "mult", 1) or 1)
-    batches = sampler.rank_batches(0)
-    real = padded = zero = 0
-    for rows in batches:
-        ls = lengths[rows]
-        width = -(-int(ls.max()) // mult) * mult
-        real += int(ls.sum())
-        padded += width * len(rows)
-        zero += int(width * len(rows) == int(ls.sum()))
-    return {"micro_batches_per_epoch": len(batches), "real_tokens_epoch0": real, "padded_tokens_epoch0": padded,
-            "padding_waste_epoch0": 1 - real / padded if padded else None,
-            "zero_pad_fraction_epoch0": zero / len(batches) if batches else None}
-
-
-# cuDNN first: its SDPA kernels are named like `cudnn_generated_fort_native_sdpa_sm90_flash_fprop...`.
-_FAMILIES = (("cudnn", re.compile(r"cudnn.*(sdpa|mha|attn|flash)|(sdpa|mha).*cudnn", re.I)),
-             ("flash", re.compile(r"flash", re.I)),
-             ("efficient", re.compile(r"fmha_cutlass|efficient_attention|mem_eff", re.I)))
-
-
-def classify_kernels(names: list[str]) -> Optional[str]:
-    """SDPA kernel family from device-kernel symbols; None when no fused attention kernel ran."""
-    for family, rx in _FAMILIES:
-        if any(rx.search(n) for n in names):
-            return family
-    return None
-
-
-def sdpa_kernel_family(trainer: Any, resolved: Optional[str]) -> tuple[Optional[str], Optional[list[str]], Optional[str]]:
-    """(family, kernel symbols, reason when null): one no-grad forward of the run's first micro-batch
-    under torch.profiler, on GPU only. The symbols' `smNN` suffix is the kernel generation (3.3)."""
-    if resolved != "sdpa":
-        return None, None, f"attention resolved to {resolved}, not sdpa"
-    if trainer.env.device.type != "cuda":
-        return None, None, "CPU: SDPA runs ATen CPU kernels; the kernel family is told from CUDA kernel names (GPU only)"
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from align.data.collate import collate
-
-    stream = trainer.stream
-    rows = stream.sampler.rank_batches(0)[0]
-    batch = collate(stream.data, rows, stream.pad_id, stream.mult).to(trainer.env.device)
-    try:
-        # Eager, as the mask check: under trainer.compile a traced no-grad forward costs every block a
-        # second compile at startup (grad mode is in dynamo's guards); SDPA's choice is the same.
-        with torch.no_grad(), torch.compiler.set_stance("force_eager"), trainer.autocast(), \
-                profile(activities=[ProfilerActivity.CUDA]) as prof:
-            trainer.model(**batch.model_inputs())
-            torch.cuda.synchronize()
-        names = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
-    except Exception as e:  # never let bookkeeping kill a run
-        return None, None, f"profiling failed: {type(e).__name__}: {e}"
-    attn = [n for n in names if any(rx.search(n) for _, rx in _FAMILIES)]
-    # No fused attention kernel in an SDPA forward means SDPA took its math path (matmul + softmax).
-    return classify_kernels(attn) or "math", attn, None

@@ -23,7 +23,8 @@ from align.run.manifest import (
     skeleton,
     tokenizer_hashes,
 )
-from align.run.record import classify_kernels, exit_of
+from align.probes.sdpa import classify_kernels
+from align.run.record import exit_of
 
 
 def test_skeleton_has_every_schema_key_and_a_reason_for_every_null():
