@@ -14,9 +14,10 @@ if TYPE_CHECKING:
 def build_objective(cfg: "TrainConfig") -> Objective:
     """The objective the config names; `bind(model)` attaches it to the model once parallelized."""
     from align.config import ObjectiveKind
+    from align.objectives.grpo import GRPO
     from align.objectives.sft import SFT
 
-    builders = {ObjectiveKind.sft: SFT}
+    builders = {ObjectiveKind.sft: SFT, ObjectiveKind.grpo: GRPO}
     return builders[cfg.objective.kind](cfg)
 
 
