@@ -927,6 +927,9 @@ class TrainConfig:
         _require(self.data.max_seq_len > self.objective.max_new_tokens, "data.max_seq_len",
                  f"must exceed objective.max_new_tokens ({self.objective.max_new_tokens}): a prompt gets "
                  "max_seq_len - max_new_tokens tokens", self.data.max_seq_len)
+        _require(self.objective.generation_dtype == GenerationDtype.same or self.parallel.kind == ParallelKind.single,
+                 "objective.generation_dtype", f"a generation copy needs parallel=single (got parallel="
+                 f"{self.parallel.kind.value}): sharded weights generate in place", self.objective.generation_dtype.value)
         _require(self.sampler.kind == SamplerKind.shuffle, "sampler.kind",
                  "objective=grpo cuts each step's completions into trainer.grad_accum micro-batches itself: "
                  "the sampler's kind does not apply; leave sampler=shuffle", self.sampler.kind.value)

@@ -172,7 +172,8 @@ class GRPO:
         self.autocast: Callable[[], Any] = getattr(owner, "autocast", contextlib.nullcontext)
         if self.reference_kind == ReferenceKind.adapters_off:
             self.reference = AdaptersOff(model)
-        ecfg = EngineConfig(batch_size=self.cfg.generation_batch_size)
+        # Sharded weights make every decode step collective: ranks decode until all have finished.
+        ecfg = EngineConfig(batch_size=self.cfg.generation_batch_size, lockstep=bool(self.env and self.env.distributed))
         kw = dict(pad_token_id=self.tokenizer.pad_token_id, eos_token_ids=[self.tokenizer.eos_token_id])
         if self.cfg.generation_dtype == GenerationDtype.same:
             self.engine = build_engine(ecfg, model, **kw)
@@ -326,19 +327,34 @@ class GRPO:
                                   with_old=with_old, data=self._data)
 
     def _rollout_metrics(self, r: Rollout) -> None:
-        m = r.meta
+        """This rank's rollout statistics as sums: the step's row reduces them over ranks."""
+        m, s = r.meta, self._sums
         lens = r.completion_lens
-        row = {"reward/mean": float(r.rewards.mean()), "reward/std": float(r.rewards.std()),
-               "reward/zero_variance_frac": m["zero_variance_groups"] / max(m["groups"], 1),
-               "reward/zero_variance_first_round": m["zero_variance_first_round"] / max(m["groups"], 1),
-               "advantage/abs_mean": float(np.abs(r.advantages).mean()),
-               "rollout/index": r.index, "rollout/sequences": r.size, "rollout/tokens": int(lens.sum()),
-               "rollout/completion_len_mean": float(lens.mean()), "rollout/stop_frac": float(r.stopped.mean()),
-               "rollout/rounds": m["rounds"], "rollout/weights_sha256": m["weights_sha256"]}
-        n = max(m["groups_generated"] * self.cfg.group_size, 1)
-        row.update({f"reward/{k.removeprefix('parts/')}": v / n for k, v in m.items() if k.startswith("parts/")})
-        self._row.update(row)
-        self._sums.add("rollout_tokens", int(lens.sum()))
+        for key, v in (("seqs", r.size), ("reward", r.rewards.sum()), ("reward_sq", (r.rewards ** 2).sum()),
+                       ("groups", m["groups"]), ("zero_var", m["zero_variance_groups"]),
+                       ("zero_var_first", m["zero_variance_first_round"]), ("abs_adv", np.abs(r.advantages).sum()),
+                       ("tokens", lens.sum()), ("stopped", r.stopped.sum()), ("generated", m["groups_generated"] * self.cfg.group_size)):
+            s.add(f"ro_{key}", float(v))
+        for k, v in m.items():
+            if k.startswith("parts/"):
+                s.add(f"ro_part/{k.removeprefix('parts/')}", v)
+        # Every rank runs the same rollouts and rounds; the hash is of this rank's copy (rank 0's row).
+        self._row.update({"rollout/index": r.index, "rollout/rounds": m["rounds"],
+                          "rollout/weights_sha256": m["weights_sha256"]})
+
+    @staticmethod
+    def _rollout_row(sums: dict[str, float]) -> dict[str, Any]:
+        n, groups = sums["ro_seqs"], sums["ro_groups"]
+        mean = sums["ro_reward"] / n
+        row = {"reward/mean": mean, "reward/std": max(sums["ro_reward_sq"] / n - mean ** 2, 0.0) ** 0.5,
+               "reward/zero_variance_frac": sums["ro_zero_var"] / groups,
+               "reward/zero_variance_first_round": sums["ro_zero_var_first"] / groups,
+               "advantage/abs_mean": sums["ro_abs_adv"] / n, "rollout/sequences": int(n),
+               "rollout/tokens": int(sums["ro_tokens"]), "rollout/completion_len_mean": sums["ro_tokens"] / n,
+               "rollout/stop_frac": sums["ro_stopped"] / n}
+        row.update({f"reward/{k.removeprefix('ro_part/')}": v / sums["ro_generated"]
+                    for k, v in sums.items() if k.startswith("ro_part/")})
+        return row
 
     def _mismatch(self, trainer: torch.Tensor, engine: torch.Tensor, sampler: torch.Tensor) -> None:
         """Accumulate the trainer-vs-engine comparison of one micro-batch's completion tokens."""
@@ -410,6 +426,8 @@ class GRPO:
     def window_metrics(self) -> dict[str, Any]:
         sums, hi, lo = self._sums.reduce(self.env, self.device)
         row = dict(self._row)
+        if sums.get("ro_seqs"):
+            row.update(self._rollout_row(sums))
         t = sums.get("policy_tokens", 0.0)
         if t:
             row.update({"policy/clip_frac": sums["policy_clipped"] / t, "policy/ratio_mean": sums["policy_ratio"] / t})
@@ -435,8 +453,8 @@ class GRPO:
         out = {f"time/{k}": v for k, v in tm.items()}
         out.update({"time/update_s": update, "time/generation_share": tm["generation_s"] / total if total else None,
                     "time/update_tokens_per_s": sums.get("update_tokens", 0.0) / update if update else None,
-                    "rollout/tokens_per_s": (sums["rollout_tokens"] / tm["generation_s"]
-                                             if sums.get("rollout_tokens") and tm["generation_s"] else None)})
+                    "rollout/tokens_per_s": (sums["ro_tokens"] / tm["generation_s"]
+                                             if sums.get("ro_tokens") and tm["generation_s"] else None)})
         return out
 
     # ------------------------------------------------------------------------ checkpoints

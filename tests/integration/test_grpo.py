@@ -3,7 +3,9 @@ data is one line and exit 2."""
 
 from __future__ import annotations
 
+import functools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +59,112 @@ def test_an_unknown_verifier_exits_2_before_any_work(tmp_path):
     assert errors == ["align: error: reward.weights.exactness: unknown verifier; accepted: exact_int, format, gsm8k, "
                       "math (got 'exactness')"], errors
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------ FSDP and exact resume
+# 2 gloo ranks (parallel=fsdp): 6 steps of 2 updates per rollout, uninterrupted vs stopped during step 3
+# (mid-rollout: its second part is still in the buffer) and resumed. A reward that scores by text length
+# stands in for the verifier so that a random model gets signal from the first step (with exact_int
+# almost every advantage is 0 and nothing would move). The control resumes without the rollout buffer.
+
+RESUME = ["objective=grpo", "logger=none", "trainer.device=cpu", "trainer.export=true", "trainer.log_every=1000",
+          "parallel=fsdp", "objective.group_size=4", "objective.prompts_per_rollout=4",
+          "objective.updates_per_rollout=2", "trainer.grad_accum=2", "trainer.max_steps=6", "data.max_records=200"]
+STOP = 3
+
+
+class _LengthParity:
+    """A reward that fires on about half of random completions: 1 when the decoded text's length is odd."""
+
+    weights = {"length_parity": 1.0}
+
+    def score(self, completion: str, reference: str):
+        from align.rewards import Reward, Score
+
+        v = float(len(completion) % 2)
+        return Reward(total=v, parts={"length_parity": Score(value=v, extracted=None, reference=reference)})
+
+
+def dense_reward(trainer, rank: int, stop_on: int | None = None, forget_buffer: bool = False) -> None:
+    trainer.objective.reward = _LengthParity()
+    if forget_buffer:
+        assert trainer.state.step == STOP and trainer.objective.rollout is not None
+        trainer.objective.rollout = None  # the bug this guards: a resume that regenerates a half-used rollout
+    if stop_on is not None and rank == stop_on:
+        inner = trainer.train_step
+
+        def train_step(batches):
+            if trainer.state.step == STOP - 1:
+                trainer.stop.request(f"test: stop during step {STOP}")
+            return inner(batches)
+
+        trainer.train_step = train_step
+
+
+def copy_stop_checkpoint(rank: int, world: int, src: str, dst: str) -> None:
+    import shutil
+
+    import torch.distributed as dist
+
+    if rank == 0:
+        ckpt = Path(src) / "checkpoints" / f"step_{STOP:08d}"
+        shutil.copytree(ckpt, Path(dst) / "checkpoints" / ckpt.name)
+    dist.barrier()
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    from tests.integration.distributed import fit_many, run
+
+    root = tmp_path_factory.mktemp("grpo_resume")
+    d = {k: str(root / k) for k in ("full", "stopped", "nobuffer")}
+    keep = ["trainer.save_every=2"]
+    jobs = [
+        {"run_dir": d["full"], "overrides": RESUME, "hook": dense_reward},
+        {"run_dir": d["stopped"], "overrides": RESUME + keep, "hook": functools.partial(dense_reward, stop_on=1),
+         "after": functools.partial(copy_stop_checkpoint, src=d["stopped"], dst=d["nobuffer"])},
+        {"run_dir": d["stopped"], "overrides": RESUME + keep, "hook": dense_reward},
+        {"run_dir": d["nobuffer"], "overrides": RESUME, "hook": functools.partial(dense_reward, forget_buffer=True)},
+    ]
+    codes = run(fit_many, 2, jobs, str(root / "codes.json"), timeout=600)
+    assert codes == [0, 0]
+    return {k: Path(v) for k, v in d.items()}, json.loads((root / "codes.json").read_text())
+
+
+def _differences(ref: Path, other: Path) -> list[str]:
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.integration.distributed import history
+
+    out = []
+    mine = {r["step"]: r["loss"] for r in history(other)}
+    for r in history(ref):
+        if r["step"] in mine and mine[r["step"]] != r["loss"]:
+            out.append(f"loss at step {r['step']}: {r['loss']!r} vs {mine[r['step']]!r}")
+    a, b = load_file(ref / "export" / "model.safetensors"), load_file(other / "export" / "model.safetensors")
+    return out + [f"param {k}" for k in a if not torch.equal(a[k], b[k])]
+
+
+def test_fsdp_stop_mid_rollout_then_resume_is_bit_identical(resumed):
+    from tests.integration.distributed import history, result
+
+    dirs, codes = resumed
+    assert codes[:3] == [0, 143, 0]
+    rows = history(dirs["stopped"])
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert _differences(dirs["full"], dirs["stopped"]) == []
+    assert result(dirs["stopped"], 1)["model_info"]["resumed_from"]["step"] == STOP
+    full = history(dirs["full"])
+    assert any(r["loss"] != 0 for r in full) and full[0]["rollout/sequences"] == 2 * 4 * 4  # both ranks' rollouts
+    assert [r["rollout/index"] for r in full if "rollout/index" in r] == [0, 1, 2]  # steps 1, 3, 5 generate
+    # the copy of the stop checkpoint (the resumed run pruned its own)
+    ckpt = json.loads((dirs["nobuffer"] / "checkpoints" / f"step_{STOP:08d}" / "rank1.json").read_text())
+    assert ckpt["objective"]["rollout"]["served"] == 1  # the stop fell between the rollout's two updates
+
+
+def test_negative_control_a_resume_without_the_rollout_buffer_is_detected(resumed):
+    dirs, codes = resumed
+    assert codes[3] == 0
+    diff = _differences(dirs["full"], dirs["nobuffer"])
+    assert any(x.startswith("loss") for x in diff) and any(x.startswith("param") for x in diff), diff
