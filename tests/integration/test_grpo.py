@@ -168,3 +168,27 @@ def test_negative_control_a_resume_without_the_rollout_buffer_is_detected(resume
     assert codes[3] == 0
     diff = _differences(dirs["full"], dirs["nobuffer"])
     assert any(x.startswith("loss") for x in diff) and any(x.startswith("param") for x in diff), diff
+
+
+def stop_at_once_on_rank0(trainer, rank: int) -> None:
+    if rank == 0:  # every token ends a completion: rank 0 finishes decoding after one token, rank 1 never
+        vocab = trainer.model.get_input_embeddings().num_embeddings
+        trainer.objective.engine.eos_token_ids = tuple(range(vocab))
+
+
+def test_fsdp_ranks_whose_completions_end_at_different_lengths_decode_in_lockstep(tmp_path):
+    """Each decode step is a collective forward of the sharded model: a rank that has finished keeps
+    stepping until every rank has (else the other rank waits in an all-gather that never comes)."""
+    from tests.integration.distributed import history, run
+
+    cfg = RESUME[:-1] + ["trainer.max_steps=2", "trainer.export=false", "parallel.pg_timeout_s=60"]
+    codes = run(fit_many_one, 2, str(tmp_path), cfg, timeout=240)
+    assert codes == [0, 0]
+    rows = history(tmp_path)
+    assert len(rows) == 2 and 1 < rows[0]["rollout/completion_len_mean"] < 4  # rank 0: 1 token, rank 1: 4
+
+
+def fit_many_one(rank: int, world: int, run_dir: str, overrides: list[str]) -> int:
+    from tests.integration.distributed import fit
+
+    return fit(rank, world, run_dir, overrides, hook=stop_at_once_on_rank0)
