@@ -73,20 +73,10 @@ RESUME = ["objective=grpo", "logger=none", "trainer.device=cpu", "trainer.export
 STOP = 3
 
 
-class _LengthParity:
-    """A reward that fires on about half of random completions: 1 when the decoded text's length is odd."""
-
-    weights = {"length_parity": 1.0}
-
-    def score(self, completion: str, reference: str):
-        from align.rewards import Reward, Score
-
-        v = float(len(completion) % 2)
-        return Reward(total=v, parts={"length_parity": Score(value=v, extracted=None, reference=reference)})
-
-
 def dense_reward(trainer, rank: int, stop_on: int | None = None, forget_buffer: bool = False) -> None:
-    trainer.objective.reward = _LengthParity()
+    from tests.grpo_rewards import LengthParity
+
+    trainer.objective.reward = LengthParity()
     if forget_buffer:
         assert trainer.state.step == STOP and trainer.objective.rollout is not None
         trainer.objective.rollout = None  # the bug this guards: a resume that regenerates a half-used rollout
