@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import logging
 import time
 from typing import Any, Callable, Iterator, Optional
 
@@ -44,8 +43,6 @@ from align.objectives.reference import AdaptersOff, FrozenCopy, is_adapter, weig
 from align.objectives.rollout import Rollout, RolloutBatch
 from align.parallel.env import DistEnv
 from align.rewards import WeightedReward
-
-log = logging.getLogger("align")
 
 _DTYPES = {ReferenceDtype.bf16: torch.bfloat16, ReferenceDtype.fp32: torch.float32}
 _GEN_DTYPES = {GenerationDtype.bf16: torch.bfloat16, GenerationDtype.fp32: torch.float32}
@@ -333,7 +330,8 @@ class GRPO:
         for key, v in (("seqs", r.size), ("reward", r.rewards.sum()), ("reward_sq", (r.rewards ** 2).sum()),
                        ("groups", m["groups"]), ("zero_var", m["zero_variance_groups"]),
                        ("zero_var_first", m["zero_variance_first_round"]), ("abs_adv", np.abs(r.advantages).sum()),
-                       ("tokens", lens.sum()), ("stopped", r.stopped.sum()), ("generated", m["groups_generated"] * self.cfg.group_size)):
+                       ("tokens", lens.sum()), ("stopped", r.stopped.sum()),
+                       ("generated", m["groups_generated"] * self.cfg.group_size)):
             s.add(f"ro_{key}", float(v))
         for k, v in m.items():
             if k.startswith("parts/"):
@@ -383,7 +381,6 @@ class GRPO:
             raise AlignError(f"rollout {r.index} was cut into {len(part)} micro-batches per step, the trainer asks "
                              f"for {n}: trainer.grad_accum changed mid-rollout")
         r.served += 1
-        self._first_update = r.served == 1
         return [self._batch(seqs, with_old=r.old_logps is not None).to(device) for seqs in part]
 
     def weight(self, batch: Batch) -> int:

@@ -182,3 +182,15 @@ def fit_many_one(rank: int, world: int, run_dir: str, overrides: list[str]) -> i
     from tests.integration.distributed import fit
 
     return fit(rank, world, run_dir, overrides, hook=stop_at_once_on_rank0)
+
+
+def test_non_finite_losses_halt_a_grpo_run_with_exit_81(tmp_path):
+    run_dir = tmp_path / "run"
+    p = run_cli("align.train", "objective=grpo", "objective.group_size=4", "objective.prompts_per_rollout=4",
+                "trainer.max_consecutive_skipped_steps=2", "trainer.export=false", "logger=none", "allow_dirty=true",
+                f"hydra.run.dir={run_dir}", env={"ALIGN_TEST_INJECT_NAN": "0:1-"})
+    assert p.returncode == 81, p.stderr[-2000:]
+    halt = json.loads((run_dir / "HALT.json").read_text())
+    assert halt["step"] == 3
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [r["skipped"] for r in rows] == [True, True, True] and all("reward/mean" in r for r in rows)
