@@ -41,6 +41,7 @@ from align.objectives.logps import token_logps
 from align.objectives.policy_loss import Aggregation, LossSpec, RatioLevel, k3, policy_loss
 from align.objectives.reference import AdaptersOff, FrozenCopy, is_adapter, weights_sha256
 from align.objectives.rollout import Rollout, RolloutBatch
+from align.objectives.router_flips import RouterRecorder, flips, generation_topk
 from align.parallel.env import DistEnv
 from align.rewards import WeightedReward
 
@@ -177,6 +178,11 @@ class GRPO:
         else:
             self.engine = HFEngine.copy_of(model, ecfg, dtype=_GEN_DTYPES[self.cfg.generation_dtype], **kw)
         self.device = next(model.parameters()).device
+        from align.models.registry import FAMILIES
+
+        taps = FAMILIES[self.train_cfg.model.family].router_taps
+        self.router_train = RouterRecorder(model, taps(model)) if taps(model) else None
+        self.router_gen = RouterRecorder(self.engine.model, taps(self.engine.model)) if self.router_train else None
 
     # ------------------------------------------------------------------------------ rollouts
 
@@ -215,10 +221,15 @@ class GRPO:
         spec = SamplingSpec(max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
                             top_p=self.cfg.top_p, n=self.cfg.group_size, seed=self._seed(self.rollouts, round_))
         t0 = time.perf_counter()
-        with torch.no_grad(), self.autocast():
+        rec = self.router_gen.record() if self.router_gen is not None else contextlib.nullcontext()
+        with torch.no_grad(), self.autocast(), rec:
             out = self.engine.generate(prompts, spec)
         self._timed("generation_s", t0)
-        return prompts, out
+        topk = None
+        if self.router_gen is not None:
+            topk = generation_topk(self.router_gen, [len(p) for p in prompts], spec.n, self.cfg.generation_batch_size,
+                                   [c.num_tokens for c in out])
+        return prompts, out, topk
 
     def _score(self, rows: np.ndarray, completions: list) -> tuple[np.ndarray, dict[str, float]]:
         t0 = time.perf_counter()
@@ -236,10 +247,14 @@ class GRPO:
     def _round(self, batches: Iterator[Batch], round_: int) -> dict[str, Any]:
         """One generation round: the next prompt batch, its groups, scored."""
         rows = np.asarray(next(batches).rows, dtype=np.int64)
-        prompts, out = self._generate(rows, round_)
+        prompts, out, topk = self._generate(rows, round_)
         rewards, parts = self._score(rows, out)
         g = self.cfg.group_size
-        return {"rows": rows, "prompts": prompts, "out": out, "rewards": rewards.reshape(len(rows), g), "parts": parts}
+        if topk is not None:  # per completion: [layers, its tokens, k]
+            ends = np.cumsum([0] + [c.num_tokens for c in out])
+            topk = [torch.stack([t[a:b] for t in topk]) for a, b in zip(ends[:-1], ends[1:])]
+        return {"rows": rows, "prompts": prompts, "out": out, "rewards": rewards.reshape(len(rows), g), "parts": parts,
+                "topk": topk}
 
     def _any_rank(self, flag: bool) -> bool:
         if self.env is None or not self.env.distributed:
@@ -272,7 +287,8 @@ class GRPO:
         g = self.cfg.group_size
         outs = rnd["out"][i * g:(i + 1) * g]
         r = rnd["rewards"][i]
-        return {"row": int(rnd["rows"][i]), "prompt": rnd["prompts"][i], "outs": outs, "rewards": r,
+        topk = None if rnd["topk"] is None else rnd["topk"][i * g:(i + 1) * g]
+        return {"row": int(rnd["rows"][i]), "prompt": rnd["prompts"][i], "outs": outs, "rewards": r, "topk": topk,
                 "flat": bool(zero_variance(torch.from_numpy(r[None]))[0])}
 
     def _new_rollout(self, batches: Iterator[Batch], micro: int) -> None:
@@ -292,6 +308,8 @@ class GRPO:
             sampler_logps=np.concatenate([np.asarray(o.sampler_logprobs, dtype=np.float32) for *_, o in seqs]),
             rewards=rewards.reshape(-1).numpy(), advantages=adv,
             stopped=np.array([o.finish_reason.value == "stop" for *_, o in seqs]))
+        if self.router_gen is not None and all(g["topk"] is not None for g in groups):
+            r.router_topk = torch.cat([t for g in groups for t in g["topk"]], dim=1)
         r.cut(self.cfg.updates_per_rollout, micro)
         r.meta = {"weights_sha256": weights, "groups": len(groups),
                   "zero_variance_groups": int(zero_variance(rewards).sum()), **stats}
@@ -312,7 +330,7 @@ class GRPO:
             for step in r.parts:
                 for seqs in step:
                     b = self._batch(seqs, with_old=False).to(self.device)
-                    lp = self.target_logps(self.forward, b).float().cpu().numpy()
+                    lp = self._first_forward(self.forward, b).detach().float().cpu().numpy()
                     old[np.concatenate([np.arange(coff[s], coff[s + 1]) for s in seqs])] = lp
                     self._mismatch(torch.from_numpy(lp), b.engine_logps.cpu(), b.sampler_logps.cpu())
         r.old_logps = old
@@ -389,10 +407,25 @@ class GRPO:
     def target_logps(self, forward: Callable, batch: RolloutBatch,
                      module: Optional[torch.nn.Module] = None) -> torch.Tensor:
         """Per completion token, in flattened target order: log softmax(logits / T) at the token (fp32)."""
+        return self._logps_at(forward, batch, module)[0]
+
+    def _logps_at(self, forward: Callable, batch: RolloutBatch, module: Optional[torch.nn.Module] = None):
         out = forward(batch.model_inputs(), hidden_only=True, module=module)
         head = (module or self.model).get_output_embeddings()
-        values, _ = token_logps(out, batch.labels, head, self.chunk, self.softcap, self.cfg.temperature)
-        return values
+        return token_logps(out, batch.labels, head, self.chunk, self.softcap, self.cfg.temperature)
+
+    def _first_forward(self, forward: Callable, batch: RolloutBatch) -> torch.Tensor:
+        """The rollout's first training forward over `batch`: its log-probs, and (MoE) the router flip
+        rate against the generation's routing of the same tokens."""
+        if batch.gen_topk is None or self.router_train is None:
+            return self.target_logps(forward, batch)
+        with self.router_train.record() as rec:
+            logp, keep = self._logps_at(forward, batch)
+        s = self._sums
+        s.add("rf_tokens", keep.numel())
+        for i, layer in enumerate(rec.layers):
+            s.add(f"rf/{layer}", flips(batch.gen_topk[i], rec.calls[layer][0].index_select(0, keep)).sum())
+        return logp
 
     def _reference_logps(self, forward: Callable, batch: RolloutBatch) -> Optional[torch.Tensor]:
         if self.reference is None:
@@ -404,7 +437,8 @@ class GRPO:
 
     def micro_loss(self, forward: Callable[..., torch.Tensor], batch: Batch) -> torch.Tensor:
         assert isinstance(batch, RolloutBatch), type(batch)
-        logp = self.target_logps(forward, batch)
+        first = batch.old_logps is None  # one update per rollout: this is its first training forward
+        logp = self._first_forward(forward, batch) if first else self.target_logps(forward, batch)
         seq = batch.target_seq()
         old = batch.old_logps if batch.old_logps is not None else logp.detach()
         if batch.old_logps is None:  # one update per rollout: this forward IS the pre-update recomputation
@@ -438,6 +472,10 @@ class GRPO:
                         "mismatch/is_ratio_std": max(sums["is_sq"] / n - mean ** 2, 0.0) ** 0.5,
                         "mismatch/is_ratio_min": lo["is_ratio"], "mismatch/is_ratio_max": hi["is_ratio"],
                         "mismatch/is_over_cap_frac": sums["is_over_cap"] / n})
+        if sums.get("rf_tokens"):
+            layers = {k: v / sums["rf_tokens"] for k, v in sums.items() if k.startswith("rf/")}
+            row.update({f"router_flip/l{k.removeprefix('rf/')}": v for k, v in layers.items()})
+            row["router_flip/mean"] = sum(layers.values()) / len(layers)
         row.update(self._time_metrics(sums))
         self._sums, self._row = _Sums(), {}
         return row
@@ -505,5 +543,7 @@ class GRPO:
                       "temperature": c.temperature},
             "engine": self.engine.describe() if self.engine is not None else None,
             "generation_dtype": c.generation_dtype.value,
+            "router_flip_rate": ("per MoE layer: top-k set of the generation vs the training forward"
+                                 if self.router_train is not None else None),
         }
         return {"kind": self.name, "loss": loss, "prompts": len(self.prompts)}

@@ -40,6 +40,8 @@ class RolloutBatch(Batch):
     """[targets] the engine's log-prob of each completion token (tempered, float32)."""
     sampler_logps: Optional[torch.Tensor] = None
     """[targets] the log-prob under the distribution the engine drew from (after top-p; float32)."""
+    gen_topk: Optional[torch.Tensor] = None
+    """[MoE layers, targets, k] the experts the generation's routers picked for each target's position."""
     old_logps: Optional[torch.Tensor] = None
     """[targets] the trainer's recomputation before the rollout's first update; None when that update is
     this micro-batch's own (one update per rollout): the loss then takes its own detached log-probs."""
@@ -55,7 +57,7 @@ class RolloutBatch(Batch):
 
     def to(self, device: torch.device) -> "RolloutBatch":
         super().to(device)
-        for name in ("seq_ids", "advantages", "engine_logps", "sampler_logps", "old_logps"):
+        for name in ("seq_ids", "advantages", "engine_logps", "sampler_logps", "old_logps", "gen_topk"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.to(device, non_blocking=device.type == "cuda"))
@@ -101,6 +103,9 @@ class Rollout:
     """Parts already handed to the trainer."""
     old_logps: Optional[np.ndarray] = None
     """float32 like `engine_logps`: the trainer's recomputation (only when several updates replay it)."""
+    router_topk: Optional[torch.Tensor] = None
+    """[MoE layers, completion tokens, k] the generation's expert picks; read by the rollout's first
+    training forward only, so not checkpointed (no checkpoint falls between generation and that forward)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """What the rollout record shows (weights hash, generation seconds, ...): JSON values."""
 
@@ -150,7 +155,8 @@ class Rollout:
         return RolloutBatch(**fields_, rows=self.rows[seqs], seq_ids=torch.from_numpy(seq_ids),
                             seq_index=np.asarray(seqs), advantages=torch.from_numpy(self.advantages[seqs]).float(),
                             engine_logps=torch.from_numpy(self.engine_logps[take]),
-                            sampler_logps=torch.from_numpy(self.sampler_logps[take]), old_logps=old)
+                            sampler_logps=torch.from_numpy(self.sampler_logps[take]), old_logps=old,
+                            gen_topk=None if self.router_topk is None else self.router_topk[:, torch.from_numpy(take)])
 
     # ------------------------------------------------------------------------------ checkpoints
 

@@ -98,3 +98,32 @@ def test_per_sequence_aggregations_weigh_by_completions(tmp_path, agg):
     obj = trainer.objective
     window = obj.next_window(iter(trainer.stream), 1, trainer.env.device)
     assert obj.weight(window[0]) == window[0].n_seq == 16
+
+
+def test_moe_router_flip_rate_is_recorded_per_layer_and_sees_a_planted_mismatch(tmp_path):
+    """OLMoE: generation and training route the same tokens to the same experts in fp32 (flip rate 0);
+    the same comparison against the generation's picks shifted by one token (a wrong alignment) flips
+    most tokens, so a rate of 0 is not an artefact of routers that pick the same experts everywhere;
+    a bf16 generation copy flips some."""
+    moe = [*SMALL, "model=olmoe", "trainer.max_steps=1"]
+    trainer = build_trainer(tmp_path / "fp32", *moe)
+    row = _steps(trainer, 1)[0]
+    assert row["router_flip/l0"] == 0 and row["router_flip/l1"] == 0 and row["router_flip/mean"] == 0
+    assert trainer.model_info["loss"]["router_flip_rate"].startswith("per MoE layer")
+    obj = trainer.objective
+    r = obj.rollout
+    r.router_topk = torch.roll(r.router_topk, shifts=1, dims=1)
+    with torch.no_grad():
+        obj._first_forward(trainer.forward, obj._batch(r.parts[0][0], with_old=False))
+    assert obj.window_metrics()["router_flip/mean"] > 0.3
+
+    trainer = build_trainer(tmp_path / "bf16", *moe, "objective.generation_dtype=bf16")
+    row = _steps(trainer, 1)[0]
+    assert row["mismatch/logp_abs_mean"] > 1e-3 and row["router_flip/mean"] > 0
+
+
+def test_dense_models_record_no_router_flip_rate(tmp_path):
+    trainer = build_trainer(tmp_path, *SMALL, "trainer.max_steps=1")
+    row = _steps(trainer, 1)[0]
+    assert not any(k.startswith("router_flip") for k in row)
+    assert trainer.model_info["loss"]["router_flip_rate"] is None
