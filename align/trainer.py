@@ -174,7 +174,8 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(), "optimizer_impl": self.model_info["optimizer_impl"],
                 "objective": self.objective.state_dict()}
         path = save_checkpoint(self.checkpoint_root, self.state.step, self.model, self.optimizer, self.env, meta,
-                               {"stream": self.stream.state_dict()}, self.cfg.trainer.keep_last)
+                               {"stream": self.stream.state_dict(), "objective": self.objective.rank_state_dict()},
+                               self.cfg.trainer.keep_last)
         log.info("checkpoint %s (%s)", path, reason)
         return path
 
@@ -214,6 +215,7 @@ class Trainer:
         self.objective.load_state_dict(meta.get("objective", {}))
         self.state = TrainState.from_dict(meta["state"])
         self.stream.load_state_dict(mine["stream"], strict=not self.cfg.trainer.resume_despite_mismatch)
+        self.objective.load_rank_state_dict(mine.get("objective", {}))
         return None
 
     def open_records(self, wandb_kwargs: dict[str, Any]) -> None:

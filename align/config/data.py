@@ -15,6 +15,8 @@ from align.config.base import _only, _read, _require
 
 class Source(StrEnum):
     gsm8k = "gsm8k"
+    add = "add"
+    """The bundled synthetic addition task (align/data/synthetic.py), split train or test."""
     jsonl = "jsonl"
     parquet = "parquet"
     tokens = "tokens"
@@ -25,7 +27,7 @@ class Source(StrEnum):
 
     @property
     def bundled(self) -> bool:
-        return self in (Source.gsm8k, Source.gsm8k_pairs)
+        return self in (Source.gsm8k, Source.gsm8k_pairs, Source.add)
 
     @property
     def pairs(self) -> bool:
@@ -81,7 +83,7 @@ class SourceConfig:
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`)."""
         kind = f"{key}.kind"
-        return _read({"path": _only(kind, self.kind, FILE_SOURCES), "split": _only(kind, self.kind, [Source.gsm8k]),
+        return _read({"path": _only(kind, self.kind, FILE_SOURCES), "split": _only(kind, self.kind, [Source.gsm8k, Source.add]),
                       "tokens_field": _only(kind, self.kind, [Source.tokens]),
                       **{f: _only(kind, self.kind, CHAT_SOURCES) for f in CHAT_FIELDS}})
 
@@ -169,7 +171,7 @@ class DataConfig:
         out = {} if self.cache else {"cache_dir": f"ignored when {key}.cache=false"}
         if not self.mixture:
             return {**out, **_read({
-                "path": _only(key, self.source, FILE_SOURCES), "split": _only(key, self.source, [Source.gsm8k]),
+                "path": _only(key, self.source, FILE_SOURCES), "split": _only(key, self.source, [Source.gsm8k, Source.add]),
                 "tokens_field": _only(key, self.source, [Source.tokens]),
                 **{f: _only(key, self.source, CHAT_SOURCES) for f in CHAT_FIELDS}})}
         mix = f"ignored when {key}.mixture is set: each {key}.mixture.<name> has its own"

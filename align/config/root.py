@@ -29,6 +29,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     allow_dirty: bool = False
     """Start even when the git tree has uncommitted changes (the manifest then says dirty)."""
     name: Optional[str] = None
@@ -53,6 +54,37 @@ class TrainConfig:
                  + ("preference pairs: use data=gsm8k_pairs or data=preference" if pairs else
                     "records, not preference pairs: use objective=dpo with this data"), self.data.source.value)
 
+        if self.objective.kind == ObjectiveKind.grpo:
+            self._check_grpo()
+        else:
+            _require(not self.reward.weights, "reward.weights",
+                     f"is read by objective=grpo only; objective={self.objective.kind.value} ignores it "
+                     "(leave the reward group at none)", dict(self.reward.weights))
+
+    def _check_grpo(self) -> None:
+        _require(bool(self.reward.weights), "reward.weights",
+                 "objective=grpo needs a reward: e.g. reward=exact_int or reward=gsm8k (docs/rewards.md)")
+        from align.rewards import WeightedReward
+
+        WeightedReward(self.reward.weights)  # unknown verifier names and bad weights: one line, exit 2
+        _require(self.data.truncation != Truncation.truncate, "data.truncation",
+                 "objective=grpo refuses to cut prompts (a cut question has another answer): use drop or fail",
+                 self.data.truncation.value)
+        _require(self.data.max_seq_len > self.objective.max_new_tokens, "data.max_seq_len",
+                 f"must exceed objective.max_new_tokens ({self.objective.max_new_tokens}): a prompt gets "
+                 "max_seq_len - max_new_tokens tokens", self.data.max_seq_len)
+        _require(self.objective.generation_dtype == GenerationDtype.same or self.parallel.kind == ParallelKind.single,
+                 "objective.generation_dtype", f"a generation copy needs parallel=single (got parallel="
+                 f"{self.parallel.kind.value}): sharded weights generate in place", self.objective.generation_dtype.value)
+        _require(self.sampler.kind == SamplerKind.shuffle, "sampler.kind",
+                 "objective=grpo cuts each step's completions into trainer.grad_accum micro-batches itself: "
+                 "the sampler's kind does not apply; leave sampler=shuffle", self.sampler.kind.value)
+        need = self.trainer.grad_accum * self.objective.updates_per_rollout
+        sequences = self.objective.prompts_per_rollout * self.objective.group_size
+        _require(sequences >= need, "objective.prompts_per_rollout",
+                 f"a rollout of prompts_per_rollout x group_size completions must fill updates_per_rollout x "
+                 f"trainer.grad_accum = {need} micro-batches", self.objective.prompts_per_rollout)
+
     def ignored(self, key: str) -> dict[str, str]:
         """Fields of several groups whose reader depends on another group (see `check_ignored`)."""
         out = {}
@@ -62,6 +94,7 @@ class TrainConfig:
         if self.parallel.kind == ParallelKind.ep and not self.model.pretrained:
             out["model.init_on_device"] = "ignored by parallel=ep; it is read by parallel=single, parallel=fsdp"
         return out
+
 
 
 # The one table: config group -> schema. conf/<group>/*.yaml files are validated against these.
@@ -75,6 +108,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "logger": LoggerConfig,
     "trainer": TrainerConfig,
     "objective": ObjectiveConfig,
+    "reward": RewardConfig,
     "probe": ProbeConfig,
 }
 

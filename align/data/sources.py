@@ -64,7 +64,7 @@ class SourceSpec:
         for k in ("path", "weight", "key"):
             d.pop(k)
         d["kind"] = self.kind.value
-        if self.kind != Source.gsm8k:
+        if bundled_path(self.kind, self.split) is None:
             d.pop("split")
         return d
 
@@ -78,6 +78,19 @@ def bundled_gsm8k_pairs() -> Path:
     return Path(str(resources.files("align.data") / "assets" / "gsm8k_pairs" / "gsm8k_pairs.jsonl"))
 
 
+def bundled_path(kind: Source, split: str) -> Optional[Path]:
+    """The packaged file of a bundled source (gsm8k; add: align/data/synthetic.py); None for a user file."""
+    if kind == Source.gsm8k:
+        return bundled_gsm8k(split)
+    if kind == Source.gsm8k_pairs:
+        return bundled_gsm8k_pairs()
+    if kind == Source.add:
+        from align.data.synthetic import bundled_add
+
+        return bundled_add(split)
+    return None
+
+
 def source_path(cfg: DataConfig) -> Path:
     """The single source's file (kept for callers that predate mixtures)."""
     return source_specs(cfg)[0].path
@@ -87,11 +100,11 @@ def source_specs(cfg: DataConfig) -> list[SourceSpec]:
     """The sources of `cfg` in order: the mixture entries, or the one source of `data.*`."""
 
     def spec(name: Optional[str], kind: Source, path: Optional[str], split: str, weight: float, key: str, over=None) -> SourceSpec:
-        p = bundled_gsm8k(split) if kind == Source.gsm8k else bundled_gsm8k_pairs() if kind == Source.gsm8k_pairs \
-            else Path(path or "")
+        bundled = bundled_path(kind, split)
+        p = bundled if bundled is not None else Path(path or "")
         pick = lambda f: getattr(over, f) if over is not None and getattr(over, f) is not None else getattr(cfg, f)  # noqa: E731
         return SourceSpec(
-            name=name or ("gsm8k" if kind == Source.gsm8k else p.stem), kind=kind, path=p, split=split, weight=weight,
+            name=name or (kind.value if bundled is not None else p.stem), kind=kind, path=p, split=split, weight=weight,
             messages_field=pick("messages_field"), prompt_field=pick("prompt_field"), response_field=pick("response_field"),
             root_field=pick("root_field"), id_field=pick("id_field"), tokens_field=pick("tokens_field"), key=key,
         )

@@ -134,6 +134,10 @@ class EngineConfig:
     pad_to_multiple_of: int = 8
     """Left-pad each batch's prompts to a multiple of this, so a static cache and the compiled decode
     see a bounded set of shapes."""
+    lockstep: bool = False
+    """Every rank of the process group keeps decoding until all ranks' batches have finished
+    (transformers' `synced_gpus`): needed when the weights are sharded (FSDP), where every forward is
+    collective. Every rank must then make the same number of backend calls."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -192,7 +192,7 @@ class HFEngine:
         with _seeded(self.device, seed), _generating(self.model):
             seqs = self.model.generate(input_ids=ids, attention_mask=mask,
                                        generation_config=self._generation_config(spec, stops),
-                                       logits_processor=LogitsProcessorList([recorder]))
+                                       logits_processor=LogitsProcessorList([recorder]), synced_gpus=self.cfg.lockstep)
         new = seqs[:, ids.shape[1]:]
         lps, sps = recorder.finish(new)
         rows = zip(new.tolist(), lps.tolist(), sps.tolist())
@@ -231,6 +231,7 @@ class HFEngine:
             "weights": "shared with the training model (no sync)" if self.shares_weights else "copy (sync_from)",
             "batch_size": self.cfg.batch_size,
             "pad_to_multiple_of": self.cfg.pad_to_multiple_of,
+            "lockstep": self.cfg.lockstep,
             "pad_token_id": self.pad_token_id,
             "eos_token_ids": list(self.eos_token_ids),
             "logprobs": "log_softmax(logits / temperature) at the token; temperature 1 when greedy",

@@ -15,9 +15,10 @@ def build_objective(cfg: "TrainConfig") -> Objective:
     """The objective the config names; `bind(model)` attaches it to the model once parallelized."""
     from align.config import ObjectiveKind
     from align.objectives.dpo import DPO
+    from align.objectives.grpo import GRPO
     from align.objectives.sft import SFT
 
-    builders = {ObjectiveKind.sft: SFT, ObjectiveKind.dpo: DPO}
+    builders = {ObjectiveKind.sft: SFT, ObjectiveKind.dpo: DPO, ObjectiveKind.grpo: GRPO}
     return builders[cfg.objective.kind](cfg)
 
 

@@ -9,8 +9,9 @@ An objective decides
   and the unit the window normalises by (`weight`: loss tokens for SFT, pairs for DPO), so a window
   cut into micro-batches any way weighs every unit the same;
 - the metrics it adds to a step's row (`window_metrics`);
-- the extra state a checkpoint must hold (`state_dict` / `load_state_dict`: a reference-cache
-  position, a rollout buffer and its RNG);
+- the extra state a checkpoint must hold: `state_dict` / `load_state_dict` what all ranks share (a
+  reference's identity, a rollout count), `rank_state_dict` / `load_rank_state_dict` what is this
+  rank's own (a rollout buffer: each rank generates its own completions);
 - what the manifest records about it (`describe`) and the check it runs before the first update
   (`gate`, e.g. DPO's "the policy equals its reference at step 0").
 
@@ -72,6 +73,13 @@ class Objective(Protocol):
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        """This rank's own part of the state; the checkpoint keeps it in rank<r>.json beside the stream."""
+        ...
+
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
         ...
 
     def gate(self, batch: "Batch") -> Optional[dict[str, Any]]:

@@ -181,6 +181,12 @@ class DPO:
                 raise ConfigError(f"objective.{k}", f"the checkpoint was trained against {state.get(k)!r}, "
                                   f"this run resolves {mine[k]!r}: resume with the run's own reference", mine[k])
 
+    def rank_state_dict(self) -> dict[str, Any]:
+        return {}  # every rank's position is the stream's
+
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
     # --------------------------------------------------------------------------- precomputed
 
     def _precomputed(self) -> Precomputed:

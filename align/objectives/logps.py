@@ -18,24 +18,35 @@ from align.data.collate import IGNORE
 
 
 def _head_logps(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                softcap: Optional[float]) -> torch.Tensor:
+                softcap: Optional[float], temperature: float = 1.0) -> torch.Tensor:
     logits = F.linear(hidden, weight.to(hidden.dtype))
     if softcap is not None:
         logits = torch.tanh(logits.float() / softcap) * softcap
-    return -F.cross_entropy(logits.float(), labels, reduction="none")
+    return _logps(logits, labels, temperature)
+
+
+def _logps(logits: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = logits.float()
+    if temperature != 1.0:  # the distribution a rollout sampled from: log softmax(logits / T)
+        logits = logits / temperature
+    return -F.cross_entropy(logits, labels, reduction="none")
 
 
 def token_logps(out: torch.Tensor, labels: torch.Tensor, head: Optional[torch.nn.Module] = None, chunk: int = 0,
-                softcap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                softcap: Optional[float] = None, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs of the target tokens [N] in fp32, their flat positions [N]). `out` is logits, or
-    hidden states when `head` is given (then `chunk` > 0 target tokens per checkpointed slice)."""
+    hidden states when `head` is given (then the head is applied to the target positions only, `chunk`
+    > 0 target tokens per checkpointed slice, or all at once). `temperature` divides the logits."""
     y = labels.reshape(-1)
     keep = torch.nonzero(y != IGNORE).squeeze(1)
     y = y.index_select(0, keep)
     flat = out.reshape(-1, out.shape[-1]).index_select(0, keep)
     if head is None:
-        return -F.cross_entropy(flat.float(), y, reduction="none"), keep
-    parts = [checkpoint(_head_logps, flat[i : i + chunk], head.weight, y[i : i + chunk], softcap, use_reentrant=False)
+        return _logps(flat, y, temperature), keep
+    if not chunk:
+        return _head_logps(flat, head.weight, y, softcap, temperature), keep
+    parts = [checkpoint(_head_logps, flat[i : i + chunk], head.weight, y[i : i + chunk], softcap, temperature,
+                        use_reentrant=False)
              for i in range(0, flat.shape[0], chunk)]
     return (torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)), keep
 

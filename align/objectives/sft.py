@@ -60,6 +60,12 @@ class SFT:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
+    def rank_state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
     def gate(self, batch: Batch) -> Optional[dict[str, Any]]:
         return None  # SFT's batches are checked by the mask gate; it has no reference to compare
 

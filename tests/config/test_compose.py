@@ -31,6 +31,12 @@ def test_every_option_composes_and_converts(group, option, compose, tmp_path):
         extra.append("objective=dpo")
     if (group, option) == ("objective", "dpo"):
         extra = []
+    if (group, option) == ("data", "jsonl_prompts"):
+        f = tmp_path / "p.jsonl"
+        f.write_text('{"prompt": "1+1=", "reference": "2"}\n')
+        extra = [f"data.path={f}"]
+    if group == "reward" and option != "none":
+        extra = ["objective=grpo"]  # only objective=grpo reads a reward
     cfg = compose([f"{group}={option}", *extra], config_name="probe" if group == "probe" else "train")
     typed = to_typed(cfg)
     assert isinstance(typed, TrainConfig)

@@ -1,0 +1,196 @@
+"""objective=grpo through `python -m align.train`: the embedded default learns its task, and bad prompt
+data is one line and exit 2."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+@pytest.mark.slow
+def test_the_embedded_default_learns_the_addition_task(tmp_path):
+    """`python -m align.train objective=grpo` as typed: the tiny random-init model's mean reward rises
+    clearly from its first steps (where almost no completion scores) within the default run. A flipped
+    advantage sign (the policy pushed away from what scored) fails this test."""
+    run_dir = tmp_path / "run"
+    p = run_cli("align.train", "objective=grpo", f"hydra.run.dir={run_dir}", "allow_dirty=true")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    rewards = [r["reward/mean"] for r in rows]
+    first, last = _mean(rewards[:5]), _mean(rewards[-10:])
+    assert last >= 0.1 and last >= first + 0.08, (first, last, rewards)
+    for key in ("time/generation_share", "rollout/tokens_per_s", "time/update_tokens_per_s", "mismatch/logp_abs_max",
+                "mismatch/kl", "mismatch/is_ratio_std", "reward/zero_variance_frac"):
+        assert all(r[key] is not None for r in rows), key
+    assert max(r["mismatch/logp_abs_max"] for r in rows) < 1e-4  # fp32 CPU, shared weights: no mismatch
+    manifest = json.loads((run_dir / "provenance.json").read_text())
+    loss = manifest["model"]["extra"]["loss"]
+    assert loss["kind"] == "grpo" and loss["is_correction"] == "none" and manifest["data"]["source"] == "add"
+    assert (run_dir / "export" / "model.safetensors").is_file()
+
+
+def test_a_reference_the_reward_cannot_read_exits_2_naming_file_and_line(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "1+1=", "reference": "2"}\n{"prompt": "1+2=", "reference": "three"}\n')
+    p = run_cli("align.train", "objective=grpo", "data=jsonl_prompts", f"data.path={data}", "logger=none",
+                "allow_dirty=true", f"hydra.run.dir={tmp_path / 'run'}")
+    assert p.returncode == 2, p.stderr[-2000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("align: error:")]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"align: error: {data}:2: exact_int reference is not an integer"), errors
+    assert not (tmp_path / "run" / "history.jsonl").exists()
+
+
+def test_an_unknown_verifier_exits_2_before_any_work(tmp_path):
+    p = run_cli("align.train", "objective=grpo", "+reward.weights.exactness=1.0", "logger=none",
+                f"hydra.run.dir={tmp_path / 'run'}")
+    assert p.returncode == 2, p.stderr[-2000:]
+    errors = [line for line in p.stderr.splitlines() if line.strip()]
+    assert errors == ["align: error: reward.weights.exactness: unknown verifier; accepted: exact_int, format, gsm8k, "
+                      "math (got 'exactness')"], errors
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------ FSDP and exact resume
+# 2 gloo ranks (parallel=fsdp): 6 steps of 2 updates per rollout, uninterrupted vs stopped during step 3
+# (mid-rollout: its second part is still in the buffer) and resumed. A reward that scores by text length
+# stands in for the verifier so that a random model gets signal from the first step (with exact_int
+# almost every advantage is 0 and nothing would move). The control resumes without the rollout buffer.
+
+RESUME = ["objective=grpo", "logger=none", "trainer.device=cpu", "trainer.export=true", "trainer.log_every=1000",
+          "parallel=fsdp", "objective.group_size=4", "objective.prompts_per_rollout=4",
+          "objective.updates_per_rollout=2", "trainer.grad_accum=2", "trainer.max_steps=6", "data.max_records=200"]
+STOP = 3
+
+
+def dense_reward(trainer, rank: int, stop_on: int | None = None, forget_buffer: bool = False) -> None:
+    from tests.grpo_rewards import LengthParity
+
+    trainer.objective.reward = LengthParity()
+    if forget_buffer:
+        assert trainer.state.step == STOP and trainer.objective.rollout is not None
+        trainer.objective.rollout = None  # the bug this guards: a resume that regenerates a half-used rollout
+    if stop_on is not None and rank == stop_on:
+        inner = trainer.train_step
+
+        def train_step(batches):
+            if trainer.state.step == STOP - 1:
+                trainer.stop.request(f"test: stop during step {STOP}")
+            return inner(batches)
+
+        trainer.train_step = train_step
+
+
+def copy_stop_checkpoint(rank: int, world: int, src: str, dst: str) -> None:
+    import shutil
+
+    import torch.distributed as dist
+
+    if rank == 0:
+        ckpt = Path(src) / "checkpoints" / f"step_{STOP:08d}"
+        shutil.copytree(ckpt, Path(dst) / "checkpoints" / ckpt.name)
+    dist.barrier()
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    from tests.integration.distributed import fit_many, run
+
+    root = tmp_path_factory.mktemp("grpo_resume")
+    d = {k: str(root / k) for k in ("full", "stopped", "nobuffer")}
+    keep = ["trainer.save_every=2"]
+    jobs = [
+        {"run_dir": d["full"], "overrides": RESUME, "hook": dense_reward},
+        {"run_dir": d["stopped"], "overrides": RESUME + keep, "hook": functools.partial(dense_reward, stop_on=1),
+         "after": functools.partial(copy_stop_checkpoint, src=d["stopped"], dst=d["nobuffer"])},
+        {"run_dir": d["stopped"], "overrides": RESUME + keep, "hook": dense_reward},
+        {"run_dir": d["nobuffer"], "overrides": RESUME, "hook": functools.partial(dense_reward, forget_buffer=True)},
+    ]
+    codes = run(fit_many, 2, jobs, str(root / "codes.json"), timeout=600)
+    assert codes == [0, 0]
+    return {k: Path(v) for k, v in d.items()}, json.loads((root / "codes.json").read_text())
+
+
+def _differences(ref: Path, other: Path) -> list[str]:
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.integration.distributed import history
+
+    out = []
+    mine = {r["step"]: r["loss"] for r in history(other)}
+    for r in history(ref):
+        if r["step"] in mine and mine[r["step"]] != r["loss"]:
+            out.append(f"loss at step {r['step']}: {r['loss']!r} vs {mine[r['step']]!r}")
+    a, b = load_file(ref / "export" / "model.safetensors"), load_file(other / "export" / "model.safetensors")
+    return out + [f"param {k}" for k in a if not torch.equal(a[k], b[k])]
+
+
+def test_fsdp_stop_mid_rollout_then_resume_is_bit_identical(resumed):
+    from tests.integration.distributed import history, result
+
+    dirs, codes = resumed
+    assert codes[:3] == [0, 143, 0]
+    rows = history(dirs["stopped"])
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert _differences(dirs["full"], dirs["stopped"]) == []
+    assert result(dirs["stopped"], 1)["model_info"]["resumed_from"]["step"] == STOP
+    full = history(dirs["full"])
+    assert any(r["loss"] != 0 for r in full) and full[0]["rollout/sequences"] == 2 * 4 * 4  # both ranks' rollouts
+    assert [r["rollout/index"] for r in full if "rollout/index" in r] == [0, 1, 2]  # steps 1, 3, 5 generate
+    # the copy of the stop checkpoint (the resumed run pruned its own)
+    ckpt = json.loads((dirs["nobuffer"] / "checkpoints" / f"step_{STOP:08d}" / "rank1.json").read_text())
+    assert ckpt["objective"]["rollout"]["served"] == 1  # the stop fell between the rollout's two updates
+
+
+def test_negative_control_a_resume_without_the_rollout_buffer_is_detected(resumed):
+    dirs, codes = resumed
+    assert codes[3] == 0
+    diff = _differences(dirs["full"], dirs["nobuffer"])
+    assert any(x.startswith("loss") for x in diff) and any(x.startswith("param") for x in diff), diff
+
+
+def stop_at_once_on_rank0(trainer, rank: int) -> None:
+    if rank == 0:  # every token ends a completion: rank 0 finishes decoding after one token, rank 1 never
+        vocab = trainer.model.get_input_embeddings().num_embeddings
+        trainer.objective.engine.eos_token_ids = tuple(range(vocab))
+
+
+def test_fsdp_ranks_whose_completions_end_at_different_lengths_decode_in_lockstep(tmp_path):
+    """Each decode step is a collective forward of the sharded model: a rank that has finished keeps
+    stepping until every rank has (else the other rank waits in an all-gather that never comes)."""
+    from tests.integration.distributed import history, run
+
+    cfg = RESUME[:-1] + ["trainer.max_steps=2", "trainer.export=false", "parallel.pg_timeout_s=60"]
+    codes = run(fit_many_one, 2, str(tmp_path), cfg, timeout=240)
+    assert codes == [0, 0]
+    rows = history(tmp_path)
+    assert len(rows) == 2 and 1 < rows[0]["rollout/completion_len_mean"] < 4  # rank 0: 1 token, rank 1: 4
+
+
+def fit_many_one(rank: int, world: int, run_dir: str, overrides: list[str]) -> int:
+    from tests.integration.distributed import fit
+
+    return fit(rank, world, run_dir, overrides, hook=stop_at_once_on_rank0)
+
+
+def test_non_finite_losses_halt_a_grpo_run_with_exit_81(tmp_path):
+    run_dir = tmp_path / "run"
+    p = run_cli("align.train", "objective=grpo", "objective.group_size=4", "objective.prompts_per_rollout=4",
+                "trainer.max_consecutive_skipped_steps=2", "trainer.export=false", "logger=none", "allow_dirty=true",
+                f"hydra.run.dir={run_dir}", env={"ALIGN_TEST_INJECT_NAN": "0:1-"})
+    assert p.returncode == 81, p.stderr[-2000:]
+    halt = json.loads((run_dir / "HALT.json").read_text())
+    assert halt["step"] == 3
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [r["skipped"] for r in rows] == [True, True, True] and all("reward/mean" in r for r in rows)

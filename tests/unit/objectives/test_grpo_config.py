@@ -1,0 +1,83 @@
+"""objective=grpo's keys: composed from conf/objective/grpo.yaml, each refused under the objectives that
+do not read it (and DPO's under grpo), values checked with one line naming the key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from align.config import ObjectiveConfig, ObjectiveKind, _READ_BY, to_typed
+from align.errors import ConfigError
+
+
+def test_every_objective_key_says_which_objectives_read_it():
+    keys = {f.name for f in dataclasses.fields(ObjectiveConfig)} - {"kind"}
+    assert keys == set(_READ_BY)
+
+
+@pytest.mark.parametrize("kind", list(ObjectiveKind))
+def test_a_key_another_objective_reads_is_refused(kind):
+    for f in dataclasses.fields(ObjectiveConfig):
+        readers = _READ_BY.get(f.name)
+        if readers is None or kind in readers:
+            continue
+        d = f.default
+        if isinstance(d, bool):
+            value = not d
+        elif isinstance(d, (int, float)):
+            value = d + 1
+        elif hasattr(type(d), "__members__"):  # an enum: any other member
+            value = next(c for c in type(d) if c != d)
+        else:  # a string or an optional
+            value = 0.5 if d is None else "other"
+        with pytest.raises(ConfigError, match=f"^objective.{f.name}: is read by") as e:
+            ObjectiveConfig(kind=kind, **{f.name: value})
+        assert f"objective={kind.value} ignores it" in str(e.value)
+
+
+def test_the_embedded_default_composes_to_the_add_task_with_an_exact_match_reward(compose):
+    cfg = to_typed(compose(["objective=grpo"]))
+    assert cfg.objective.kind == ObjectiveKind.grpo and cfg.data.source.value == "add"
+    assert cfg.reward.weights == {"exact_int": 1.0}
+    assert cfg.model.preset.value == "tiny" and cfg.model.pretrained is None
+
+
+def test_the_issue_command_lines_compose(compose):
+    cfg = to_typed(compose(["objective=grpo", "data=gsm8k_prompts", "reward=gsm8k"]))
+    assert (cfg.data.source.value, cfg.data.response_field, cfg.reward.weights) == ("gsm8k", "answer", {"gsm8k": 1.0})
+    cfg = to_typed(compose(["objective=grpo", "objective.advantage=dr_grpo", "objective.loss_agg=seq_mean_token_sum"]))
+    assert (cfg.objective.advantage.value, cfg.objective.loss_agg.value) == ("dr_grpo", "seq_mean_token_sum")
+    for g in (4, 8, 16):
+        assert to_typed(compose(["objective=grpo", f"objective.group_size={g}"])).objective.group_size == g
+
+
+BAD = [
+    (["objective.group_size=1"], "objective.group_size", "needs >= 2"),
+    (["objective.temperature=0"], "objective.temperature", "> 0"),
+    (["objective.top_p=0"], "objective.top_p", "(0, 1]"),
+    (["objective.clip_low=1.0"], "objective.clip_low", "[0, 1)"),
+    (["objective.is_cap=0.5"], "objective.is_cap", ">= 1"),
+    (["objective.kl_coef=-1"], "objective.kl_coef", ">= 0"),
+    (["objective.reference=precomputed", "objective.kl_coef=0.1"], "objective.reference", "precomputed"),
+    (["objective.reference=model"], "objective.reference", "kl_coef=0 reads no reference"),
+    (["objective.kl_coef=0.1", "objective.reference=none"], "objective.reference", "needs a reference"),
+    (["reward=none"], "reward.weights", "needs a reward"),
+    (["data.truncation=truncate"], "data.truncation", "refuses to cut prompts"),
+    (["sampler=bucket"], "sampler.kind", "leave sampler=shuffle"),
+    (["objective.prompts_per_rollout=1", "objective.group_size=2", "trainer.grad_accum=4"],
+     "objective.prompts_per_rollout", "must fill"),
+    (["data.max_seq_len=8", "objective.max_new_tokens=8"], "data.max_seq_len", "must exceed"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,what", BAD, ids=[b[1] + ":" + b[0][0] for b in BAD])
+def test_bad_values_are_one_line_naming_the_key(compose, overrides, key, what):
+    with pytest.raises(ConfigError) as e:
+        to_typed(compose(["objective=grpo", *overrides]))
+    assert str(e.value).startswith(f"{key}: ") and what in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_reward_under_sft_is_refused(compose):
+    with pytest.raises(ConfigError, match="^reward.weights: is read by objective=grpo only"):
+        to_typed(compose(["reward=gsm8k"]))
