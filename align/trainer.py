@@ -18,7 +18,6 @@ from torch.profiler import record_function
 
 from align.config import ParallelKind, Precision, TrainConfig
 from align.data.collate import Batch
-from align.data.cache import save_dataset
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream
 from align.data.tokenizer import load_tokenizer
@@ -158,7 +157,6 @@ class Trainer:
         name = cfg.name or run_dir.name
         trainer.open_records(wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {},
                                                resuming=bool(resume)))
-        save_dataset(cfg.data, data)
         return trainer
 
     # ------------------------------------------------------------------------------- checkpoints

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from align.config import TrainConfig
-from align.data.cache import load_dataset
+from align.data.cache import load_dataset, save_dataset
 from align.data.collate import Batch
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream, build_stream
@@ -27,7 +27,8 @@ class SFT:
         self._info: dict[str, Any] = {}
 
     def build_data(self, cfg: TrainConfig, tokenizer: Any, env: DistEnv) -> tuple[EncodedDataset, BatchStream]:
-        data = load_dataset(cfg.data, cfg.model, tokenizer, save=False)  # cached once the build succeeds
+        self.data_cfg = cfg.data
+        data = self.data = load_dataset(cfg.data, cfg.model, tokenizer, save=False)  # cached once the build succeeds
         pin = env.device.type == "cuda"
         return data, build_stream(cfg, data, tokenizer.pad_token_id, env.rank, env.world, pin_memory=pin)
 
@@ -35,6 +36,7 @@ class SFT:
         return []
 
     def bind(self, model: torch.nn.Module, forward: Callable[..., torch.Tensor], resuming: bool = False) -> None:
+        save_dataset(self.data_cfg, self.data)  # the model loaded: the encoding is worth keeping now
         head, softcap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
         if self.chunk_tokens:
             self.loss_fn = ChunkedCE(head, self.chunk_tokens, softcap)
