@@ -31,25 +31,14 @@ from align.errors import ConfigError
 from align.objectives.gate import GateError, run_gate  # noqa: F401  (GateError: raised by the gate)
 from align.objectives.logps import sequence_sums, sequence_token_counts, token_logps
 from align.objectives.preference_losses import PairLogps, preference_loss
-from align.objectives.preference_spec import PreferenceLoss, needs_reference
-from align.objectives.reference import (AdaptersOff, FrozenCopy, Precomputed, cache_key, is_adapter, load_table,
+from align.objectives.preference_spec import PreferenceLoss
+from align.objectives.reference import (AdaptersOff, preference_reference, FrozenCopy, Precomputed, cache_key, is_adapter, load_table,
                                         save_table, weights_sha256)
 from align.parallel.env import DistEnv
 
 log = logging.getLogger("align")
 
 _DTYPES = {ReferenceDtype.bf16: torch.bfloat16, ReferenceDtype.fp32: torch.float32}
-
-
-def resolve_reference(cfg: TrainConfig) -> Optional[ReferenceKind]:
-    o = cfg.objective
-    if not needs_reference(o.loss):
-        return None
-    if o.reference != ReferenceKind.auto:
-        if o.reference == ReferenceKind.adapters_off and not cfg.model.lora.enabled:
-            raise ConfigError("objective.reference", "adapters_off needs model.lora.enabled=true", "adapters_off")
-        return o.reference
-    return ReferenceKind.adapters_off if cfg.model.lora.enabled else ReferenceKind.model
 
 
 class DPO:
@@ -59,7 +48,7 @@ class DPO:
         self.cfg: ObjectiveConfig = cfg.objective
         self.train_cfg = cfg
         self.loss = PreferenceLoss(cfg.objective.loss)
-        self.reference_kind = resolve_reference(cfg)
+        self.reference_kind = preference_reference(cfg)
         self.chunk = cfg.trainer.loss_chunk_tokens
         self.env: Optional[DistEnv] = None
         self.reference: Any = None

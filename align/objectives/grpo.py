@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import time
 from typing import Any, Callable, Iterator, Optional
 
@@ -39,8 +38,9 @@ from align.objectives.advantages import advantages as group_advantages
 from align.objectives.advantages import zero_variance
 from align.objectives.logps import token_logps
 from align.objectives.policy_loss import Aggregation, LossSpec, RatioLevel, k3, policy_loss
-from align.objectives.reference import AdaptersOff, FrozenCopy, is_adapter, weights_sha256
+from align.objectives.reference import AdaptersOff, FrozenCopy, is_adapter, kl_reference, weights_sha256
 from align.objectives.rollout import Rollout, RolloutBatch
+from align.objectives.rollout_stats import Sums, state_sha256
 from align.objectives.router_flips import RouterRecorder, flips, generation_topk
 from align.parallel.env import DistEnv
 from align.rewards import WeightedReward
@@ -53,66 +53,6 @@ class StaleWeights(AlignError):
     """The generation copy does not hold the training weights after a sync: its rollout would be off-policy."""
 
 
-def resolve_reference(cfg: TrainConfig) -> Optional[ReferenceKind]:
-    o = cfg.objective
-    if o.kl_coef == 0:
-        return None
-    if o.reference == ReferenceKind.auto:
-        return ReferenceKind.adapters_off if cfg.model.lora.enabled else ReferenceKind.model
-    if o.reference == ReferenceKind.adapters_off and not cfg.model.lora.enabled:
-        from align.errors import ConfigError
-
-        raise ConfigError("objective.reference", "adapters_off needs model.lora.enabled=true", "adapters_off")
-    return o.reference
-
-
-def state_sha256(model: torch.nn.Module, dtype: Optional[torch.dtype] = None) -> str:
-    """sha256 of `model.state_dict()` (cast to `dtype`) in the scheme of `Engine.weights_hash`."""
-    h = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        t = t.detach()
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        t = t.contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
-        h.update(t.view(-1).view(torch.uint8).cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
-class _Sums:
-    """Metric sums, maxima and minima over a window's micro-batches, reduced over ranks when read."""
-
-    def __init__(self) -> None:
-        self.sum: dict[str, float | torch.Tensor] = {}
-        self.max: dict[str, torch.Tensor] = {}
-        self.min: dict[str, torch.Tensor] = {}
-
-    def add(self, key: str, v: Any) -> None:
-        self.sum[key] = self.sum.get(key, 0.0) + (v.detach().double() if torch.is_tensor(v) else float(v))
-
-    def extreme(self, key: str, v: torch.Tensor) -> None:
-        v = v.detach().double()
-        self.max[key] = v.max() if key not in self.max else torch.maximum(self.max[key], v.max())
-        self.min[key] = v.min() if key not in self.min else torch.minimum(self.min[key], v.min())
-
-    def reduce(self, env: Optional[DistEnv], device: torch.device) -> tuple[dict[str, float], dict[str, float], dict]:
-        names = sorted(self.sum)
-        vec = torch.tensor([float(self.sum[k]) for k in names], dtype=torch.float64, device=device)
-        ext = sorted(self.max)
-        hi = torch.stack([self.max[k] for k in ext]).to(device) if ext else torch.zeros(0, device=device)
-        lo = torch.stack([-self.min[k] for k in ext]).to(device) if ext else torch.zeros(0, device=device)
-        if env is not None and env.distributed:
-            import torch.distributed as dist
-
-            dist.all_reduce(vec)
-            if ext:
-                both = torch.cat([hi, lo])
-                dist.all_reduce(both, op=dist.ReduceOp.MAX)
-                hi, lo = both[: len(ext)], both[len(ext):]
-        return (dict(zip(names, vec.tolist())), dict(zip(ext, hi.tolist())),
-                dict(zip(ext, (-lo).tolist())))
-
-
 class GRPO:
     name = "grpo"
 
@@ -123,7 +63,7 @@ class GRPO:
         self.spec = LossSpec(clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high,
                              level=RatioLevel(self.cfg.ratio_level.value),
                              aggregation=Aggregation(self.cfg.loss_agg.value), kl_coef=self.cfg.kl_coef)
-        self.reference_kind = resolve_reference(cfg)
+        self.reference_kind = kl_reference(cfg)
         self.chunk = cfg.trainer.loss_chunk_tokens
         self.env: Optional[DistEnv] = None
         self.reference: Any = None
@@ -133,7 +73,7 @@ class GRPO:
         self.rollouts = 0
         """Rollouts generated so far (every rank the same): the next one's index, hence its seed."""
         self.softcap: Optional[float] = None
-        self._sums = _Sums()
+        self._sums = Sums()
         self._row: dict[str, Any] = {}
         self._t_window: Optional[float] = None
         self._timers: dict[str, float] = {}
@@ -477,7 +417,7 @@ class GRPO:
             row.update({f"router_flip/l{k.removeprefix('rf/')}": v for k, v in layers.items()})
             row["router_flip/mean"] = sum(layers.values()) / len(layers)
         row.update(self._time_metrics(sums))
-        self._sums, self._row = _Sums(), {}
+        self._sums, self._row = Sums(), {}
         return row
 
     def _time_metrics(self, sums: dict[str, float]) -> dict[str, Any]:

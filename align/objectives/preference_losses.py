@@ -59,6 +59,9 @@ import torch.nn.functional as F
 from align.objectives.preference_spec import (REFERENCE_FREE, SMOOTHED, PreferenceLoss, as_loss,
                                               check_hyperparameters, needs_reference)
 
+__all__ = ["REFERENCE_FREE", "SMOOTHED", "PairLogps", "PreferenceLoss", "PreferenceLossOutput", "as_loss",
+           "check_hyperparameters", "needs_reference", "preference_loss"]
+
 
 @dataclass(frozen=True)
 class PairLogps:

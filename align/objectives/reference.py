@@ -22,6 +22,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from align.config import ReferenceKind, TrainConfig
+from align.errors import ConfigError
+from align.objectives.preference_spec import needs_reference
+
 REFERENCE_CACHE_VERSION = 1
 """Bump when what a cached entry holds changes meaning (how log-probs are summed, masked, ordered)."""
 
@@ -108,3 +112,27 @@ def save_table(path: Path, table: torch.Tensor) -> None:
     tmp = path.with_suffix(f".tmp{id(table)}.npy")
     np.save(tmp, table.detach().cpu().numpy())
     tmp.replace(path)
+
+
+def preference_reference(cfg: TrainConfig) -> Optional[ReferenceKind]:
+    """DPO's reference: none for a reference-free loss; auto: the LoRA base, else a frozen copy."""
+    o = cfg.objective
+    if not needs_reference(o.loss):
+        return None
+    if o.reference != ReferenceKind.auto:
+        if o.reference == ReferenceKind.adapters_off and not cfg.model.lora.enabled:
+            raise ConfigError("objective.reference", "adapters_off needs model.lora.enabled=true", "adapters_off")
+        return o.reference
+    return ReferenceKind.adapters_off if cfg.model.lora.enabled else ReferenceKind.model
+
+
+def kl_reference(cfg: TrainConfig) -> Optional[ReferenceKind]:
+    """GRPO's reference for the KL term: none when kl_coef is 0; auto: the LoRA base, else a copy."""
+    o = cfg.objective
+    if o.kl_coef == 0:
+        return None
+    if o.reference == ReferenceKind.auto:
+        return ReferenceKind.adapters_off if cfg.model.lora.enabled else ReferenceKind.model
+    if o.reference == ReferenceKind.adapters_off and not cfg.model.lora.enabled:
+        raise ConfigError("objective.reference", "adapters_off needs model.lora.enabled=true", "adapters_off")
+    return o.reference
