@@ -1,4 +1,4 @@
-"""Build or load a model and record what it RESOLVED to (playbook 4.3).
+"""Build or load a model and record what it RESOLVED to (docs/pitfalls.md#3).
 
 Kwargs for transformers are built as dicts first so preflight can check their names against the
 installed signatures before anything heavy runs (`align.run.model_checks`).

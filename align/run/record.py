@@ -266,7 +266,7 @@ def is_moe(cfg: TrainConfig) -> bool:
 
 
 def resolved_backends(model: Any, moe: bool) -> dict[str, Any]:
-    """Read back from the built model (playbook 4.3): `config._attn_implementation` and, for MoE,
+    """Read back from the built model (docs/pitfalls.md#3): `config._attn_implementation` and, for MoE,
     `config._experts_implementation`."""
     mc = getattr(model, "config", None)
     out = {}
