@@ -28,8 +28,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_ARGS)
 	$(PY) -m pip install -q -e ".[test]"
-	@# Read the installed signatures once, so that a kwarg the library refuses fails in < 1 s from
-	@# the first run on (align.run.signatures; a cold read imports torch and transformers: ~3 s).
+	@# Read the installed signatures once, so that from the first run on a kwarg the library refuses
+	@# fails without importing torch or transformers (align.run.signatures; timings: docs/provenance.md).
 	-$(PY) -m align.tools.preflight allow_dirty=true > /dev/null 2>&1
 	touch $@
 

@@ -1,4 +1,5 @@
-"""Exit codes and the errors that map onto them. Exit codes are part of the interface (docs/exit-codes.md)."""
+"""Exit codes and the errors that map onto them. Exit codes are part of the interface
+(docs/architecture.md#exit-codes)."""
 
 from __future__ import annotations
 

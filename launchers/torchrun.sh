@@ -6,7 +6,7 @@
 #   NPROC=2 launchers/torchrun.sh parallel=fsdp trainer.device=cpu       # 2 CPU processes over gloo
 #
 # The run dir is computed ONCE here and passed to every rank as hydra.run.dir (and hydra.sweep.dir),
-# because `${now:...}` resolves per rank (LANDMINES 10). An explicit hydra.run.dir=... wins.
+# because `${now:...}` resolves per rank (docs/pitfalls.md#10). An explicit hydra.run.dir=... wins.
 # Many nodes: set NNODES, NODE_RANK and MASTER_ADDR[:MASTER_PORT] on every node, and a run dir that
 # every node agrees on (ALIGN_RUN_DIR, or SLURM_JOB_ID gives outputs/slurm-<id>).
 #

@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Never touch the network from tests (LANDMINES 25), keep W&B local, keep thread counts CI-sized.
+# Never touch the network from tests (docs/pitfalls.md#18), keep W&B local, keep thread counts CI-sized.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_SILENT", "true")

@@ -3,7 +3,7 @@
 `conf/train.yaml` composes the groups onto the `train_schema` node below, so every YAML value is
 type-checked by omegaconf when Hydra composes, and `to_typed()` (the one seam from config to
 objects: `OmegaConf.to_object`) runs each `__post_init__` for value checks. Choices are `Enum`s
-(omegaconf rejects `typing.Literal`, LANDMINES 12). Every field carries a docstring; the
+(omegaconf rejects `typing.Literal`, docs/pitfalls.md#9). Every field carries a docstring; the
 configuration reference in docs/configuration.md is generated from these.
 
 `to_typed` also refuses, for every schema at once: a key the schema does not declare (omegaconf

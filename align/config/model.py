@@ -42,7 +42,7 @@ class MoEConfig:
     library default. The resolved one is read back from `config._experts_implementation`."""
     lb_weight: float = 0.0
     """Load-balancing loss weight added to the training loss; 0 computes and logs it but does not
-    apply it. What was applied is recorded in the manifest (LANDMINES 5)."""
+    apply it. What was applied is recorded in the manifest (docs/pitfalls.md#5)."""
     z_weight: float = 0.0
     """Router z-loss weight added to the training loss; 0 computes and logs it but does not apply it."""
     telemetry: bool = True
@@ -171,10 +171,10 @@ class AttentionConfig:
     sdpa_kernels: list[SdpaKernel] = field(
         default_factory=lambda: [SdpaKernel.flash, SdpaKernel.efficient, SdpaKernel.cudnn, SdpaKernel.math])
     """With implementation=sdpa: the kernels torch may pick, in priority order, applied around every
-    forward; the first that supports the call runs. Flash first because on the H200 torch's own order
-    (`[]`) picks cuDNN, which builds a plan per new shape: with ragged batches flash-first trained
-    4-6% (dense) and 18% (OLMoE) faster (H200, 2026-11-30, docs/performance.md). The kernel that
-    ran is recorded from the profiler on GPU."""
+    forward AND backward (activation checkpointing recomputes attention there); the first that
+    supports the call runs. `[]` keeps torch's own order, which on sm90 picks cuDNN: it builds a plan
+    per new shape, and ragged batches keep making new shapes. What flash first was worth is in
+    docs/performance.md. The kernel that ran is recorded from the profiler on GPU."""
 
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`)."""

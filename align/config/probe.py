@@ -15,7 +15,7 @@ from align.config.base import _only, _read, _require
 @dataclass
 class ScalingProbeConfig:
     lengths: list[int] = field(default_factory=lambda: [128, 256, 512])
-    """Sequence lengths w to time fwd+bwd at (>= 3 distinct: a 2-point fit is undetermined, playbook 1.1)."""
+    """Sequence lengths w to time fwd+bwd at (>= 3 distinct: a 2-point fit is undetermined, docs/triage.md#3)."""
     batch_size: Optional[int] = None
     """Rows per timed batch, fixed across lengths; null: `sampler.micro_batch_size`."""
     warmup: int = 1
@@ -30,7 +30,7 @@ class ScalingProbeConfig:
     def __post_init__(self) -> None:
         _require(len(set(self.lengths)) >= 3, "probe.scaling.lengths",
                  "needs at least 3 distinct lengths: a 2-point fit over {linear, quadratic, fixed} is undetermined "
-                 "(playbook 1.1)", self.lengths)
+                 "(docs/triage.md#3)", self.lengths)
         _require(all(w >= 1 for w in self.lengths), "probe.scaling.lengths", "every length must be >= 1", self.lengths)
         if self.batch_size is not None:
             _require(self.batch_size >= 1, "probe.scaling.batch_size", "must be >= 1 or null", self.batch_size)
@@ -90,13 +90,13 @@ class ProbeConfig:
     name: Optional[str] = None
     """Which probe runs (the option of the `probe` group): see align/tools/probe.py for those available."""
     scaling: ScalingProbeConfig = field(default_factory=ScalingProbeConfig)
-    """`probe=scaling`: the step's scaling curve t(w) = A*w + B*w^2 (playbook 1)."""
+    """`probe=scaling`: the step's scaling curve t(w) = A*w + B*w^2 (docs/triage.md#3)."""
     kernels: KernelsProbeConfig = field(default_factory=KernelsProbeConfig)
-    """`probe=kernels`: device-kernel table from torch.profiler (playbook 3.3, 3.4, 3.7)."""
+    """`probe=kernels`: device-kernel table from torch.profiler (docs/triage.md#5)."""
     mask: MaskProbeConfig = field(default_factory=MaskProbeConfig)
-    """`probe=mask`: attention-mask band structure per layer type (playbook 3.6)."""
+    """`probe=mask`: attention-mask band structure per layer type (docs/triage.md#2)."""
     padding: PaddingProbeConfig = field(default_factory=PaddingProbeConfig)
-    """`probe=padding`: the bucket sweep from the data alone (playbook 3.2)."""
+    """`probe=padding`: the bucket sweep from the data alone (docs/triage.md#4)."""
 
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`). align.train composes

@@ -36,15 +36,14 @@ class OptimizerConfig:
     """Adam epsilon (> 0: with 0, a parameter whose gradient stays zero divides 0 by 0)."""
     warmup_ratio: float = 0.05
     """Warm-up as a fraction of `trainer.max_steps`; converted to steps at the scheduler call site,
-    so it survives a change of run length (playbook 4.2)."""
+    so it survives a change of run length (docs/pitfalls.md#7)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still logged)."""
     compile: bool = False
     """torch.compile torch's own AdamW step (foreach, capturable; the learning rate is handed in as a
     device tensor so a schedule does not recompile, and the clip scale is applied inside the compiled
-    step) instead of the fused kernel. At OLMoE-1B-7B's shapes on an H200 (2026-11-30) the compiled
-    update streams at 3.9 TB/s against fused AdamW's 2.3 TB/s: 25.0 vs 41.9 ms per step. The first
-    step compiles (~40 s there). CUDA and optimizer=adamw only; on a CPU it resolves to off and the
+    step) instead of the fused kernel; its speed against fused AdamW is in docs/performance.md. The
+    first step compiles. CUDA and optimizer=adamw only; on a CPU it resolves to off and the
     manifest's `optimizer_step` says why. A non-finite step is then skipped by the host. With
     `optimizer.overlap` each chunk steps through the compiled update (kind overlap+compiled; dynamo's
     recompile limit is raised to two graphs per chunk and recorded as `recompile_limit`)."""
@@ -224,17 +223,17 @@ class TrainerConfig:
     """Resume even though world size, dataset fingerprint, sampler or model shape differ from the
     checkpoint's (refused by default, with the reason)."""
     compile: bool = False
-    """torch.compile each decoder block. On an H200 (2026-11-30) it made the whole step 1.42x faster
-    for OLMoE-1B-7B and 1.45x for the dense bench model (docs/performance.md). The first steps
-    compile (OLMoE there: ~80 s cold with optimizer.compile; inductor's disk cache shortens reruns).
-    Recompiles, graph breaks and recompile-limit hits are in the manifest's dynamo counters."""
+    """torch.compile each decoder block (inductor fuses the elementwise kernels around the GEMMs; what
+    it was worth per model is in docs/performance.md). The first steps compile; inductor's disk cache
+    shortens later runs. Recompiles, graph breaks and recompile-limit hits are in the manifest's
+    dynamo counters."""
     compile_dynamic: Optional[bool] = True
     """torch.compile's `dynamic` for the blocks under trainer.compile. true: one graph with symbolic
-    batch and sequence sizes from the first call (a one-row batch adds one more); on an H200
-    (2026-11-30) it ran OLMoE's blocks as fast as a graph compiled for one fixed shape. null: a block
-    compiles for the first shape and turns dynamic at its first recompile. false: a graph per shape
-    (bound the shapes with sampler.pad_to_multiple_of). Past dynamo's recompile limit (8) a block runs
-    eager, which only the manifest's dynamo counters show."""
+    batch and sequence sizes from the first call (a one-row batch adds one more; docs/performance.md
+    compares it with a graph compiled for one fixed shape). null: a block compiles for the first
+    shape and turns dynamic at its first recompile. false: a graph per shape (bound the shapes with
+    sampler.pad_to_multiple_of). Past dynamo's recompile limit (8) a block runs eager, which only the
+    manifest's dynamo counters show (docs/pitfalls.md#8)."""
     loss_chunk_tokens: int = 0
     """> 0: compute the LM head and cross-entropy over this many target tokens at a time (recomputed
     in backward), so logits memory stays bounded for large vocabularies; 0: all logits at once."""

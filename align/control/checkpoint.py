@@ -9,7 +9,7 @@
 
 Everything is written into `step_N.tmp/`; after every rank has finished (barrier) rank 0 writes
 meta.json, fsyncs and renames the directory: a `step_N/` is complete by construction and
-`ckpt_index.problem()` double-checks the parts (LANDMINES 20).
+`ckpt_index.problem()` double-checks the parts (docs/pitfalls.md#14).
 
 Nothing in a checkpoint can run code when read: only tensors go through DCP (so its pickle path for
 non-tensor "bytes" items is never taken); the non-tensor leaves go to JSON; DCP's `.metadata` is read

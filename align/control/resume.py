@@ -1,6 +1,6 @@
 """Resume: which checkpoint, and whether this run may continue it.
 
-The silent-wrong-result bug of every peer is resuming with another data position (LANDMINES 21):
+The silent-wrong-result bug of every peer is resuming with another data position (docs/pitfalls.md#15):
 a checkpoint records what the run WAS (world size and layout, dataset fingerprint, sampler, model
 shape); a resume that differs in any of them is refused with the reason, unless the user says
 `trainer.resume_despite_mismatch=true`.

@@ -1,6 +1,6 @@
 """Stop requests. SIGTERM, SIGINT or SIGUSR2 on ANY rank only sets a flag here; the flag travels in
 the optimizer-boundary all-reduce (align.control.boundary), so every rank stops after the same
-optimizer step, writes the stop checkpoint and exits 143 (LANDMINES 19: torchrun forwards SIGTERM to
+optimizer step, writes the stop checkpoint and exits 143 (docs/pitfalls.md#13: torchrun forwards SIGTERM to
 every worker; submitit sends SIGUSR2 to rank 0 only).
 
 `align.train` holds them for the whole job, start-up included: inside `at_once()` (start-up, before

@@ -8,7 +8,7 @@
   as long as the newest COMPLETE checkpoint keeps advancing; after `max_no_progress` attempts in a row
   without a newer checkpoint it gives up with the child's exit code.
 - The child is tracked by the PID it was started with (kill -0 semantics through Popen.poll), never by
-  a process-name pattern (LANDMINES 22); it runs in its own process group, and SIGTERM/SIGINT to the
+  a process-name pattern (docs/pitfalls.md#16); it runs in its own process group, and SIGTERM/SIGINT to the
   supervisor are forwarded to that group and end the supervision.
 - Every decision is a row in <run_dir>/supervisor.jsonl.
 
@@ -54,7 +54,7 @@ def run_dir_of(command: list[str]) -> Optional[Path]:
 
 
 def with_run_dir(command: list[str], run_dir: Optional[Path]) -> tuple[list[str], Path]:
-    """The command with one fixed run dir for every attempt (LANDMINES 10: ${now} differs per launch)."""
+    """The command with one fixed run dir for every attempt (docs/pitfalls.md#10: ${now} differs per launch)."""
     given = run_dir_of(command)
     if given is not None:
         return command, given

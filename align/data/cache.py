@@ -1,4 +1,4 @@
-"""The encode cache, keyed on MEANING (playbook 4.1).
+"""The encode cache, keyed on MEANING (docs/triage.md#8).
 
 `encode_cache_key` covers everything that can change what an encoding means: the CONTENT hash of
 every source file and of every auxiliary mask file (never a path: a path is stable across an edit),

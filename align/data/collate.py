@@ -2,13 +2,13 @@
 aligned (logit, target) pairs.
 
 Padded: right-pad to the longest row, optionally rounded up to `pad_to_multiple_of` (bounds the set
-of shapes, LANDMINES 8). A micro-batch without padding carries NO attention mask: an explicit mask
-takes SDPA off its is_causal fast path (LANDMINES 2, playbook 3.1).
+of shapes, docs/pitfalls.md#8). A micro-batch without padding carries NO attention mask: an explicit mask
+takes SDPA off its is_causal fast path (docs/pitfalls.md#2).
 
 Packed: the rows are concatenated into one row with `position_ids` restarting at 0 per document, and
 the forward gets no attention mask and `use_cache=False`: transformers then builds a block-diagonal
 mask from the position ids; with a mask, or with a cache (train mode makes one when
-`config.use_cache`), documents attend to each other (LANDMINES 1). A rounding tail is one more
+`config.use_cache`), documents attend to each other (docs/pitfalls.md#1). A rounding tail is one more
 document of padding with its own positions, and no labels.
 """
 
@@ -62,7 +62,7 @@ class Batch:
         kw = {"input_ids": self.input_ids, "use_cache": False}
         if self.position_ids is not None:
             # A mask beside packed position_ids makes transformers skip the block-diagonal mask.
-            assert self.attention_mask is None, "a packed batch must not carry an attention mask (LANDMINES 1)"
+            assert self.attention_mask is None, "a packed batch must not carry an attention mask (docs/pitfalls.md#1)"
             kw["position_ids"] = self.position_ids
         elif self.attention_mask is not None:
             kw["attention_mask"] = self.attention_mask

@@ -74,7 +74,7 @@ class EncodedDataset:
 
 def dataset_fingerprint(data: EncodedDataset) -> str:
     """sha256 of what the sampler and collate read (tokens, masks, boundaries, ids, roots, sources):
-    a resume refuses to continue on a data set whose fingerprint differs (LANDMINES 21)."""
+    a resume refuses to continue on a data set whose fingerprint differs (docs/pitfalls.md#15)."""
     fp = data.meta.get("fingerprint")
     if fp:
         return fp

@@ -5,7 +5,7 @@ stream's `position` is advanced only when a micro-batch is handed to the consume
 taken between steps holds the next micro-batch to CONSUME however far the loader prefetched.
 
 `state_dict()` also carries the data set's fingerprint, the sampler's fingerprint and the world
-size; `load_state_dict()` refuses a state saved under different ones (LANDMINES 21): the same
+size; `load_state_dict()` refuses a state saved under different ones (docs/pitfalls.md#15): the same
 position in a different order is the silent-wrong-result resume.
 """
 

@@ -1,4 +1,4 @@
-"""DataLoader kwargs, built as data so preflight can check their names (playbook 4.2). No torch
+"""DataLoader kwargs, built as data so preflight can check their names (docs/pitfalls.md#7). No torch
 import here: preflight builds them before deciding whether torch is needed at all."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Format: JSONL, one line per record, `{"id": "<record id>", "turns": [<message in
 indices 0-based in the record's chat. Every file is applied: the excluded turns of all files are
 UNIONED and OR-merged with the prompt mask, so no file can un-mask what another masked (never
 last-wins). A file that names an unknown id, or a turn that is not an assistant turn, is refused
-with file:line: a silently misaligned mask is the failure this guards against (playbook 4.1).
+with file:line: a silently misaligned mask is the failure this guards against (docs/triage.md#8).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ ranks draw disjoint rows and the same number of micro-batches. A sampler holds n
 position (epoch, index) lives in the BatchStream, which checkpoints it (align.data.loader).
 
 - shuffle: a random permutation cut into micro-batches (the baseline for padding and diversity).
-- bucket: bucket to PAIR, shuffle to MIX (playbook 3.2): sort within buckets of `bucket_size`
+- bucket: bucket to PAIR, shuffle to MIX (docs/triage.md#4): sort within buckets of `bucket_size`
   records, cut micro-batches of neighbours, then shuffle the micro-batches globally.
 - budget: as bucket, but each micro-batch takes as many rows as fit `max_tokens`.
 
@@ -172,7 +172,7 @@ class ShuffleSampler(MicroBatchSampler):
 
 
 class BucketSampler(MicroBatchSampler):
-    """Bucket to pair, shuffle to mix (playbook 3.2).
+    """Bucket to pair, shuffle to mix (docs/triage.md#4).
 
     The epoch's random order is cut into buckets of `bucket_size` records; each bucket is sorted by
     length and cut into micro-batches of neighbours (tight pairing, little padding); then all

@@ -1,7 +1,7 @@
 """Record sources: bundled GSM8K, local JSONL or Parquet, or a weighted mixture of them.
 
 Every record keeps its root: the source it came from, optionally split further by a record field
-(`data.root_field`). Diversity is measured in roots (roots per accumulation window, playbook 3.2).
+(`data.root_field`). Diversity is measured in roots (roots per accumulation window, docs/triage.md#4).
 GSM8K has no source field, so the bundled source derives `steps` (the number of reasoning lines of
 the reference answer) for conf/data/gsm8k.yaml to use as its root field: it correlates with length
 the way real sources do, which is exactly what makes length bucketing a diversity hazard.

@@ -1,5 +1,5 @@
 """Data-side measurements: padding waste, zero-pad micro-batches, roots per accumulation window and
-the length moments E[w], E[w^2] (playbook 1.2, 3.1, 3.2).
+the length moments E[w], E[w^2] (docs/triage.md#3, docs/triage.md#4).
 
 The functions are pure (arrays in, numbers out) so the padding probe, the scaling probe and the
 trainer share them. `DataStats` is the trainer's accumulator: one dict per optimizer step for
@@ -17,7 +17,7 @@ from align.data.samplers import MicroBatchSampler, padding_stats
 
 def length_moments(lengths: np.ndarray) -> dict[str, float]:
     """E[w], E[w^2] and E[w^2]/E[w]^2 of the record lengths: the quadratic (attention) term of a
-    step is weighted by E[w^2], not E[w]^2 (playbook 1.2)."""
+    step is weighted by E[w^2], not E[w]^2 (docs/triage.md#3)."""
     w = np.asarray(lengths, dtype=np.float64)
     e_w, e_w2 = float(w.mean()), float((w * w).mean())
     return {"E_w": e_w, "E_w2": e_w2, "w2_ratio": e_w2 / (e_w * e_w)}

@@ -1,4 +1,4 @@
-"""Build or load a model and record what it RESOLVED to (playbook 4.3).
+"""Build or load a model and record what it RESOLVED to (docs/pitfalls.md#3).
 
 Kwargs for transformers are built as dicts first so preflight can check their names against the
 installed signatures before anything heavy runs (`align.run.model_checks`).
@@ -189,7 +189,7 @@ __all__ = ["BuiltModel", "build_model", "describe_model", "load_kwargs", "config
 
 
 def resolved_backends(model: Any, moe: bool) -> dict[str, Any]:
-    """Read back from the built model (playbook 4.3): `config._attn_implementation` and, for MoE,
+    """Read back from the built model (docs/pitfalls.md#3): `config._attn_implementation` and, for MoE,
     `config._experts_implementation`."""
     mc = getattr(model, "config", None)
     out = {}

@@ -1,5 +1,5 @@
-"""Is one MoE layer bit-reproducible? (seeds/004 section f: bf16 atomics in an index_add_ combine made
-the router flip on near-ties and the step-1 gradient norm vary 2.7x between identical runs.)
+"""Is one MoE layer bit-reproducible? (docs/pitfalls.md#20: a combine by bf16 atomics makes the router
+flip on near-ties, so identical runs report different gradient norms.)
 
 One transformers MoE block (OLMoE's `OlmoeSparseMoeBlock` at OLMoE-1B-7B's shape by default: E=64,
 top-8, d=2048, expert width 1024) is run forward and backward `repeats` times on the same bf16 input

@@ -1,7 +1,7 @@
 """Export in the HF layout (safetensors + config + tokenizer), loadable by `from_pretrained`.
 
 LoRA runs export MERGED weights: serving engines often cannot hot-swap adapters onto MoE models
-(playbook 3.10), and a merged checkpoint is what `from_pretrained` loads with no peft at all. A QLoRA
+(docs/pitfalls.md#21), and a merged checkpoint is what `from_pretrained` loads with no peft at all. A QLoRA
 adapter is merged into the base re-read at full precision from `model.pretrained`, never into the
 4-bit weights (that would bake quantization error into the export).
 

@@ -106,7 +106,7 @@ def bnb_config():
 
 
 def qlora_refusal(cfg: ModelConfig, is_moe_fused: bool) -> str | None:
-    """Why QLoRA is refused for this model, or None (playbook 3.11: not an escape hatch for MoE)."""
+    """Why QLoRA is refused for this model, or None (docs/pitfalls.md#21: not an escape hatch for MoE)."""
     if not cfg.lora.qlora:
         return None
     if is_moe_fused:

@@ -10,8 +10,8 @@ in tests/unit/models/test_registry.py):
 - Mistral-7B-v0.3: the public config.json of mistralai/Mistral-7B-v0.3 (vocab 32768, rope_theta 1e6,
   no sliding window); the meta-device build has 7,248,023,552 parameters, the published count.
 - OLMoE-1B-7B-0125: transformers' `OlmoeConfig` defaults (documented as the OLMoE-1B-7B shape) with
-  the checkpoint's expert width 1024 (`intermediate_size`); 6,919,161,856 parameters, the count the
-  measurements file (seeds/004, section e) read from allenai/OLMoE-1B-7B-0125's safetensors index.
+  the checkpoint's expert width 1024 (`intermediate_size`); 6,919,161,856 parameters, the count that
+  allenai/OLMoE-1B-7B-0125's safetensors index gives (its `total_size` over 4 bytes of fp32).
 - Gemma-4 26B-A4B and 31B: the `text_config` of google/gemma-4-26B-A4B-it and google/gemma-4-31B-it
   as quoted by several public repositories (found with the code search) and consistent with
   transformers' own `Gemma4TextConfig.base_model_ep_plan` comment ("num_global_key_value_heads=2" for
@@ -218,7 +218,7 @@ _GEMMA4_MOE = dict(
 _GEMMA4_EXTRA = frozenset({"global_head_dim", "num_global_key_value_heads"})
 
 # Gemma-4 is text-only: AutoModelForCausalLM maps `gemma4` to the multimodal class, which refuses
-# flash attention (LANDMINES 4); the text model is built from its text config directly.
+# flash attention (docs/pitfalls.md#4); the text model is built from its text config directly.
 _GEMMA4_CLASSES = dict(config_class="transformers:Gemma4TextConfig",
                        model_class="transformers.models.gemma4.modeling_gemma4:Gemma4ForCausalLM")
 
@@ -230,7 +230,7 @@ FAMILIES: dict[Family, FamilySpec] = {
         config_class="transformers:OlmoeConfig",
         model_class="transformers:OlmoeForCausalLM",
         presets=_OLMOE,
-        attention=frozenset({AttnImpl.sdpa, AttnImpl.eager, AttnImpl.flash}),  # no flex (LANDMINES 4)
+        attention=frozenset({AttnImpl.sdpa, AttnImpl.eager, AttnImpl.flash}),  # no flex (docs/pitfalls.md#4)
         moe_shape=_olmoe_shape,
         router_taps=_olmoe_taps,
         fused_experts=True,

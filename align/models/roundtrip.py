@@ -2,7 +2,7 @@
 
 Reference outputs are taken from the in-memory model (LoRA unmerged, if any) in fp32; the export is
 then loaded back with transformers' own `from_pretrained` (no align code, no peft) in fp32 and run on
-the same tokens. The gate (seeds/004 section e, tightened for a same-library round trip):
+the same tokens. The gate (fp32, where two correct implementations differ only by accumulation order):
 
 - max |logit difference| < 1e-5
 - top-1 agreement 100%

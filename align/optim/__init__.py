@@ -17,8 +17,8 @@ SCHEDULER = "transformers:get_cosine_schedule_with_warmup"
 def optimizer_target(cfg: OptimizerConfig, sharded: bool = False) -> str:
     """Import path of the optimizer class. `sharded`: the parameters are DTensors (parallel=fsdp/ep).
     bitsandbytes' AdamW8bit fails there ("mixed torch.Tensor and DTensor"); torchao's works with FSDP2
-    and DCP (LANDMINES 17). On plain tensors bitsandbytes when installed, else torchao (the GPU image
-    of 2026-11-30 has no bitsandbytes); the class that ran is recorded as `optimizer_impl`."""
+    and DCP (docs/pitfalls.md#12). On plain tensors bitsandbytes when installed, else torchao (the GPU
+    image of 2026-11-30 has no bitsandbytes); the class that ran is recorded as `optimizer_impl`."""
     if cfg.name == OptimizerName.adamw8bit:
         if sharded or importlib.util.find_spec("bitsandbytes") is None:
             return "torchao.optim:AdamW8bit"

@@ -7,13 +7,13 @@ forward order, while step t+1's forward waits for each block's parameters only w
 block.
 
 Why: on one GPU the optimizer is a bandwidth-bound pass over every parameter, serial with the
-compute. For OLMoE-1B-7B (6.9 B bf16 parameters) torch's fused AdamW takes 41 ms of a ~300 ms step
-(H200, 2026-11-30), while the next forward's GEMMs leave the memory system mostly idle.
+compute, while the next forward's GEMMs leave the memory system mostly idle. For a MoE model with
+billions of parameters the update is a visible share of the step (docs/performance.md).
 
 Exactness: the same optimizer object steps each parameter once per step, with the same gradients,
 hyperparameters and clip scale, through its own kernels; only the order of launches over parameter
 subsets changes, and every update is elementwise. The result is bit-identical to one
-`optimizer.step()` (tests/unit/test_optimizer_step.py on CPU, tests/gpu/test_overlap_gpu.py on CUDA).
+`optimizer.step()` (tests/unit/optim/test_step.py on CPU, tests/gpu/test_overlap_gpu.py on CUDA).
 Checkpoints are unchanged: the optimizer's param_groups are viewed per chunk only inside a step.
 
 Anything that reads parameters or optimizer state outside the forward (checkpoint save, export)
@@ -203,12 +203,12 @@ class CompiledStep:
         optimizer.align_folds_clip = True
         self.lr = [torch.tensor(float(g["lr"]), device=device) for g in optimizer.param_groups]
         # Static shapes: a second parameter list on the same code (OverlappedStep's chunks) would
-        # otherwise turn its sizes dynamic, and torch 2.11's dynamo then failed building that graph's
-        # guards (IndexError in produce_guards, H200, 2026-11-30). Each list gets its own static graph.
+        # otherwise turn its sizes dynamic, and torch 2.11's dynamo then fails building that graph's
+        # guards (IndexError in produce_guards, seen on CUDA). Each list gets its own static graph.
         self._plain = torch.compile(self._step, backend=backend, dynamic=False)
         self._scaled = torch.compile(self._step_scaled, backend=backend, dynamic=False)  # compiled the first time a step clips
-        # The gradient norm before the step, compiled too: torch's fp64 _foreach_norm reads the
-        # gradients at 2.2 TB/s on an H200 (6.3 ms at OLMoE-1B-7B's shapes, 2026-11-30).
+        # The gradient norm before the step, compiled too: torch's fp64 _foreach_norm is a
+        # bandwidth-bound pass of its own over the gradients (its cost: docs/performance.md).
         self.norms_of = torch.compile(_fp64_norms, backend=backend, dynamic=False)
 
     def info(self) -> dict[str, Any]:

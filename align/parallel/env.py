@@ -72,7 +72,7 @@ def dist_env(device: Device) -> DistEnv:
 
 
 def hang_diagnostics_env(cfg: ParallelConfig, run_dir: Path, rank: int) -> dict[str, str]:
-    """Flight-recorder variables, read by NCCL when the process group is created (LANDMINES 23:
+    """Flight-recorder variables, read by NCCL when the process group is created (docs/pitfalls.md#17:
     TORCH_FR_* replaced TORCH_NCCL_TRACE_*). Values the user already exported win."""
     if cfg.flight_recorder_entries <= 0:
         return {}

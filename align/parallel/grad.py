@@ -56,8 +56,8 @@ def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, optim
         return 0.0
     sq = 0.0
     for grads in groups.values():
-        # fp64 accumulation: torch's fp32 norm of large tensors is off by ~1e-5 relative (measured on
-        # CPU), enough to make the same gradients report different norms under different shardings.
+        # fp64 accumulation: torch's fp32 norm of large tensors depends on the summation order, enough
+        # to make the same gradients report different norms under different shardings.
         if any(isinstance(g, DTensor) for g in grads):
             norms = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float64) for g in grads]
         else:

@@ -1,4 +1,4 @@
-"""What each rank of a launch writes where (LANDMINES 10). Only rank 0 writes Hydra's `.hydra/`, the
+"""What each rank of a launch writes where (docs/pitfalls.md#10). Only rank 0 writes Hydra's `.hydra/`, the
 history and W&B; rank r > 0 keeps its own log under <run_dir>/rank<r>/. The run dir itself is
 computed ONCE by the launcher (launchers/torchrun.sh) and passed to every rank as hydra.run.dir."""
 

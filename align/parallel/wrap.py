@@ -14,7 +14,7 @@ from align.parallel.env import DistEnv
 
 def activation_checkpointing_call(model_cls: type) -> tuple[str, dict[str, Any]]:
     """The method and kwargs that turn on activation checkpointing: transformers 5.24 renamed
-    gradient_checkpointing_enable (LANDMINES 6); use what is installed. Preflight checks the same pair."""
+    gradient_checkpointing_enable (docs/pitfalls.md#6); use what is installed. Preflight checks the same pair."""
     if hasattr(model_cls, "activation_checkpointing_enable"):
         return "activation_checkpointing_enable", {"activation_checkpointing_kwargs": {"use_reentrant": False}}
     return "gradient_checkpointing_enable", {"gradient_checkpointing_kwargs": {"use_reentrant": False}}

@@ -162,7 +162,7 @@ def mask_report(model: torch.nn.Module, batches: dict[str, Batch]) -> dict[str, 
             inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.model_inputs().items()}
             # Eager even when the blocks are compiled (trainer.compile): traced, these no-grad forwards
             # and this hook's dict filled the blocks' compile caches up to dynamo's recompile limit,
-            # and training then ran eager (OLMoE-1B-7B on an H200, 2026-11-30).
+            # and training then ran eager (docs/pitfalls.md#8).
             with torch.no_grad(), torch.compiler.set_stance("force_eager"):
                 model(**inputs)
             B, L = b.input_ids.shape

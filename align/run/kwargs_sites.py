@@ -1,4 +1,4 @@
-"""The kwargs call sites preflight checks by name (playbook 4.2), one function per library call.
+"""The kwargs call sites preflight checks by name (docs/pitfalls.md#7), one function per library call.
 
 Each function builds the kwargs with the SAME builder the call site uses, and names the installed
 callable it goes to; it returns None when this config does not make that call. Values are

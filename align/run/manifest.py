@@ -43,7 +43,8 @@ SCHEMA: dict[str, Any] = {
         "pid": "process id of rank 0",
         "start_time": "UTC ISO time the manifest was started",
         "end_time": "UTC ISO time the run ended",
-        "exit_code": "process exit code: 0 done, 2 config/preflight refused, 81 non-finite, 143 signal (docs/exit-codes.md)",
+        "exit_code": ("process exit code: 0 done, 2 config/preflight refused, 81 non-finite, 143 signal "
+                      "(docs/architecture.md#exit-codes)"),
         "exit_reason": "one line: why the run ended",
     },
     "config": {
@@ -317,7 +318,7 @@ def _cpu_name() -> str:
 
 def dynamo_counters() -> tuple[Optional[dict[str, Any]], Optional[str]]:
     """torch._dynamo's counters: best effort, nullable, never raises. `recompiles` counts the compiles of
-    a frame beyond its first; `graph_breaks` every break dynamo recorded (tests/unit/test_provenance.py
+    a frame beyond its first; `graph_breaks` every break dynamo recorded (tests/unit/run/test_manifest.py
     forces one of each)."""
     try:
         if "torch._dynamo" not in sys.modules:
@@ -333,7 +334,7 @@ def dynamo_counters() -> tuple[Optional[dict[str, Any]], Optional[str]]:
             "graph_break_reasons": {str(k).splitlines()[0][:200]: int(v) for k, v in list(breaks.items())[:20]},
             "recompiles": None,
             # A frame past dynamo's recompile limit runs eager from then on, silently but for a log line:
-            # compiled blocks whose caches had filled measured as eager ones (H200, 2026-11-30).
+            # compiled blocks whose caches had filled ran as eager ones (docs/pitfalls.md#8).
             "recompile_limit_hits": int(sum(v for k, v in counters.get("unimplemented", {}).items()
                                             if str(k).startswith("Dynamo recompile limit exceeded"))),
         }

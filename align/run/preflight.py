@@ -4,7 +4,7 @@ the pre-launch checklist (align/run/checklist.py; docs/provenance.md).
     python -m align.tools.preflight [overrides]      # prints the checklist for this config; exit 0 or 2
 
 `align.train` runs the same checks first and stops at the first failure. Checks run cheapest first
-(values, git, files: a few ms), then the kwargs checks, which read the installed signatures through
+(values, git, files), then the kwargs checks, which read the installed signatures through
 align.run.signatures (a cache keyed on the files they come from; a miss imports the library). A check is a function `(cfg, ctx) -> Iterable[Check]` listed in CHECKS; a kwargs call
 site is a function `(cfg) -> KwargsSite | None` listed in align/run/kwargs_sites.py.
 """

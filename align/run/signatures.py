@@ -1,9 +1,9 @@
-"""What an installed callable accepts by keyword (playbook 4.2), and a cache of that answer that a
-new process can use without importing the library.
+"""What an installed callable accepts by keyword (docs/pitfalls.md#7), and a cache of that answer that
+a new process can use without importing the library.
 
-Reading a signature means importing its library: about 2 s for a transformers config class (torch
-included) and 0.4 s for wandb on the 2-core dev VM. `accepted("module:qualname")` answers from an
-entry under `cache_dir()` instead, as long as nothing the answer was read from has changed:
+Reading a signature means importing its library, which for a transformers config class means torch
+too (what that costs: docs/provenance.md, "Order and cost"). `accepted("module:qualname")` answers
+from an entry under `cache_dir()` instead, as long as nothing the answer was read from has changed:
 
 - key: the import path, the file Python would load for its module (found without importing it),
   the distribution's version, the Python version;
@@ -191,7 +191,7 @@ _SUFFIXES = (*importlib.machinery.EXTENSION_SUFFIXES, *importlib.machinery.SOURC
 
 def module_file(module: str) -> Optional[str]:
     """The file `import module` would load, found without importing it or its parents
-    (`importlib.util.find_spec("a.b")` imports `a`; transformers' __init__ alone costs 0.25 s).
+    (`importlib.util.find_spec("a.b")` imports `a`, and transformers' __init__ alone is slow to import).
     Only the top level goes through the import system; below it, the package directories are
     searched the way the path finder does: a package, then a module, then a namespace portion."""
     top, *parts = module.split(".")
@@ -294,7 +294,7 @@ def _write(entry: Path, key: dict[str, Any], acc: Accepted, files: set[str]) -> 
 
 @dataclass
 class KwargsSite:
-    """One library call align makes with kwargs built from config (playbook 4.2)."""
+    """One library call align makes with kwargs built from config (docs/pitfalls.md#7)."""
 
     target: Union[str, Callable]
     """The installed callable, or its import path "module:qualname": read from align.run.signatures' cache,
@@ -307,7 +307,7 @@ class KwargsSite:
     """Callables that receive this one's leftover **kwargs (their names are accepted too)."""
     exact: Optional[Callable[[], "KwargsSite"]] = None
     """Set when `kwargs` is the union over the devices the run may get (trainer.device=auto: deciding
-    imports torch, ~1 s): builds the site for this machine's device, only when the union is refused."""
+    imports torch): builds the site for this machine's device, only when the union is refused."""
 
 
 def accepted_names(fn: Union[str, Callable]) -> set[str]:
@@ -323,7 +323,7 @@ def unknown_kwargs(site: KwargsSite) -> tuple[list[str], Accepted]:
 
 
 def check_kwargs(fn: Union[str, Callable], kwargs: dict[str, Any], what: str, also: tuple = ()) -> None:
-    """Fail by NAME when `fn`, as installed, does not accept a key of `kwargs` (playbook 4.2)."""
+    """Fail by NAME when `fn`, as installed, does not accept a key of `kwargs` (docs/pitfalls.md#7)."""
     unknown, acc = unknown_kwargs(KwargsSite(fn, kwargs, what, also))
     if unknown:
         raise ConfigError(what, f"{acc.name} does not accept {unknown}; it accepts: {', '.join(sorted(acc.names))}")

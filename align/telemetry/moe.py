@@ -20,12 +20,11 @@ Why batched: launch count. The per-layer hooks only stash each layer's logits an
 op); the statistics of ALL layers of one forward are computed in one pass when the outermost forward
 returns (`window_stats` on [L, T, E]: one float cast, one log_softmax, one fp64 reduction over tokens,
 one histc over ids offset by layer), so the ops per forward do not grow with the layer count.
-Computed per layer in the hooks they took ~34 ops per layer per micro-batch; batched, 36 CUDA
-kernels per forward at any depth, 0.73 ms per forward at OLMoE-1B-7B's 16 layers (one H200,
-2026-11-30, tests/gpu/test_moe_telemetry_gpu.py). Most of telemetry's end-to-end cost there (2.2%
-of a step) was `on_step` waiting for the optimizer to read the window; `close_window` starts that
-read at the boundary instead (0.5-0.75% left; docs/performance.md). A forward that raises
-accumulates nothing.
+Computed per layer in the hooks, the op count grew with the depth; batched, it is a fixed number
+of kernels per forward (tests/unit/models/test_moe_telemetry.py counts them;
+tests/gpu/test_moe_telemetry_gpu.py times them). `on_step` used to wait for the optimizer to read the
+window; `close_window` starts that read at the boundary instead (what each cost:
+docs/performance.md). A forward that raises accumulates nothing.
 """
 
 from __future__ import annotations
@@ -222,7 +221,7 @@ class RouterTelemetry:
     # The two router hooks run inside a compiled block (trainer.compile) as eager islands: traced, they
     # would put this object's Python state into the block's guards (the layer number, how many layers
     # the forward has stashed so far), and a block would recompile for every layer until dynamo's
-    # recompile limit sent it back to eager (OLMoE-1B-7B on an H200, 2026-11-30: 8 recompiles).
+    # recompile limit sent it back to eager (docs/pitfalls.md#8).
     def _logits_hook(self, tap):
         @torch.compiler.disable
         def hook(module, args, output):
@@ -264,8 +263,8 @@ class RouterTelemetry:
 
     def close_window(self) -> None:
         """One process: start copying the window to the host now, before the optimizer step is queued
-        behind it. `on_step` reads that copy instead of waiting for the step (measured on an H200,
-        2026-11-30: the wait cost an OLMoE step ~2%, the host then refilling an empty device queue).
+        behind it. `on_step` reads that copy instead of waiting for the step (the wait left the device
+        queue empty while the host caught up; its cost: docs/performance.md).
         With ranks the window is reduced in `on_step` first."""
         self._read = None
         if self.record and self._window is not None and not _distributed():

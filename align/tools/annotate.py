@@ -1,5 +1,5 @@
 """`python -m align.tools.annotate RUN_DIR "text" [--affects KEY,...]`: correct a run's record without
-editing it (playbook 4.4).
+editing it (docs/triage.md#8).
 
 provenance.json is never touched. The correction is appended to PROVENANCE-NOTE.md beside it with
 the manifest's sha256 (so a reader can tell the manifest is the one the note was written against),

@@ -1,5 +1,5 @@
 """GPU: one MoE layer at OLMoE shape (E=64, k=8, 4096 tokens, bf16) is bit-identical over 8 repeats
-with the experts kernel transformers picks by default (seeds/004 section f). Results, including the
+with the experts kernel transformers picks by default (docs/pitfalls.md#20). Results, including the
 default-mode backward and the eager / batched_mm kernels, go to $OUT/moe_determinism.json (default
 ./outputs/gpu) for the report.
 

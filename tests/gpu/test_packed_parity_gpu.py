@@ -1,5 +1,5 @@
 """On CUDA: packed micro-batches give each document's own logits and gradients with flex_attention
-(which has no CPU backward) and sdpa, for the families that support them (LANDMINES 1, 4).
+(which has no CPU backward) and sdpa, for the families that support them (docs/pitfalls.md#1, docs/pitfalls.md#4).
 Run: pytest -q -m gpu tests/gpu/test_packed_parity_gpu.py"""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def tok():
 @pytest.mark.parametrize("family", [Family.mistral, Family.gemma4, Family.olmoe])
 def test_packed_parity_on_cuda_with_backward(tok, family, impl, request):
     if family == Family.olmoe and impl == AttnImpl.flex:
-        pytest.skip("OLMoE has no flex_attention support (LANDMINES 4)")
+        pytest.skip("OLMoE has no flex_attention support (docs/pitfalls.md#4)")
     if impl == AttnImpl.flex:
         # Seen 2026-11-30 on the H200 (torch 2.11, transformers 5.24): inductor fails to lower the flex
         # kernel for these tiny shapes (head_dim 32, 96 packed tokens): NoValidChoicesError. strict:

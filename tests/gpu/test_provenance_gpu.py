@@ -1,7 +1,7 @@
 """Provenance on a CUDA device (GPU machine: `pytest -m gpu tests/gpu/test_provenance_gpu.py`).
 
 What can only be told on a GPU: the device's name and capability, the autocast dtype, and the SDPA
-kernel family from profiler kernel names (playbook 3.3). Writes each manifest and mask report to
+kernel family from profiler kernel names (docs/triage.md#5). Writes each manifest and mask report to
 $OUT/provenance_gpu/ (default ./outputs/gpu) for the record.
 """
 

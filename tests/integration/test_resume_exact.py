@@ -54,7 +54,7 @@ def request_stop_before(trainer, rank: int, step: int, on_rank: int) -> None:
 
 
 def forget_sampler_position(trainer, rank: int) -> None:
-    """A resume that restores everything but the data position (the bug LANDMINES 21 describes)."""
+    """A resume that restores everything but the data position (the bug docs/pitfalls.md#15 describes)."""
     from align.data.loader import Position
 
     assert trainer.state.step == STOP, "the control must start from the resumed checkpoint"
@@ -113,7 +113,7 @@ def runs(tmp_path_factory):
         {"run_dir": d["fallback"], "overrides": CFG},
     ]
     # The same stop + resume for the other layouts a checkpoint must survive: expert parallel (experts
-    # on their own mesh) and torchao's 8-bit AdamW under FSDP (LANDMINES 17); 6 steps, stop after 3.
+    # on their own mesh) and torchao's 8-bit AdamW under FSDP (docs/pitfalls.md#12); 6 steps, stop after 3.
     for name, extra in VARIANTS.items():
         cfg = TINY + [f"trainer.grad_accum=1", "trainer.max_steps=6", "trainer.export=true", *extra]
         d[f"{name}_full"], d[f"{name}_stopped"] = str(root / f"{name}_full"), str(root / f"{name}_stopped")

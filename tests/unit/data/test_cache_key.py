@@ -1,4 +1,4 @@
-"""The encode cache key covers the MEANING of an encoding (playbook 4.1): a legitimate resume hits,
+"""The encode cache key covers the MEANING of an encoding (docs/triage.md#8): a legitimate resume hits,
 and any change that can change what the encoding means misses, including a mask file edited in
 place at the same path."""
 

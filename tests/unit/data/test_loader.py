@@ -1,6 +1,6 @@
 """BatchStream: a mid-epoch resume lands on the exact next micro-batch (also across an epoch
 boundary and with a prefetching DataLoader), and a resume under another world size, data set or
-sampler setting is refused (LANDMINES 21)."""
+sampler setting is refused (docs/pitfalls.md#15)."""
 
 from __future__ import annotations
 

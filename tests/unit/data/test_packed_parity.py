@@ -1,11 +1,11 @@
 """Packed (padding-free) micro-batches compute exactly the logits of each document run alone, for
-every family and every attention backend that trains on CPU (LANDMINES 1). Each case also runs a
-negative control, the leak LANDMINES 1 describes (an all-ones mask beside packed position_ids), and
+every family and every attention backend that trains on CPU (docs/pitfalls.md#1). Each case also runs a
+negative control, the leak docs/pitfalls.md#1 describes (an all-ones mask beside packed position_ids), and
 requires it to DISAGREE, so the comparison is shown able to fail.
 
-flex_attention has no CPU backward in torch 2.13 and compiles each new shape for ~25 s on 2 cores:
+flex_attention has no CPU backward in torch 2.13 and compiles each new shape slowly on a CPU:
 its CPU forward parity is opt-in (ALIGN_TEST_FLEX_CPU=1); tests/gpu/test_packed_parity_gpu.py runs it
-with backward on CUDA. OLMoE has no flex support at all (LANDMINES 4).
+with backward on CUDA. OLMoE has no flex support at all (docs/pitfalls.md#4).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def test_tiny_preset_builds_trains_one_step_and_reports_what_it_resolved(build, 
 def test_experts_backend_requested_and_resolved_are_recorded_and_read_back(build, family):
     default = build(family)
     assert default.info["experts_implementation_requested"] is None
-    assert default.info["experts_implementation_resolved"] == "grouped_mm"  # transformers' default (LANDMINES 3)
+    assert default.info["experts_implementation_resolved"] == "grouped_mm"  # transformers' default (docs/pitfalls.md#3)
     for impl in ExpertsImpl:
         b = build(family, moe=MoEConfig(experts=impl))
         assert b.info["experts_implementation_requested"] == impl.value

@@ -27,7 +27,7 @@ def test_every_preset_builds_on_meta_and_its_kwargs_are_accepted_by_name(family,
 
 def test_full_presets_have_the_published_parameter_counts():
     # Mistral-7B-v0.3 and OLMoE-1B-7B-0125: exact published counts (the latter from the checkpoint
-    # index, seeds/004 section e). Gemma-4: 26B-A4B is "3.8B active"; 31B is ~30.7B text parameters.
+    # safetensors index). Gemma-4: 26B-A4B is "3.8B active"; 31B is ~30.7B text parameters.
     def counts(f):
         m, c = meta_model(ModelConfig(family=f, preset=Preset.full))
         return count_params(m, FAMILIES[f].moe_shape(c))
@@ -35,7 +35,7 @@ def test_full_presets_have_the_published_parameter_counts():
     assert counts(Family.mistral).total == 7_248_023_552
     olmoe = counts(Family.olmoe)
     assert olmoe.total == 6_919_161_856
-    assert abs(olmoe.active - 1.28e9) < 0.01e9  # "1B active" (6 x 1.282B FLOPs/token in seeds/004)
+    assert abs(olmoe.active - 1.28e9) < 0.01e9  # "1B active": 8 of 64 experts per token
     g26 = counts(Family.gemma4_moe)
     assert 25.0e9 < g26.total < 25.5e9 and 3.7e9 < g26.active < 3.9e9, g26
     assert 30.5e9 < counts(Family.gemma4).total < 31.0e9

@@ -71,7 +71,7 @@ def test_hang_diagnostics_use_the_flight_recorder_names_of_torch_2_11(tmp_path):
     env = hang_diagnostics_env(ParallelConfig(flight_recorder_entries=500), tmp_path, 3)
     assert env["TORCH_FR_BUFFER_SIZE"] == "500" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith(str((tmp_path / "rank3" / "flight_recorder").resolve()))
-    assert not any("TRACE_BUFFER" in k for k in env)  # deprecated name (LANDMINES 23)
+    assert not any("TRACE_BUFFER" in k for k in env)  # deprecated name (docs/pitfalls.md#17)
     assert hang_diagnostics_env(ParallelConfig(flight_recorder_entries=0), tmp_path, 0) == {}
 
 

@@ -1,4 +1,4 @@
-"""The mask probe asserts band structure on the masks layers actually receive (playbook 3.6), and
+"""The mask probe asserts band structure on the masks layers actually receive (docs/triage.md#2), and
 fails when the window is widened or dropped, or padding is ignored."""
 
 from __future__ import annotations

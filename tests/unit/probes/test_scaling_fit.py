@@ -10,7 +10,7 @@ from align.errors import ConfigError
 from align.data.stats import length_moments
 from align.probes.scaling import FitRefused, analyze, batch_moments, fit, predict
 
-# The playbook's worked example (section 8): A = 6.87e-4 s/token, B = 8.85e-8 s/token^2.
+# An attention-heavy long-context step: A = 6.87e-4 s/token, B = 8.85e-8 s/token^2.
 A, B = 6.87e-4, 8.85e-8
 WS = np.array([2048.0, 4096.0, 8192.0, 16384.0])
 
@@ -25,7 +25,7 @@ def test_fit_recovers_known_A_and_B_within_1_percent(idx, noise):
     assert abs(f.B / B - 1) < 0.01, f.B
     assert f.C == 0.0 and not f.with_constant
     assert f.max_abs_rel_residual < 0.01
-    # the playbook's quadratic shares: 20.9% at 2,048 and 67.8% at 16,384
+    # its quadratic shares B*w / (A + B*w): 20.9% at 2,048 and 67.8% at 16,384
     assert f.shares(2048)["quadratic"] == pytest.approx(0.209, abs=0.005)
     assert f.shares(16384)["quadratic"] == pytest.approx(0.678, abs=0.005)
 
@@ -61,7 +61,7 @@ def test_three_regimes_are_classified_on_synthetic_curves(regime):
 
 
 def test_regime_is_named_at_the_shape_you_run_not_the_longest_benchmarked():
-    # Playbook 1.2: attention is 67.8% at w=16,384 but 20.9% at 2,048. If the data runs at ~2k the
+    # docs/triage.md#3: attention is 67.8% at w=16,384 but 20.9% at 2,048. If the data runs at ~2k the
     # regime is linear even though the longest benchmark point is attention-dominated.
     t = A * WS + B * WS * WS
     assert analyze(WS, t).regime == "quadratic"  # default reference: the longest measured width
@@ -125,7 +125,7 @@ def test_noise_that_no_model_explains_is_not_concluded():
 
 
 def test_prediction_weights_by_E_w2_never_E_w_squared():
-    # bimodal lengths: many short records, a few long ones (playbook 1.2)
+    # bimodal lengths: many short records, a few long ones (docs/triage.md#3)
     lengths = np.array([512] * 90 + [8192] * 10)
     f = fit(WS, A * WS + B * WS * WS)
     m = length_moments(lengths)

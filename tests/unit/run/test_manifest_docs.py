@@ -1,4 +1,4 @@
-"""docs/provenance.md's schema table names every manifest key (a stale doc is a liar too, playbook 4.7)."""
+"""docs/provenance.md's schema table names every manifest key (a stale doc is a liar too, docs/triage.md#8)."""
 
 from __future__ import annotations
 

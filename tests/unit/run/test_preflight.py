@@ -29,7 +29,7 @@ class TrainingArgumentsV4:  # stand-ins for transformers' TrainingArguments befo
         pass
 
 
-class TrainingArgumentsV5:  # lost `warmup_ratio`, kept `warmup_steps` (playbook 4.2)
+class TrainingArgumentsV5:  # lost `warmup_ratio`, kept `warmup_steps` (docs/pitfalls.md#7)
     def __init__(self, output_dir, learning_rate=5e-5, warmup_steps=0):
         pass
 

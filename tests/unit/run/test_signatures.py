@@ -77,7 +77,7 @@ class Model:
     def from_pretrained(cls, path, *args, **kwargs):
         return kwargs.get("attn_implementation"), "dtype" in kwargs
 """
-LOST = "warmup_ratio=0.0"  # what transformers 5 did to TrainingArguments (playbook 4.2)
+LOST = "warmup_ratio=0.0"  # what transformers 5 did to TrainingArguments (docs/pitfalls.md#7)
 KW = {"num_warmup_steps": 5, "warmup_ratio": 0.05}
 
 

@@ -1,4 +1,4 @@
-"""Corrections go beside the manifest, never into it, and say what remains accurate (playbook 4.4)."""
+"""Corrections go beside the manifest, never into it, and say what remains accurate (docs/triage.md#8)."""
 
 from __future__ import annotations
 
