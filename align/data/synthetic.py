@@ -5,7 +5,8 @@ Each record is {"question": "<a>+<b>=", "answer": "<a+b>"}, a and b drawn unifor
 The bundled tokenizer writes every operand, sign and sum of the default range as one token each.
 
 The files under align/data/assets/add/ are this module's output for the parameters in `BUNDLED`
-(tests/unit/data/test_synthetic.py regenerates them and compares bytes):
+(tests/unit/data/test_prompts.py::test_the_bundled_task_is_the_generators_output regenerates them and
+compares bytes):
 
     python -m align.data.synthetic        # rewrite the bundled files
 """
