@@ -80,7 +80,7 @@ def _copy_repo(dst: Path) -> Path:
 
 def test_train_refuses_a_dirty_tree_before_creating_anything(tmp_path):
     repo = _copy_repo(tmp_path / "repo")
-    with (repo / "align" / "loss.py").open("a") as f:
+    with (repo / "align" / "objectives" / "ce.py").open("a") as f:
         f.write("\n# an uncommitted change\n")
     run_dir = tmp_path / "run"
     # small settings so that a broken gate fails this test in seconds rather than training the default run
