@@ -67,7 +67,7 @@ def validate_command_line(argv: Sequence[str]) -> list[EvalRunConfig]:
 
     from align.run.cli import compose, describe, die, job_override_lists
     from align.errors import AlignError
-    from align.evaluation.config import GROUP_SCHEMAS, to_typed
+    from align.evaluation.config import GROUP_SCHEMAS, EvalRunConfig, to_typed
 
     jobs: list[EvalRunConfig] = []
     try:
@@ -81,7 +81,7 @@ def validate_command_line(argv: Sequence[str]) -> list[EvalRunConfig]:
     except AlignError as e:
         die(str(e), e.exit_code)
     except Exception as exc:  # every composition/value error becomes one line
-        line = describe(exc)
+        line = describe(exc, root=EvalRunConfig)
         group = line.split(".", 1)[0]
         if line.endswith(": unknown key") and group in GROUP_SCHEMAS:
             line += f"; accepted keys: {', '.join(f.name for f in dataclasses.fields(GROUP_SCHEMAS[group]))}"

@@ -61,8 +61,9 @@ def _override_key(exc: BaseException, key: str) -> str:
     return full if full.endswith(f".{key}") else key
 
 
-def describe(exc: BaseException) -> str:
-    """One line for a composition, override or value error: the key, the problem, what is accepted."""
+def describe(exc: BaseException, root: Optional[type] = None) -> str:
+    """One line for a composition, override or value error: the key, the problem, what is accepted.
+    `root`: the schema the command composes onto (default: align.train's TrainConfig)."""
     from hydra.errors import (
         ConfigCompositionException,
         MissingConfigException,
@@ -86,7 +87,7 @@ def describe(exc: BaseException) -> str:
     if isinstance(cause, OmegaConfBaseException):
         key = _override_key(exc, getattr(cause, "full_key", None) or "config")
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
-            err = unknown_key(key)
+            err = unknown_key(key, root)
             if err is not None:  # a typed schema: no `+` can add the key either
                 return str(err)
             if cause is not exc:  # inside an open mapping (model.overrides): Hydra's hint says how to add it

@@ -128,7 +128,7 @@ def _bad_cases(tmp: Path) -> list:
         (["eval=nope", "eval.oracle=true"], "eval=nope: no such option; accepted: gsm8k, refusal"),
         (["eval=refusal", f"eval.prompts={no_field}", "model_dir=EXPORT"],
          f"{no_field}:2: record has no field 'prompt'"),
-        (["eval.oracle=true", "eval.sample=4"], "eval.sample: unknown key; accepted keys:"),
+        (["eval.oracle=true", "eval.sample=4"], "eval.sample: unknown key in eval (did you mean eval.samples?); accepted keys:"),
         (["model_dir=EXPORT", "eval.samples=4", "eval.temperature=0"], "eval.temperature: 0 decodes greedily"),
     ]
 

@@ -166,7 +166,7 @@ def test_nonfinite_parameters_on_one_rank_are_never_written_and_halt_every_rank(
 # timed kill); the rest is the real `python -m align.train`.
 SIGNAL_DURING_START_UP = (
     "import os, runpy, signal, sys\n"
-    "import align.trainer as t\n"
+    "import align.objectives.sft as t\n"
     "load = t.load_dataset\n"
     "def signalled(*a, **kw):\n"
     "    os.kill(os.getpid(), signal.SIGTERM)\n"
