@@ -139,21 +139,31 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 def summarise(m: dict[str, Any], ceiling_tflops: Optional[float]) -> dict[str, Any]:
-    """Rates, padding waste and both MFUs of a measurement, against the command's matmul ceiling."""
+    """Rates (pairs/s too when the measurement counts pairs: a DPO arm), padding waste and both MFUs of a
+    measurement, against the command's matmul ceiling."""
     sec = m["seconds"]
     useful_tflops = m["useful_flops"] / sec / 1e12
     counted_tflops = m["counted_flops"] / sec / 1e12 if m.get("counted_flops") is not None else None
+    pairs = m.get("pairs")
     return {**m, "real_tokens_per_s": m["real_tokens"] / sec, "tokens_per_s": m["tokens"] / sec,
+            "pairs_per_s": pairs / sec if pairs is not None else None,
             "tokens_per_step": m["tokens"] / m["steps_measured"],
             "padding_waste": 1 - m["real_tokens"] / m["tokens"] if m["tokens"] else 0.0,
             "useful_tflops": useful_tflops, "useful_mfu": _ratio(useful_tflops, ceiling_tflops),
             "counted_tflops": counted_tflops, "counted_mfu": _ratio(counted_tflops, ceiling_tflops)}
 
 
+def rate_key(r: dict[str, Any], base: dict[str, Any]) -> str:
+    """What a ratio of two arms compares: pairs/s when both count pairs (DPO arms), else real tokens/s."""
+    both = r.get("pairs_per_s") is not None and base.get("pairs_per_s") is not None
+    return "pairs_per_s" if both else "real_tokens_per_s"
+
+
 def add_ratios(results: list[dict[str, Any]], baselines: Sequence[str]) -> None:
-    """`vs_<baseline>`: each arm's real tokens/s over a baseline arm's from the same command."""
+    """`vs_<baseline>`: each arm's rate (`rate_key`) over a baseline arm's from the same command."""
     by = {r["arm"]: r for r in results if "error" not in r}
     for r in results:
         for b in baselines:
             base = by.get(b)
-            r[f"vs_{b}"] = _ratio(r.get("real_tokens_per_s"), base["real_tokens_per_s"]) if base else None
+            r[f"vs_{b}"] = _ratio(r.get(rate_key(r, base)), base[rate_key(r, base)]) if base and "error" not in r \
+                else None

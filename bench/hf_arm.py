@@ -31,6 +31,8 @@ from bench.common import (experiment_config, hf_config, measurement, model_class
 # reference arm -> the align experiment whose model it builds
 REFERENCE_ARMS = {"hf_padded": "bench/base_dense", "hf_flatten": "bench/base_dense", "hf_ceiling": "bench/base_dense",
                   "hf_moe_fwd_bwd": "bench/base_moe"}
+DATA_FILE, DATA_FLAG = "rows.jsonl", "--rows-file"
+"""The harness's file these arms read (the ceiling and fwd+bwd arms make their own rows), and its flag."""
 ROWS_PER_STEP = 8
 CEILING_WIDTH = 2048
 FWD_BWD_SHAPE, FWD_BWD_SHAPE_TINY = (4, 2048), (4, 128)

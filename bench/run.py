@@ -1,13 +1,22 @@
 """One benchmark harness: align arms are experiment configs (conf/experiment/bench/<name>.yaml, run as
-`python -m align.train experiment=bench/<name>`), reference arms are code (bench/hf_arm.py). One
-command runs the arms it is given, one after another, each in its own process (clean allocator, honest
-peak memory), on token rows it writes once, and prints and writes one table.
+`python -m align.train experiment=bench/<name>`), reference arms are code (bench/hf_arm.py: HF Trainer
+and transformers' model; bench/trl_arm.py: TRL's DPOTrainer). One command runs the arms it is given,
+one after another, each in its own process (clean allocator, honest peak memory), on data it writes
+once, and prints and writes one table.
+
+The data an arm reads is named by its experiment's `data.path` (or its reference module): the harness
+writes that file under $OUT and points the arm at it.
+- rows.jsonl: bimodal token rows (bench/common.py), the dense, MoE and vocabulary arms' and hf_arm's;
+- pairs.jsonl: the DPO bench pairs (bench/pairs.py, `--pairs` of them), the DPO and TRL arms';
+- pair_rows.jsonl: the sequences of those pairs as token rows, for an SFT arm on what DPO forwards.
+A DPO arm's table row adds pairs/s; ratios between two DPO arms are of pairs/s, else of real tokens/s.
 
     python bench/run.py hf_padded hf_ceiling dense_best dense_eager     # results under $OUT (default outputs/bench)
     python bench/run.py experiment=bench/moe_fast hf_moe_fwd_bwd         # experiment=... names work too
     python bench/run.py --list                                          # every arm
     python bench/run.py --dry-run dense_best hf_padded                  # validate and print the commands only
     python bench/run.py --tiny dense_eager hf_padded --steps 4 --warmup 2 --rows 200   # CPU shake-out
+    python bench/run.py trl_dpo_ref dpo_best --hf-steps 20 --hf-warmup 5 --deadline 400   # DPO against TRL
 
 An arm whose experiment selects parallel=fsdp or parallel=ep is launched on --nproc processes through
 launchers/torchrun.sh; its rates are per GPU. Each arm's result is $OUT/<arm>.json; the table is
@@ -23,6 +32,7 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -30,19 +40,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import (add_ratios, bimodal_lengths, compose_typed, experiment_names, hf_config,  # noqa: E402
-                          matmul_ceiling_tflops, measurement, model_flops, summarise, tiny_overrides, token_rows,
-                          useful_flops_per_token, write_rows)
-from bench.hf_arm import REFERENCE_ARMS, reference_config  # noqa: E402
+from bench import hf_arm, trl_arm  # noqa: E402
+from bench.common import (add_ratios, bimodal_lengths, compose_typed, experiment_config, experiment_names,  # noqa: E402
+                          hf_config, matmul_ceiling_tflops, measurement, model_flops, summarise, tiny_overrides,
+                          token_rows, useful_flops_per_token, write_rows)
+from bench.pairs import PAIR_ROWS_FILE, PAIRS_FILE, check_count, gsm8k_triples, write_bench_data  # noqa: E402
 
 LAUNCHER = ROOT / "launchers" / "torchrun.sh"
+ROWS_FILE = "rows.jsonl"
+DATA_FILES = (ROWS_FILE, PAIRS_FILE, PAIR_ROWS_FILE)
+"""The files the harness writes; an arm's experiment names one of them as its data.path."""
+REFERENCE_MODULES = {**{a: hf_arm for a in hf_arm.REFERENCE_ARMS}, **{a: trl_arm for a in trl_arm.REFERENCE_ARMS}}
+REFERENCE_ARMS = {**hf_arm.REFERENCE_ARMS, **trl_arm.REFERENCE_ARMS}
+"""reference arm -> the align experiment whose model it builds."""
 
 
 @dataclass
 class Arm:
-    """One arm of a command, resolved: what runs, where it writes, what it needs of the shared rows."""
+    """One arm of a command, resolved: what runs, where it writes, what it needs of the shared data."""
 
     name: str
     experiment: Optional[str]
@@ -54,6 +73,8 @@ class Arm:
     gpus: int = 1
     vocab: int = 0
     """Rows drawn for this command must stay below every arm's vocabulary."""
+    data_file: str = ROWS_FILE
+    """Which of DATA_FILES the arm reads (written under $OUT)."""
     typed: Any = None
 
 
@@ -78,12 +99,17 @@ def resolve(token: str) -> Arm:
         f"(conf/experiment/bench/): {', '.join(experiment_names())}")
 
 
-def align_overrides(arm: Arm, a: argparse.Namespace, out: Path, rows_file: Path) -> list[str]:
-    """The experiment plus what belongs to this command, not to the experiment: the rows it wrote,
-    its cache dir, its step count, and with --tiny the CPU-sized preset."""
+def align_overrides(arm: Arm, a: argparse.Namespace, out: Path) -> list[str]:
+    """The experiment plus what belongs to this command, not to the experiment: the data file it
+    wrote, its cache dir, its step count, and with --tiny the CPU-sized preset."""
     experiment = [f"experiment={arm.experiment}"]
-    tiny = tiny_overrides(_typed_or_die(arm, experiment)) if a.tiny else []
-    return [*experiment, f"data.path={rows_file}", f"data.cache_dir={out / 'cache'}", "allow_dirty=true",
+    own = _typed_or_die(arm, experiment)
+    arm.data_file = Path(own.data.path or "").name
+    if arm.data_file not in DATA_FILES:
+        die(f"{arm.name} (experiment={arm.experiment}): data.path={own.data.path} names no file the harness writes; "
+            f"accepted: outputs/bench/<one of {', '.join(DATA_FILES)}>")
+    tiny = tiny_overrides(own) if a.tiny else []
+    return [*experiment, f"data.path={out / arm.data_file}", f"data.cache_dir={out / 'cache'}", "allow_dirty=true",
             *([f"trainer.max_steps={a.steps}"] if a.steps is not None else []), *tiny]
 
 
@@ -96,8 +122,8 @@ def _typed_or_die(arm: Arm, overrides: list[str]):
         die(f"{arm.name} (experiment={arm.experiment}): {describe(exc)}")
 
 
-def plan_align(arm: Arm, a: argparse.Namespace, out: Path, rows_file: Path) -> Arm:
-    arm.overrides = overrides = align_overrides(arm, a, out, rows_file)
+def plan_align(arm: Arm, a: argparse.Namespace, out: Path) -> Arm:
+    arm.overrides = overrides = align_overrides(arm, a, out)
     arm.typed = _typed_or_die(arm, overrides)
     steps = arm.typed.trainer.max_steps
     if not 1 <= a.warmup < steps:
@@ -112,19 +138,21 @@ def plan_align(arm: Arm, a: argparse.Namespace, out: Path, rows_file: Path) -> A
     return arm
 
 
-def plan_reference(arm: Arm, a: argparse.Namespace, out: Path, rows_file: Path) -> Arm:
+def plan_reference(arm: Arm, a: argparse.Namespace, out: Path) -> Arm:
     if not 1 <= a.hf_warmup < a.hf_steps:
         die(f"{arm.name}: --hf-warmup {a.hf_warmup} must be >= 1 and below --hf-steps {a.hf_steps}")
-    arm.typed = reference_config(arm.name, a.tiny)
+    module = REFERENCE_MODULES[arm.name]
+    arm.typed = experiment_config(REFERENCE_ARMS[arm.name], a.tiny)
     arm.run_dir = out / "runs" / arm.name
-    arm.cmd = [sys.executable, str(ROOT / "bench" / "hf_arm.py"), "--arm", arm.name, "--steps", str(a.hf_steps),
-               "--warmup", str(a.hf_warmup), "--rows-file", str(rows_file),
+    arm.data_file = module.DATA_FILE
+    arm.cmd = [sys.executable, str(Path(module.__file__).resolve()), "--arm", arm.name, "--steps", str(a.hf_steps),
+               "--warmup", str(a.hf_warmup), module.DATA_FLAG, str(out / arm.data_file),
                "--out", str(arm.run_dir / "measurement.json"), *(["--tiny"] if a.tiny else [])]
     arm.vocab = hf_config(arm.typed).vocab_size
     return arm
 
 
-def plan(tokens: Sequence[str], a: argparse.Namespace, out: Path, rows_file: Path) -> list[Arm]:
+def plan(tokens: Sequence[str], a: argparse.Namespace, out: Path) -> list[Arm]:
     """Resolve and validate every arm of the command (exit 2 on the first bad one), running nothing."""
     arms = [resolve(t) for t in tokens]
     names = [x.name for x in arms]
@@ -136,8 +164,7 @@ def plan(tokens: Sequence[str], a: argparse.Namespace, out: Path, rows_file: Pat
     for n in a.profile:
         if n not in names or n in REFERENCE_ARMS:
             die(f"--profile {n}: not an align arm of this command ({' '.join(names)})")
-    return [plan_reference(x, a, out, rows_file) if x.experiment is None else plan_align(x, a, out, rows_file)
-            for x in arms]
+    return [plan_reference(x, a, out) if x.experiment is None else plan_align(x, a, out) for x in arms]
 
 
 def profile_command(arm: Arm, out: Path) -> list[str]:
@@ -148,12 +175,48 @@ def profile_command(arm: Arm, out: Path) -> list[str]:
             f"hydra.run.dir={out / 'runs' / ('kernels_' + arm.name)}"]
 
 
+# -------------------------------------------------------------------------------------- the data
+
+
+@dataclass
+class Data:
+    """What this command wrote: each file's sequence lengths (the useful-FLOPs convention reads them)."""
+
+    lengths: dict[str, np.ndarray] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+
+def write_data(arms: list[Arm], a: argparse.Namespace, out: Path) -> Data:
+    """Write every file an arm of the command reads, once."""
+    need = {x.data_file for x in arms}
+    data = Data()
+    if ROWS_FILE in need:
+        lengths = bimodal_lengths(a.rows)
+        vocab = min(x.vocab for x in arms if x.data_file == ROWS_FILE)
+        write_rows(out / ROWS_FILE, token_rows(lengths, vocab))
+        mean, m2 = float(lengths.mean()), float((lengths.astype(float) ** 2).mean())
+        data.lengths[ROWS_FILE] = lengths
+        data.lines.append(f"data: {a.rows} rows below id {vocab}, mean {mean:.0f} tokens, E[w^2]/E[w]^2 "
+                          f"{m2 / mean**2:.2f}, max {lengths.max()}")
+    pair_files = [f for f in (PAIRS_FILE, PAIR_ROWS_FILE) if f in need]
+    if pair_files:
+        stats = write_bench_data(out, a.pairs, pair_files)
+        seq = np.asarray(stats.pop("sequence_lengths"), dtype=np.int64)
+        for f in pair_files:
+            data.lengths[f] = seq
+        data.lines.append(f"data: {stats['pairs']} GSM8K pairs ({', '.join(pair_files)}), "
+                          f"{stats['tokens_per_pair']:.0f} tokens per pair (both sequences), longest sequence "
+                          f"{stats['longest_sequence']}")
+    return data
+
+
 # -------------------------------------------------------------------------------------- measuring
 
 
 def read_align_run(arm: Arm, warmup: int, useful_per_token: float) -> dict[str, Any]:
     """An align run's measurement from its history.jsonl (wall clock between step boundaries, tokens
-    summed over ranks) and provenance.json; per GPU when it ran on several."""
+    summed over ranks) and provenance.json; per GPU when it ran on several. A DPO run's rows count
+    its pairs."""
     rows = [json.loads(line) for line in (arm.run_dir / "history.jsonl").read_text().splitlines() if line.strip()]
     if len(rows) <= warmup:
         raise RuntimeError(f"{arm.name}: history has {len(rows)} steps, not more than --warmup {warmup}")
@@ -165,33 +228,63 @@ def read_align_run(arm: Arm, warmup: int, useful_per_token: float) -> dict[str, 
     model = prov.get("model") or {}
     extra = model.get("extra") or {}
     counted = [r.get("model_flops") for r in m]
+    pairs = [r.get("pairs") for r in m]
+    reference = ((prov.get("objective") or {}).get("reference") or {}).get("resolved")
     return measurement(
         arm.name, seconds, len(m), real, sum(r["tokens"] for r in m) / arm.gpus,
         sum(counted) if None not in counted else None, real * useful_per_token, max(peaks) if peaks else None,
         gpus=arm.gpus, step_ms=[round(r["step_time_s"] * 1000) for r in m], last_loss=rows[-1].get("loss"),
         alloc_retries=rows[-1].get("mem_alloc_retries"), attn=model.get("attn_implementation_resolved"),
         experts=model.get("experts_implementation_resolved"), optimizer=extra.get("optimizer_impl"),
-        optimizer_step=(extra.get("optimizer_step") or {}).get("kind"), dynamo=prov.get("dynamo"))
+        optimizer_step=(extra.get("optimizer_step") or {}).get("kind"), dynamo=prov.get("dynamo"),
+        **({"pairs": sum(pairs) / arm.gpus, "reference": reference} if None not in pairs else {}))
 
 
-def run_arm(arm: Arm, a: argparse.Namespace, out: Path, env: dict, lengths) -> dict[str, Any]:
+def run_logged(cmd: list[str], log: Path, env: dict, timeout: Optional[float]) -> Optional[int]:
+    """Run `cmd` in its own process group, output to `log`; None when it outlived `timeout` (killed,
+    its whole group: a launcher's workers too)."""
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
+
+
+HYDRA_HINT = "Set the environment variable HYDRA_FULL_ERROR=1"
+
+
+def last_words(log: Path) -> str:
+    """The line of a failed arm's log that says why: its last, Hydra's hint to set HYDRA_FULL_ERROR left out."""
+    lines = [ln for ln in log.read_text().strip().splitlines() if ln.strip() and not ln.startswith(HYDRA_HINT)]
+    return (lines or [""])[-1][:300]
+
+
+def run_arm(arm: Arm, a: argparse.Namespace, out: Path, env: dict, data: Data,
+            timeout: Optional[float]) -> dict[str, Any]:
     shutil.rmtree(arm.run_dir, ignore_errors=True)  # this OUT's previous result of the arm, not a run to resume
     arm.run_dir.mkdir(parents=True)
     log = out / f"{arm.name}.log"
-    with log.open("w") as f:
-        rc = subprocess.run(arm.cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    rc = run_logged(arm.cmd, log, env, timeout)
+    if rc is None:
+        return {"arm": arm.name, "error": f"killed at the --deadline after {timeout:.0f}s (log: {log})"}
     if rc != 0:
-        tail = (log.read_text().strip().splitlines() or [""])[-1][:300]
-        return {"arm": arm.name, "error": f"exit {rc}: {tail} (log: {log})"}
+        return {"arm": arm.name, "error": f"exit {rc}: {last_words(log)} (log: {log})"}
     if arm.experiment is None:
         return json.loads((arm.run_dir / "measurement.json").read_text())
-    return read_align_run(arm, a.warmup, useful_flops_per_token(model_flops(arm.typed), lengths))
+    return read_align_run(arm, a.warmup, useful_flops_per_token(model_flops(arm.typed), data.lengths[arm.data_file]))
 
 
 def notes(r: dict[str, Any]) -> str:
     if "error" in r:
         return r["error"]
-    parts = [f"{k}={r[k]}" for k in ("attn", "experts", "optimizer_step") if r.get(k)]
+    parts = [f"{k}={r[k]}" for k in ("reference", "attn", "experts", "optimizer_step") if r.get(k)]
+    trl = r.get("trl") or {}
+    if trl:
+        parts.append(f"TRL {trl.get('version')}, precompute_ref_log_probs={trl.get('precompute_ref_log_probs')}, "
+                     f"gradient_checkpointing={trl.get('gradient_checkpointing')}")
     dyn = r.get("dynamo") or {}
     if dyn:
         parts.append(f"recompiles={dyn.get('recompiles')}, graph_breaks={dyn.get('graph_breaks')}")
@@ -207,17 +300,22 @@ def _fmt(v: Optional[float], spec: str) -> str:
 
 
 def table(results: list[dict[str, Any]], ceiling: Optional[float], baselines: Sequence[str]) -> str:
-    head = ["arm", "real tok/s", "tok/s", "padding waste", "tokens/step", "useful MFU", "counted MFU", "peak GiB",
-            *[f"vs {b}" for b in baselines], "notes"]
+    pairs = any(r.get("pairs_per_s") is not None for r in results)
+    head = ["arm", *(["pairs/s"] if pairs else []), "real tok/s", "tok/s", "padding waste", "tokens/step",
+            "useful MFU", "counted MFU", "peak GiB", *[f"vs {b}" for b in baselines], "notes"]
     lines = [f"bf16 matmul ceiling measured in this command: {_fmt(ceiling, '.0f')} TFLOP/s", "",
              "| " + " | ".join(head) + " |", "| --- " + "| ---: " * (len(head) - 2) + "| --- |"]
     for i, r in enumerate(results, 1):
         g = r.get
-        cells = [f"({i}) {r['arm']}", _fmt(g("real_tokens_per_s"), ",.0f"), _fmt(g("tokens_per_s"), ",.0f"),
+        cells = [f"({i}) {r['arm']}", *([_fmt(g("pairs_per_s"), ",.1f")] if pairs else []),
+                 _fmt(g("real_tokens_per_s"), ",.0f"), _fmt(g("tokens_per_s"), ",.0f"),
                  _fmt(g("padding_waste"), ".1%"), _fmt(g("tokens_per_step"), ",.0f"), _fmt(g("useful_mfu"), ".1%"),
                  _fmt(g("counted_mfu"), ".1%"), _fmt(g("peak_mem_gib"), ".1f"),
                  *[_fmt(g(f"vs_{b}"), ".2f") + ("x" if g(f"vs_{b}") is not None else "") for b in baselines], notes(r)]
         lines.append("| " + " | ".join(cells) + " |")
+    if pairs:
+        lines += ["", "Ratios between two DPO arms are of pairs/s, else of real tokens/s. MFU counts the policy's "
+                      "training FLOPs of the real tokens (a live reference's forward is not counted)."]
     return "\n".join(lines)
 
 
@@ -246,71 +344,103 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--hf-steps", type=int, default=30, help="steps of the reference arms, the warm-up included")
     ap.add_argument("--hf-warmup", type=int, default=8, help="reference steps not measured")
     ap.add_argument("--rows", type=int, default=4000, help="bimodal rows in the shared data file")
+    ap.add_argument("--pairs", type=int, default=1024, help="DPO bench pairs in the shared pair files")
     ap.add_argument("--nproc", type=int, default=2, help="processes (GPUs) of an arm with parallel=fsdp or ep")
     ap.add_argument("--baseline", default=None,
                     help="comma-separated arms of this command to give ratios against (default: its reference arms)")
     ap.add_argument("--profile", default="",
                     help="comma-separated align arms whose kernel table to print after the arms")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds from the command's start: no arm starts after it, a running arm is killed at it "
+                         "(both recorded as errors); the table is written either way")
     ap.add_argument("--tiny", action="store_true", help="every arm's tiny preset on the CPU: checks the harness, "
                                                         "measures nothing")
     a = ap.parse_args(argv)
     a.profile = [x for x in (arm_name(p) for p in a.profile.split(",")) if x]
     a.baseline = [x for x in (arm_name(p) for p in a.baseline.split(",")) if x] if a.baseline is not None else \
         [arm_name(t) for t in a.arms if arm_name(t) in REFERENCE_ARMS]
+    if a.deadline is not None and a.deadline <= 0:
+        die(f"--deadline {a.deadline}: accepted: seconds > 0")
+    a.started = time.time()
     return a
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = parse_args(argv)
     if a.list:
-        print("reference arms (bench/hf_arm.py):", " ".join(sorted(REFERENCE_ARMS)))
+        print("reference arms (bench/hf_arm.py):", " ".join(sorted(hf_arm.REFERENCE_ARMS)))
+        print("reference arms (bench/trl_arm.py):", " ".join(sorted(trl_arm.REFERENCE_ARMS)))
         print("align arms (conf/experiment/bench/):", " ".join(experiment_names()))
         return 0
     if not a.arms:
         die("name at least one arm (python bench/run.py --list)")
     out = Path(os.environ.get("OUT", "outputs/bench")).resolve()
-    rows_file = out / "rows.jsonl"
-    arms = plan(a.arms, a, out, rows_file)
+    arms = plan(a.arms, a, out)
+    if any(x.data_file != ROWS_FILE for x in arms):
+        try:
+            check_count(a.pairs, len(gsm8k_triples()))
+        except ValueError as e:
+            die(str(e))
+    trl = [x.name for x in arms if REFERENCE_MODULES.get(x.name) is trl_arm]
+    if trl and a.pairs < a.hf_steps * trl_arm.PAIRS_PER_STEP:
+        die(f"--pairs {a.pairs}: {', '.join(trl)} train {a.hf_steps} steps (--hf-steps) of {trl_arm.PAIRS_PER_STEP} "
+            f"pairs; accepted: --pairs >= {a.hf_steps * trl_arm.PAIRS_PER_STEP}")
     if a.dry_run:
         for arm in arms:
             print(f"{arm.name}: {shlex.join(arm.cmd)}")
         for name in a.profile:
             print(f"kernels of {name}: {shlex.join(profile_command(next(x for x in arms if x.name == name), out))}")
         return 0
-    return execute(arms, a, out, rows_file)
+    return execute(arms, a, out)
 
 
-def execute(arms: list[Arm], a: argparse.Namespace, out: Path, rows_file: Path) -> int:
+def remaining(a: argparse.Namespace) -> Optional[float]:
+    return None if a.deadline is None else a.deadline - (time.time() - a.started)
+
+
+def measure(arm: Arm, a: argparse.Namespace, out: Path, env: dict, data: Data, ceiling: Optional[float]) -> dict:
+    """One arm's result row: measured, or why not (the deadline passed, the run failed)."""
+    t0, left = time.time(), remaining(a)
+    if left is not None and left <= 0:
+        return {"arm": arm.name, "error": f"not run: --deadline {a.deadline:.0f}s had passed", "wall_s": 0.0}
+    try:
+        m = run_arm(arm, a, out, env, data, left)
+    except (RuntimeError, OSError, KeyError, ValueError) as e:  # one arm's unreadable output, not the command's
+        m = {"arm": arm.name, "error": f"{type(e).__name__}: {e}"}
+    r = m if "error" in m else summarise(m, ceiling)
+    r.update(command=shlex.join(arm.cmd), wall_s=round(time.time() - t0, 1))
+    return r
+
+
+def progress(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{r['arm']}: {r['error']}"
+    pairs = f"{r['pairs_per_s']:,.1f} pairs/s, " if r.get("pairs_per_s") is not None else ""
+    return (f"{r['arm']}: {pairs}{r['real_tokens_per_s']:,.0f} real tok/s, waste {r['padding_waste']:.1%}, "
+            f"peak {_fmt(r['peak_mem_gib'], '.1f')} GiB ({r['wall_s']:.0f}s)")
+
+
+def execute(arms: list[Arm], a: argparse.Namespace, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    lengths = bimodal_lengths(a.rows)
-    vocab = min(x.vocab for x in arms)
-    write_rows(rows_file, token_rows(lengths, vocab))
-    mean, m2 = float(lengths.mean()), float((lengths.astype(float) ** 2).mean())
-    print(f"data: {a.rows} rows below id {vocab}, mean {mean:.0f} tokens, E[w^2]/E[w]^2 {m2 / mean**2:.2f}, "
-          f"max {lengths.max()}", flush=True)
+    data = write_data(arms, a, out)
+    for line in data.lines:
+        print(line, flush=True)
     ceiling = matmul_ceiling_tflops()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "PYTHON": sys.executable}  # launchers/torchrun.sh runs $PYTHON
     results = []
     for arm in arms:
-        t0 = time.time()
-        try:
-            m = run_arm(arm, a, out, env, lengths)
-        except (RuntimeError, OSError, KeyError, ValueError) as e:  # one arm's unreadable output, not the command's
-            m = {"arm": arm.name, "error": f"{type(e).__name__}: {e}"}
-        r = m if "error" in m else summarise(m, ceiling)
-        r.update(command=shlex.join(arm.cmd), wall_s=round(time.time() - t0, 1))
+        r = measure(arm, a, out, env, data, ceiling)
         results.append(r)
         (out / f"{arm.name}.json").write_text(json.dumps(_clean(r), indent=1))
-        print(f"{arm.name}: " + (r["error"] if "error" in r else
-                                 f"{r['real_tokens_per_s']:,.0f} real tok/s, waste {r['padding_waste']:.1%}, "
-                                 f"peak {_fmt(r['peak_mem_gib'], '.1f')} GiB ({r['wall_s']:.0f}s)"), flush=True)
+        print(progress(r), flush=True)
     add_ratios(results, a.baseline)
     md = table(results, ceiling, a.baseline)
     print(md)
     (out / "bench.md").write_text(md + "\n")
-    (out / "bench.json").write_text(json.dumps(_clean({"ceiling_tflops": ceiling, "rows": a.rows, "vocab_bound": vocab,
-                                                       "baselines": a.baseline, "results": results}), indent=1))
+    (out / "bench.json").write_text(json.dumps(_clean({"ceiling_tflops": ceiling, "rows": a.rows, "pairs": a.pairs,
+                                                       "data": data.lines, "baselines": a.baseline,
+                                                       "results": results}), indent=1))
     for name in a.profile:
         arm = next(x for x in arms if x.name == name)
         run_dir = out / "runs" / f"kernels_{name}"

@@ -22,6 +22,8 @@ import copy
 import logging
 from typing import Any, Callable, Iterator, Optional
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -222,8 +224,9 @@ class DPO:
         self.model.train(was)
         return table
 
-    def _cache_root(self):
-        from align.data.cache import cache_root
+    def _cache_root(self) -> Path:
+        """Beside the encode cache: `<data.cache_dir>/reference/` (keys are content, not paths)."""
+        return Path(self.train_cfg.data.cache_dir) / "reference"
 
         return cache_root() / "reference"
 

@@ -63,7 +63,7 @@ def test_dry_run_prints_each_command_and_writes_nothing(out, capsys):
 
 def test_the_command_composes_to_the_experiment_plus_what_the_command_owns(out):
     a = harness.parse_args(["dense_eager", "--steps", "12", "--warmup", "3", "--tiny"])
-    arm = harness.plan_align(harness.resolve("dense_eager"), a, out, out / "rows.jsonl")
+    arm = harness.plan_align(harness.resolve("dense_eager"), a, out)
     typed = compose_typed(arm.overrides)
     assert typed.trainer.max_steps == 12 and typed.data.path == str(out / "rows.jsonl")
     assert typed.sampler.max_tokens == 24576  # the experiment's own value survives
