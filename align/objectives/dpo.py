@@ -228,8 +228,6 @@ class DPO:
         """Beside the encode cache: `<data.cache_dir>/reference/` (keys are content, not paths)."""
         return Path(self.train_cfg.data.cache_dir) / "reference"
 
-        return cache_root() / "reference"
-
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
