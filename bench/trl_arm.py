@@ -136,7 +136,7 @@ def dpo_arm(arm: str, typed, pairs_file: Path, steps: int, warmup: int) -> dict:
 
     from align.data.tokenizer import load_tokenizer
     from align.objectives.reference import weights_sha256
-    from align.run.preflight import check_kwargs
+    from align.run.signatures import check_kwargs
     from align.telemetry.throughput import ModelFlops
 
     device = device_of(typed)
