@@ -755,8 +755,9 @@ class ObjectiveConfig:
     reference_dtype: ReferenceDtype = ReferenceDtype.same
     """dpo, reference=model: the frozen copy's parameter dtype (bf16 halves its memory)."""
     gate_tolerance: Optional[float] = None
-    """dpo: the step-0 gate's bound on |batched - alone| summed log-prob per target token (nats);
-    null: 1e-4 in fp32, 5e-2 under bf16 autocast (docs/objectives.md)."""
+    """dpo: the step-0 gate's bound per target token (nats) on |batched - alone| summed log-probs and
+    on |policy - reference|; null: 1e-4 in fp32, 5e-2 under bf16 autocast, and 5e-2 for the reference
+    check of a bf16 frozen copy (reference_dtype=bf16) (docs/objectives.md)."""
 
     def ignored(self, key: str) -> dict[str, str]:
         """The preference keys, under an objective that does not read them (see `check_ignored`)."""
