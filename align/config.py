@@ -750,7 +750,8 @@ class ObjectiveConfig:
     reference: ReferenceKind = ReferenceKind.auto
     """dpo: what the loss is measured against. model: a frozen copy of the starting policy;
     adapters_off: the LoRA base (adapters disabled, no copy); precomputed: the starting policy's
-    log-probs computed once and cached on their meaning; none: reference-free losses. auto:
+    log-probs computed once and cached on their meaning, beside the encode cache
+    (`<data.cache_dir>/../reference/<key>.npy`); none: reference-free losses. auto:
     none for simpo/orpo, adapters_off with LoRA, else model."""
     reference_dtype: ReferenceDtype = ReferenceDtype.same
     """dpo, reference=model: the frozen copy's parameter dtype (bf16 halves its memory)."""

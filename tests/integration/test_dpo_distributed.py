@@ -198,9 +198,11 @@ def test_nan_on_one_rank_halts_both_with_81(runs):
     assert codes[7] == 81
     outcomes = [result(d["nan"], r) for r in (0, 1)]
     assert [o["code"] for o in outcomes] == [81, 81] and outcomes[0]["error"] == outcomes[1]["error"]
-    assert "2 consecutive non-finite optimizer steps exceed trainer.max_consecutive_skipped_steps=1" in outcomes[0]["error"]
+    error = outcomes[0]["error"]
+    assert "2 consecutive non-finite optimizer steps exceed trainer.max_consecutive_skipped_steps=1" in error
     halt = json.loads((d["nan"] / "HALT.json").read_text())
-    assert halt["code"] == 81 and halt["step"] == 3 and "non-finite loss on 1 rank(s)" in halt["skip_stats"]["last_cause"]
+    assert halt["code"] == 81 and halt["step"] == 3 and halt["message"] == error
+    assert "non-finite loss on 1 rank(s)" in halt["skip_stats"]["last_cause"]
     rows = history(d["nan"])
     assert [r["skipped"] for r in rows] == [False, True, True]
     assert math.isfinite(rows[0]["rewards/margin"]) and not (d["nan"] / "checkpoints").exists()

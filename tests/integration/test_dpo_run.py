@@ -1,19 +1,20 @@
 """`python -m align.train objective=dpo` end to end, through the CLI, on the tiny model and the bundled pairs.
 
 - It learns: 12 steps of 16 pairs (beta 0.5) over a pool of about 60 short pairs (3 epochs). The
-  reward accuracy of each step's pairs, scored before that step's update as TRL reports it, rises from
-  chance to well above 0.5 and the margin grows. (On pairs it never saw, the tiny model needs far more
-  steps than a CI test should take for the same rise.) Every step's row holds the loss, both rewards, margin, accuracy, both
-  sides' log-probs and the truncated fraction, consistent with each other, in history.jsonl and in
-  the offline W&B log (charted against train/step). The export loads with from_pretrained and differs
-  from the starting weights, whose hash is the reference identity in the complete manifest.
-- reference=precomputed: the first run computes and caches (hit=false); a run in a new run dir hits the
-  same key; under the supervisor, a real SIGTERM stops that run (143, stop checkpoint), the supervisor
-  relaunches it, and the resume hits the same key again.
+  reward accuracy of each step's pairs, scored before that step's update (as TRL reports it), rises
+  from chance to well above 0.5 and the margin grows. (On pairs it never saw, the tiny model needs
+  many more steps for the same rise than a CI test should take.)
+- Every step's row holds the loss, both rewards, the margin, the accuracy, both sides' log-probs and
+  the truncated fraction, consistent with each other, in history.jsonl and in the offline W&B log
+  (charted against train/step). The export loads with from_pretrained and differs from the starting
+  weights, whose hash is the reference identity in the manifest, which is complete.
+- reference=precomputed: the first run computes and caches (hit=false in its manifest). Under the
+  supervisor, a run in a new run dir hits the same key, a real SIGTERM stops it (143, a stop
+  checkpoint), the supervisor relaunches it, and the resume hits the same key again.
 - reference=adapters_off (LoRA) records its base's identity; a reference-free loss (simpo) records
   the reference as null with its reason, and its gate's reference part likewise.
-- A gate failure (a planted wrong reference) ends the run before step 1: exit 2, one line, and the
-  manifest records the failed gate.
+- A gate failure (a wrong reference planted before the real CLI runs) ends the run before step 1:
+  exit 2, one line on stderr, and the manifest records the failed gate.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def train(run_dir: Path, *overrides: str, wrapper: str | None = None, env: dict 
     if wrapper is None:
         return run_cli("align.train", *args, timeout=600, env=env)
     return subprocess.run([sys.executable, "-c", wrapper, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **(env or {})})
+                          timeout=600, env={**os.environ, **(env or {})}, check=False)
 
 
 def manifest(run_dir: Path) -> dict:
@@ -122,7 +123,8 @@ def test_reward_accuracy_rises_well_above_chance_and_the_margin_grows(learned):
     early_margin, late_margin = np.mean(margin[:3]), np.mean(margin[-3:])
     assert late_acc >= 0.85 and late_acc - early_acc >= 0.3, acc
     assert late_margin >= 1.0 and late_margin - early_margin >= 0.8, margin
-    assert h[0]["rewards/margin"] == 0.0 and h[0]["loss"] == pytest.approx(np.log(2), abs=1e-6)  # step 1: policy = reference
+    # step 1 is scored before any update: policy = reference, so every log-ratio is 0 and the loss log 2
+    assert h[0]["rewards/margin"] == 0.0 and h[0]["loss"] == pytest.approx(np.log(2), abs=1e-6)
 
 
 def test_every_row_holds_the_preference_metrics_consistently_in_history_and_wandb(learned):

@@ -9,34 +9,18 @@ passes, and a wrong bf16 reference still fails. Trainers are built in-process fr
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from align.objectives.dpo import GateError
-
-TINY_DPO = ["objective=dpo", "logger=none", "trainer.device=cpu", "trainer.export=false", "data.max_records=40",
-            "data.max_seq_len=160", "data.truncation=drop", "data.on_bad_record=skip", "sampler.micro_batch_size=4"]
-
-
-def dpo_trainer(root: Path, *overrides: str):
-    from align.cli import compose
-    from align.config import to_typed
-    from align.trainer import Trainer
-
-    cfg = to_typed(compose([*TINY_DPO, f"data.cache_dir={root / 'cache' / 'encode'}", *overrides]))
-    return Trainer.build(cfg, root / "run")
+from tests.unit.objectives.conftest import dpo_trainer, first_batch
 
 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
     return dpo_trainer(tmp_path_factory.mktemp("gate"))
-
-
-def first_batch(trainer):
-    return trainer.stream.peek().to(trainer.env.device)
 
 
 def test_the_gate_passes_on_a_correct_start_and_reports_what_it_compared(trainer):
@@ -54,7 +38,8 @@ def test_a_wrong_reference_fails_the_gate(trainer):
     with torch.no_grad():
         weight.add_(0.05 * torch.randn_like(weight))
     try:
-        with pytest.raises(GateError, match=r"policy differs from its reference at step 0 by .* \(wrong reference\)") as e:
+        wrong = r"policy differs from its reference at step 0 by .* \(wrong reference\)"
+        with pytest.raises(GateError, match=wrong) as e:
             trainer.objective.gate(first_batch(trainer))
         assert "batched log-probs" not in str(e.value)  # the pairs were right: only the reference is named
     finally:
@@ -109,12 +94,3 @@ def test_a_bf16_frozen_copy_passes_at_bf16_tolerance_and_a_wrong_one_still_fails
             p.add_(0.05 * torch.randn_like(p))
     with pytest.raises(GateError, match="wrong reference"):
         t.objective.gate(first_batch(t))
-
-
-def test_a_resumed_run_records_why_the_gate_did_not_run(trainer):
-    obj = trainer.objective
-    try:
-        obj.resumed_at = True
-        assert obj.gate(first_batch(trainer)) == {"ran": False, "why": "resumed: the policy has trained since step 0"}
-    finally:
-        obj.resumed_at = False

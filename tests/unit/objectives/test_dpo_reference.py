@@ -23,7 +23,7 @@ import torch
 from align.config import ReferenceKind
 from align.errors import ConfigError
 from align.objectives.dpo import GateError
-from tests.unit.objectives.test_dpo_gate import dpo_trainer, first_batch
+from tests.unit.objectives.conftest import dpo_trainer, first_batch
 
 PRECOMPUTED = ["objective.reference=precomputed"]
 
