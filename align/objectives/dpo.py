@@ -205,14 +205,14 @@ class DPO:
         return Precomputed(table.to(self._device()), key, hit, path)
 
     def reference_cache_key(self) -> str:
-        """What the precomputed log-probs mean: the reference's weights and config, the encoded pairs
-        (their encode key covers sources, tokenizer, template, max_seq_len, truncation: the masks), how
-        the loss reads the tokens (precision, chunked head, logit softcap) and how they are summed."""
+        """What the precomputed log-probs mean: the reference's weights and config (its logit softcap
+        too), the encoded pairs (their encode key covers sources, tokenizer, template, max_seq_len,
+        truncation: the masks), how the loss reads the tokens (precision, chunked head) and sums them."""
         parts = {"reference_sha256": self.reference_sha256, "model_config": model_config_meaning(self.model),
                  "encode_cache_key": self.pairs.meta.get("encode_cache_key"),
                  "chat_template_sha256": self.pairs.meta.get("chat_template_sha256"),
                  "pairing": self.pairs.meta.get("pairing_version"), "pairs": self.pairs.pairs,
-                 "precision": str(self._autocast_dtype()), "chunk": bool(self.chunk), "softcap": self.softcap,
+                 "precision": str(self._autocast_dtype()), "chunk": bool(self.chunk),
                  "logps": "sum over completion target tokens, fp32 accumulation"}
         return cache_key(parts)
 

@@ -149,7 +149,7 @@ def test_every_row_holds_the_preference_metrics_consistently_in_history_and_wand
     assert charted["rewards/*"] == charted["logps/*"] == "train/step"
 
 
-def test_the_export_loads_and_differs_from_the_starting_weights_the_manifest_names(learned):
+def test_the_export_loads_and_differs_from_the_starting_weights_the_manifest_names(learned, cache):
     from transformers import AutoModelForCausalLM
 
     from align.cli import compose
@@ -176,6 +176,15 @@ def test_the_export_loads_and_differs_from_the_starting_weights_the_manifest_nam
     assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
     moved = [k for k in a if not torch.equal(a[k], b[k])]
     assert len(moved) > len(a) // 2, moved  # it trained
+
+    # a run that starts from this export names it as its reference, with the export's own weights hash
+    from align.trainer import Trainer
+
+    export = learned / "export"
+    again = to_typed(compose([*LEARN, "logger=none", f"data.cache_dir={cache}", f"model.pretrained={export}"]))
+    ref2 = Trainer.build(again, learned.parent / "from_export").objective.describe()["reference"]
+    assert (ref2["path"], ref2["path_why_null"]) == (str(export), None)
+    assert ref2["weights_sha256"] == weights_sha256(exported) != ref["weights_sha256"]
 
 
 # ------------------------------------------------------------------------------ precomputed
