@@ -16,7 +16,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.profiler import record_function
 
-from align.config import ParallelKind, Precision, TrainConfig
+from align.config import ParallelKind, TrainConfig
 from align.data.collate import Batch
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream
@@ -42,7 +42,7 @@ from align.models.runtime import ModelRuntime
 from align.objectives import Objective, build_objective
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
-from align.parallel.env import DistEnv, init_distributed
+from align.parallel.env import DistEnv, autocast_dtype, init_distributed
 from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
 from align.parallel.launch import log_rank_to_file
@@ -270,10 +270,8 @@ class Trainer:
         return sdpa_priority(self.cfg.attention)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        p = self.cfg.trainer.precision
-        if p == Precision.bf16 or (p == Precision.auto and self.env.device.type == "cuda"):
-            return torch.autocast(self.env.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        dtype = autocast_dtype(self.cfg.trainer.precision, self.env.device.type)
+        return torch.autocast(self.env.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
     def fit(self) -> int:
         """Train to `trainer.max_steps`. Returns 0, or 143 after a coordinated stop (checkpoint

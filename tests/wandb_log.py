@@ -70,5 +70,6 @@ def read_run(run_dir: Path) -> dict:
                                      "metadata": json.loads(a.metadata) if a.metadata else {},
                                      "paths": sorted(e.path for e in a.manifest.contents)})
         elif kind == "metric":
-            out["metrics"].append({"name": rec.metric.name, "step_metric": rec.metric.step_metric})
+            out["metrics"].append({"name": rec.metric.name, "glob": rec.metric.glob_name,
+                                   "step_metric": rec.metric.step_metric})
     return out

@@ -347,8 +347,9 @@ class ObjectiveConfig:
     reference_dtype: ReferenceDtype = ReferenceDtype.same
     """dpo, grpo, reference=model: the frozen copy's parameter dtype (bf16 halves its memory)."""
     gate_tolerance: Optional[float] = None
-    """dpo: the step-0 gate's bound on |batched - alone| summed log-prob per target token (nats);
-    null: 1e-4 in fp32, 5e-2 under bf16 autocast (docs/objectives.md)."""
+    """dpo: the step-0 gate's bound per target token (nats) on |batched - alone| summed log-probs and
+    on |policy - reference|; null: 1e-4 in fp32, 5e-2 under bf16 autocast, and 5e-2 for the reference
+    check of a bf16 frozen copy (reference_dtype=bf16) (docs/objectives.md)."""
     group_size: int = 16
     """grpo: completions generated per prompt (the group the advantages are relative to)."""
     prompts_per_rollout: int = 16

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import copy
 import logging
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,9 +34,9 @@ from align.objectives.gate import GateError, run_gate  # noqa: F401  (GateError:
 from align.objectives.logps import sequence_sums, sequence_token_counts, token_logps
 from align.objectives.preference_losses import PairLogps, preference_loss
 from align.objectives.preference_spec import PreferenceLoss
-from align.objectives.reference import (AdaptersOff, preference_reference, FrozenCopy, Precomputed, cache_key, is_adapter, load_table,
-                                        save_table, weights_sha256)
-from align.parallel.env import DistEnv
+from align.objectives.reference import (AdaptersOff, FrozenCopy, Precomputed, cache_key, is_adapter, load_table,
+                                        model_config_meaning, preference_reference, save_table, weights_sha256)
+from align.parallel.env import DistEnv, autocast_dtype
 
 log = logging.getLogger("align")
 
@@ -181,12 +181,7 @@ class DPO:
     # --------------------------------------------------------------------------- precomputed
 
     def _precomputed(self) -> Precomputed:
-        parts = {"reference_sha256": self.reference_sha256, "encode_cache_key": self.pairs.meta.get("encode_cache_key"),
-                 "chat_template_sha256": self.pairs.meta.get("chat_template_sha256"),
-                 "pairing": self.pairs.meta.get("pairing_version"), "pairs": self.pairs.pairs,
-                 "precision": str(self._autocast_dtype()), "chunk": bool(self.chunk),
-                 "logps": "sum over completion target tokens, fp32 accumulation"}
-        key = cache_key(parts)
+        key = self.reference_cache_key()
         path = self._cache_root() / f"{key}.npy"
         table = load_table(path, self.pairs.pairs)
         hit = table is not None
@@ -199,6 +194,18 @@ class DPO:
                 save_table(path, table)
         log.info("reference: precomputed %s (%s)", key, "cache hit" if hit else "computed")
         return Precomputed(table.to(self._device()), key, hit, path)
+
+    def reference_cache_key(self) -> str:
+        """What the precomputed log-probs mean: the reference's weights and config (its logit softcap
+        too), the encoded pairs (their encode key covers sources, tokenizer, template, max_seq_len,
+        truncation: the masks), how the loss reads the tokens (precision, chunked head) and sums them."""
+        parts = {"reference_sha256": self.reference_sha256, "model_config": model_config_meaning(self.model),
+                 "encode_cache_key": self.pairs.meta.get("encode_cache_key"),
+                 "chat_template_sha256": self.pairs.meta.get("chat_template_sha256"),
+                 "pairing": self.pairs.meta.get("pairing_version"), "pairs": self.pairs.pairs,
+                 "precision": str(self._autocast_dtype()), "chunk": bool(self.chunk),
+                 "logps": "sum over completion target tokens, fp32 accumulation"}
+        return cache_key(parts)
 
     def _all_pairs(self, per_batch: int = 8) -> Iterator[Batch]:
         """Every pair once, in order, `per_batch` pairs per padded micro-batch."""
@@ -225,14 +232,16 @@ class DPO:
         return table
 
     def _cache_root(self) -> Path:
-        """Beside the encode cache: `<data.cache_dir>/reference/` (keys are content, not paths)."""
-        return Path(self.train_cfg.data.cache_dir) / "reference"
+        """Beside the encode cache (`data.cache_dir`'s parent): `<parent>/reference/<key>.npy`."""
+        return Path(self.train_cfg.data.cache_dir).parent / "reference"
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     def _autocast_dtype(self) -> Optional[torch.dtype]:
-        return torch.get_autocast_dtype(self._device().type) if self._device().type == "cuda" else None
+        """The compute dtype of the trainer's forward (align/parallel/env.py's rule). Not
+        torch.get_autocast_dtype: that is the device's default (float16 on CUDA), autocast or not."""
+        return autocast_dtype(self.train_cfg.trainer.precision, self._device().type)
 
     # ---------------------------------------------------------------------------------- gate
 
@@ -245,6 +254,17 @@ class DPO:
         self.gate_report = run_gate(self, batch)
         return self.gate_report
 
+    def _reference_source(self, free_why: str) -> dict[str, Any]:
+        """Where the reference's weights come from: the starting policy's checkpoint (for adapters_off,
+        its base), or null for a random init, whose identity is the weights hash alone."""
+        m = self.train_cfg.model
+        if self.reference_kind is None:
+            return {"path": None, "path_why_null": free_why}
+        if m.pretrained:
+            return {"path": m.pretrained, "path_why_null": None}
+        return {"path": None, "path_why_null": f"random init (model.preset={m.preset.value}, "
+                                               f"trainer.seed={self.train_cfg.trainer.seed}): no checkpoint path"}
+
     def describe(self) -> dict[str, Any]:
         ref = self.reference
         free_why = f"loss={self.loss.value} is reference-free"
@@ -256,6 +276,7 @@ class DPO:
                 "requested": self.cfg.reference.value,
                 "resolved": None if self.reference_kind is None else self.reference_kind.value,
                 "why_null": free_why if self.reference_kind is None else None,
+                **self._reference_source(free_why),
                 "weights_sha256": self.reference_sha256,
                 "dtype": self.cfg.reference_dtype.value if self.reference_kind == ReferenceKind.model else None,
                 "cache_key": ref.key if isinstance(ref, Precomputed) else None,

@@ -74,24 +74,45 @@ def run_gate(obj: Any, batch: Batch) -> dict[str, Any]:
             rc, rr = obj.reference_logps(obj.forward, batch)
     finally:
         model.train(was)
-    tol = obj.cfg.gate_tolerance or (BF16_TOLERANCE if obj._autocast_dtype() == torch.bfloat16 else FP32_TOLERANCE)
+    tol, ref_tol = tolerances(obj)
     order = torch.stack([batch.chosen_seq, batch.rejected_seq], 1).reshape(-1)
     batched = seq[order]
     per_token = ((batched - alone).abs() / counts[order]).max().item()
     report: dict[str, Any] = {"ran": True, "pairs": int(batch.pairs), "tolerance_per_token": tol,
                               "batching_max_abs_per_token": per_token, "batching_ok": per_token <= tol}
     if rc is None:
-        report.update(reference_max_abs_per_token=None, reference_ok=None,
+        report.update(reference_tolerance_per_token=None, reference_max_abs_per_token=None, reference_ok=None,
                       reference_why_null=f"loss={obj.loss.value} is reference-free: no log-ratio to check")
     else:
         ref = torch.stack([rc, rr], 1).reshape(-1).float()
         r = ((batched - ref).abs() / counts[order]).max().item()
-        report.update(reference_max_abs_per_token=r, reference_ok=r <= tol, reference_why_null=None)
+        report.update(reference_tolerance_per_token=ref_tol, reference_max_abs_per_token=r, reference_ok=r <= ref_tol,
+                      reference_why_null=None)
     failed = [k for k in ("batching_ok", "reference_ok") if report[k] is False]
     if failed:
         what = {"batching_ok": f"batched log-probs differ from each sequence alone by {per_token:.3g} nats/token "
-                               "(mis-paired batch, misaligned mask or attention across packed sequences)",
+                               f"> tolerance {tol:g} (mis-paired batch, misaligned mask or attention across packed "
+                               "sequences)",
                 "reference_ok": f"the policy differs from its reference at step 0 by "
-                                f"{report['reference_max_abs_per_token']:.3g} nats/token (wrong reference)"}
-        raise GateError("; ".join(what[k] for k in failed) + f" > tolerance {tol:g}")
+                                f"{report['reference_max_abs_per_token']:.3g} nats/token > tolerance {ref_tol:g} "
+                                "(wrong reference)"}
+        raise GateError("; ".join(what[k] for k in failed))
     return report
+
+
+def tolerances(obj: Any) -> tuple[float, float]:
+    """(batching, reference) bounds per target token. `objective.gate_tolerance` sets both; by default
+    each is that of the precision its log-probs are computed in: a frozen copy the user put in bf16
+    (`objective.reference_dtype`) differs from an fp32 policy by bf16 rounding, not by being wrong."""
+    if obj.cfg.gate_tolerance:
+        return obj.cfg.gate_tolerance, obj.cfg.gate_tolerance
+    batching = BF16_TOLERANCE if obj._autocast_dtype() == torch.bfloat16 else FP32_TOLERANCE
+    return batching, BF16_TOLERANCE if _reference_below_policy(obj) else batching
+
+
+def _reference_below_policy(obj: Any) -> bool:
+    module = getattr(obj.reference, "module", None)
+    if module is None:
+        return False
+    ref, policy = next(module.parameters()).dtype, next(obj.model.parameters()).dtype
+    return torch.finfo(ref).bits < torch.finfo(policy).bits

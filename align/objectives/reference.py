@@ -45,6 +45,14 @@ def weights_sha256(model: torch.nn.Module, skip: Callable[[str], bool] = lambda 
     return h.hexdigest()
 
 
+def model_config_meaning(model: torch.nn.Module) -> str:
+    """sha256 of the model config's fields that change what the weights compute (rope, norms, windows,
+    softcaps...): the weights' hash does not cover them. Private fields (`_attn_implementation`,
+    `_name_or_path`) and the library version are left out: they name how or where, not what."""
+    fields = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def is_adapter(name: str) -> bool:
     return "lora_" in name
 

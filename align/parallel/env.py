@@ -8,11 +8,12 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from align.config import Device, ParallelConfig, ParallelKind
+from align.config import Device, ParallelConfig, ParallelKind, Precision
 from align.errors import ConfigError
 
 
@@ -116,3 +117,10 @@ def init_distributed(cfg: ParallelConfig, device: Device, run_dir: Path) -> Dist
 def _destroy() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def autocast_dtype(precision: Precision, device_type: str) -> Optional[torch.dtype]:
+    """The dtype the trainer's forward autocasts to: bf16 under precision=bf16, or auto on CUDA;
+    None (no autocast: the parameters' dtype) otherwise. The trainer and the objectives' gates share it."""
+    bf16 = precision == Precision.bf16 or (precision == Precision.auto and device_type == "cuda")
+    return torch.bfloat16 if bf16 else None

@@ -141,8 +141,10 @@ class WandbLogger(Logger):
         (run_dir / RUN_ID_FILE).write_text(init_kwargs["id"] + "\n")
         self.run = wandb.init(**init_kwargs)
         self.run.define_metric("train/step")
-        self.run.define_metric("train/*", step_metric="train/step")
-        self.run.define_metric("moe/*", step_metric="train/step")
+        # Every namespace a step row logs is charted against the trainer's step, which a resume carries
+        # on (W&B's own counter does not): moe/* (router telemetry), rewards/*, logps/*, nll/* (preference).
+        for pattern in ("train/*", "moe/*", "rewards/*", "logps/*", "nll/*"):
+            self.run.define_metric(pattern, step_metric="train/step")
         self.run_path = Path(self.run.dir).parent if self.run.dir else None
         self.export_dir = run_dir / "export" if log_model else None
         self.step = 0
