@@ -94,3 +94,23 @@ def test_a_bf16_frozen_copy_passes_at_bf16_tolerance_and_a_wrong_one_still_fails
             p.add_(0.05 * torch.randn_like(p))
     with pytest.raises(GateError, match="wrong reference"):
         t.objective.gate(first_batch(t))
+
+
+def test_the_gate_reads_the_trainers_compute_dtype_not_the_devices_default(compose):
+    """torch.get_autocast_dtype("cuda") is float16 whether or not a forward autocasts: a bf16 run read
+    through it was held to the fp32 bound and refused on the GPU. The gate reads the trainer's rule."""
+    import types
+
+    import torch
+
+    from align.config import Precision, to_typed
+    from align.objectives.dpo import DPO
+    from align.objectives.gate import BF16_TOLERANCE, FP32_TOLERANCE, tolerances
+    from align.parallel.env import autocast_dtype
+
+    assert autocast_dtype(Precision.auto, "cuda") == torch.bfloat16
+    assert autocast_dtype(Precision.auto, "cpu") is None and autocast_dtype(Precision.bf16, "cpu") == torch.bfloat16
+    for precision, want in (("bf16", BF16_TOLERANCE), ("fp32", FP32_TOLERANCE)):
+        obj = DPO(to_typed(compose(["objective=dpo", f"trainer.precision={precision}"])))
+        obj.model = types.SimpleNamespace(parameters=lambda: iter([torch.zeros(1)]))
+        assert tolerances(obj)[0] == want, precision
