@@ -17,11 +17,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.profiler import record_function
 
 from align.config import ParallelKind, Precision, TrainConfig
-from align.data.collate import Batch
-from align.data.cache import save_dataset
-from align.data.encode import EncodedDataset
-from align.data.loader import BatchStream
-from align.data.tokenizer import load_tokenizer
 from align.control.boundary import Verdict, agree
 from align.control.checkpoint import load_checkpoint, read_meta, remove_stale_tmp, save_checkpoint
 from align.control.ckpt_index import broken, checkpoint_root
@@ -29,21 +24,25 @@ from align.control.nonfinite import SkipStats, halt_message, nonfinite_parameter
 from align.control.nonfinite import inject as inject_nan
 from align.control.resume import check_resumable, resume_points, run_identity, trim_history
 from align.control.signals import StopSignals
-from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, NonFiniteHalt, StopRequested
-from align.errors import ConfigError
-from align.objectives.ce import bypass_lm_head
+from align.data.cache import save_dataset
+from align.data.collate import Batch
+from align.data.encode import EncodedDataset
+from align.data.loader import BatchStream
+from align.data.tokenizer import load_tokenizer
+from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, ConfigError, NonFiniteHalt, StopRequested
 from align.models import build_model
-from align.models.build import token_id_tables
 from align.models.attention import sdpa_priority
+from align.models.build import token_id_tables
 from align.models.runtime import ModelRuntime
 from align.objectives import Objective, build_objective
+from align.objectives.ce import bypass_lm_head
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
+from align.parallel.compile import compile_blocks
 from align.parallel.env import DistEnv, init_distributed
 from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
 from align.parallel.launch import log_rank_to_file
-from align.parallel.compile import compile_blocks
 from align.parallel.wrap import parallelize
 from align.telemetry.history import History
 from align.telemetry.plots import plot_run
@@ -332,7 +331,8 @@ class Trainer:
         s.skips.record(skip)
         clipped = skip is None and max_norm > 0 and grad_norm > max_norm
         s.clipped_steps += int(clipped)
-        s.tokens, s.real_tokens, s.loss_tokens = s.tokens + v.tokens, s.real_tokens + v.real_tokens, s.loss_tokens + loss_tokens
+        s.tokens, s.real_tokens, s.loss_tokens = (s.tokens + v.tokens, s.real_tokens + v.real_tokens,
+                                                  s.loss_tokens + loss_tokens)
         with record_function("align.metrics"):
             return self.step_metrics(window, v, skip, grad_norm, clipped, lr, loss_tokens, dt), v
 
@@ -393,8 +393,8 @@ class Trainer:
     def summary(self) -> dict[str, Any]:
         s = self.state
         return {"steps": s.step, "tokens": s.tokens, "real_tokens": s.real_tokens, "loss_tokens": s.loss_tokens,
-                "clipped_steps": s.clipped_steps, "skipped_steps": s.skips.total, **self.model_info, **self.throughput.summary(),
-                **self.stream.stats.summary()}
+                "clipped_steps": s.clipped_steps, "skipped_steps": s.skips.total, **self.model_info,
+                **self.throughput.summary(), **self.stream.stats.summary()}
 
 
 # ------------------------------------------------------------------------------------ build helpers

@@ -6,9 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
 
-
 from align.config.base import _only, _read, _require
-
 
 # ------------------------------------------------------------------------------------------ data
 

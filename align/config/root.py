@@ -5,15 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-
 from hydra.core.config_store import ConfigStore
 
 from align.config.base import _require
-from align.config.data import *  # noqa: F403
-from align.config.model import *  # noqa: F403
-from align.config.probe import *  # noqa: F403
-from align.config.train import *  # noqa: F403
-
+from align.config.data import DataConfig, SamplerConfig, SamplerKind
+from align.config.model import AttentionConfig, ModelConfig
+from align.config.probe import ProbeConfig
+from align.config.train import (
+    LoggerConfig,
+    LoggerKind,
+    ObjectiveConfig,
+    ObjectiveKind,
+    OptimizerConfig,
+    OptimizerName,
+    ParallelConfig,
+    ParallelKind,
+    TrainerConfig,
+)
 
 # ------------------------------------------------------------------------------------------ root
 

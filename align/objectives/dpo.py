@@ -32,8 +32,16 @@ from align.objectives.gate import GateError, run_gate  # noqa: F401  (GateError:
 from align.objectives.logps import sequence_sums, sequence_token_counts, token_logps
 from align.objectives.preference_losses import PairLogps, preference_loss
 from align.objectives.preference_spec import PreferenceLoss, needs_reference
-from align.objectives.reference import (AdaptersOff, FrozenCopy, Precomputed, cache_key, is_adapter, load_table,
-                                        save_table, weights_sha256)
+from align.objectives.reference import (
+    AdaptersOff,
+    FrozenCopy,
+    Precomputed,
+    cache_key,
+    is_adapter,
+    load_table,
+    save_table,
+    weights_sha256,
+)
 from align.parallel.env import DistEnv
 
 log = logging.getLogger("align")

@@ -145,7 +145,8 @@ class OverlappedStep:
         self.sync()  # a chunk the last forward never reached (an unused block) still orders before this step
         self.streams.side_waits_for_main()  # gradients, their norm and the clip scale are ready
         scale = getattr(self.optimizer, "grad_scale", None)  # the folded clip (align.parallel.grad)
-        for t in [p.grad for c in self.chunks for p in c if p.grad is not None] + ([scale] if scale is not None else []):
+        grads = [p.grad for c in self.chunks for p in c if p.grad is not None]
+        for t in grads + ([scale] if scale is not None else []):
             self.streams.keep_for_side(t)
         with self.streams.on_side(), self._updates() as update:
             for i, ids in enumerate(self._ids):
@@ -206,7 +207,8 @@ class CompiledStep:
         # otherwise turn its sizes dynamic, and torch 2.11's dynamo then failed building that graph's
         # guards (IndexError in produce_guards, H200, 2026-11-30). Each list gets its own static graph.
         self._plain = torch.compile(self._step, backend=backend, dynamic=False)
-        self._scaled = torch.compile(self._step_scaled, backend=backend, dynamic=False)  # compiled the first time a step clips
+        # compiled the first time a step clips
+        self._scaled = torch.compile(self._step_scaled, backend=backend, dynamic=False)
         # The gradient norm before the step, compiled too: torch's fp64 _foreach_norm reads the
         # gradients at 2.2 TB/s on an H200 (6.3 ms at OLMoE-1B-7B's shapes, 2026-11-30).
         self.norms_of = torch.compile(_fp64_norms, backend=backend, dynamic=False)
@@ -224,7 +226,8 @@ class CompiledStep:
         if not hasattr(config, "recompile_limit"):
             from align.errors import ConfigError
 
-            raise ConfigError("optimizer.compile", f"with optimizer.overlap=true needs torch._dynamo.config.recompile_limit, "
+            raise ConfigError("optimizer.compile",
+                              f"with optimizer.overlap=true needs torch._dynamo.config.recompile_limit, "
                               f"which torch {torch.__version__} lacks; set optimizer.overlap=false", True)
         need = 2 * n
         config.recompile_limit = max(config.recompile_limit, need)
@@ -235,7 +238,8 @@ class CompiledStep:
         self.optimizer.step()
 
     def _step_scaled(self, scale: torch.Tensor) -> None:
-        torch._foreach_div_([p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None], scale)
+        torch._foreach_div_(
+            [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None], scale)
         self.optimizer.step()
 
     @contextlib.contextmanager
@@ -272,7 +276,8 @@ def build_stepper(cfg: OptimizerConfig, optimizer: torch.optim.Optimizer, model:
     if not (cfg.compile or cfg.overlap):
         return PlainStep(optimizer, "optimizer.overlap=false, optimizer.compile=false")
     if device.type != "cuda":
-        why = [f"optimizer.compile: device {device.type}: the compiled step is capturable, a CUDA feature"] if cfg.compile else []
+        why = ([f"optimizer.compile: device {device.type}: the compiled step is capturable, a CUDA feature"]
+               if cfg.compile else [])
         why += [f"optimizer.overlap: device {device.type}: side streams are a CUDA feature"] if cfg.overlap else []
         return PlainStep(optimizer, "; ".join(why))
     compiled = CompiledStep(optimizer, device) if cfg.compile else None

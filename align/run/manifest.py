@@ -43,7 +43,8 @@ SCHEMA: dict[str, Any] = {
         "pid": "process id of rank 0",
         "start_time": "UTC ISO time the manifest was started",
         "end_time": "UTC ISO time the run ended",
-        "exit_code": "process exit code: 0 done, 2 config/preflight refused, 81 non-finite, 143 signal (docs/exit-codes.md)",
+        "exit_code": "process exit code: 0 done, 2 config/preflight refused, 81 non-finite, 143 signal "
+                     "(docs/exit-codes.md)",
         "exit_reason": "one line: why the run ended",
     },
     "config": {
@@ -78,7 +79,8 @@ SCHEMA: dict[str, Any] = {
         "family": "", "class": "transformers class built", "preset": "", "pretrained": "local checkpoint dir",
         "attn_implementation_requested": "what the config asked for",
         "attn_implementation_resolved": "model.config._attn_implementation after build",
-        "experts_implementation_requested": "", "experts_implementation_resolved": "model.config._experts_implementation",
+        "experts_implementation_requested": "",
+        "experts_implementation_resolved": "model.config._experts_implementation",
         "sdpa_kernel_family": "flash, efficient, cudnn or math: from profiler kernel names of one forward (GPU)",
         "sdpa_kernels": "attention kernel symbols seen by the profiler (their sm suffix is the generation)",
         "dtype": "parameter dtype", "autocast_dtype": "compute dtype under autocast (null: none)",
@@ -91,7 +93,8 @@ SCHEMA: dict[str, Any] = {
         "tokenizer_sha256": "sha256 over the tokenizer files' content",
         "chat_template_sha256": "sha256 of the chat template text",
         "encode_cache_key": "key of the encode cache entry used",
-        "encode_meta": "the encoded dataset's own provenance (.meta): cache hit, entry, encode version, per-source hashes",
+        "encode_meta": "the encoded dataset's own provenance (.meta): cache hit, entry, encode version, "
+                       "per-source hashes",
         "encode_stats": "records in/kept/dropped/truncated, tokens, loss tokens",
     },
     "sampler": {
@@ -99,9 +102,11 @@ SCHEMA: dict[str, Any] = {
         "stats": "padding waste and zero-pad micro-batches of epoch 0, micro-batches per epoch",
     },
     "seed": "trainer.seed",
-    "objective": "what the objective resolved to: kind, loss, reference strategy and identity (weights sha256, cache key and hit), the step-0 gate's report (null with a reason where it cannot apply)",
+    "objective": "what the objective resolved to: kind, loss, reference strategy and identity (weights sha256, "
+                 "cache key and hit), the step-0 gate's report (null with a reason where it cannot apply)",
     "mask_probe": "per layer type: mask None (fast path) or tensor, padded vs unpadded, band check result",
-    "dynamo": "torch._dynamo counters at the end: frames, unique graphs, graph breaks, recompiles, recompile-limit hits (frames left eager)",
+    "dynamo": "torch._dynamo counters at the end: frames, unique graphs, graph breaks, recompiles, "
+              "recompile-limit hits (frames left eager)",
     "throughput": "trainer.summary() at the end: steps, tokens, real tokens, ...",
     "preflight": "the pre-launch checklist as run for this config",
     "env": "recorded environment variables (CUDA_*, NCCL_*, TORCH_*, HF_*, WANDB_*, ...; secret-named redacted)",
@@ -386,7 +391,8 @@ class Manifest:
     # files
     def write(self, status: str) -> None:
         if self.closed:
-            raise RuntimeError(f"{self.path} is complete and read-only; annotate it instead (python -m align.tools.annotate)")
+            raise RuntimeError(
+                f"{self.path} is complete and read-only; annotate it instead (python -m align.tools.annotate)")
         self.data["status"] = status
         self.data["null_reasons"].pop("status", None)
         if not self.enabled:
@@ -397,7 +403,8 @@ class Manifest:
         os.replace(tmp, self.path)
 
     def start(self, name: str, argv: list[str], overrides: list[str], resolved: Mapping[str, Any],
-              git: GitState, allow_dirty: bool, redacted: list[str], env: Mapping[str, str], preflight: list[dict]) -> None:
+              git: GitState, allow_dirty: bool, redacted: list[str], env: Mapping[str, str],
+              preflight: list[dict]) -> None:
         self.update({
             "run.name": name, "run.run_dir": str(self.run_dir.resolve()), "run.argv": argv,
             "run.hydra_overrides": overrides, "run.host": socket.gethostname(), "run.pid": os.getpid(),
@@ -414,7 +421,8 @@ class Manifest:
         for f in ("root", "commit", "describe", "branch", "dirty", "diff_sha256"):
             value = getattr(git, f)
             if value is None:
-                reason = git.reason or {"branch": "detached HEAD", "diff_sha256": "tree is clean: no diff"}.get(f, "unknown")
+                reason = git.reason or {"branch": "detached HEAD",
+                                        "diff_sha256": "tree is clean: no diff"}.get(f, "unknown")
                 self.null(f"git.{f}", reason)
             else:
                 self.set(f"git.{f}", value)
@@ -431,7 +439,8 @@ class Manifest:
         self.update({"run.end_time": now(), "run.exit_code": int(exit_code), "run.exit_reason": reason})
         for path, why in list(self.data["null_reasons"].items()):
             if why.startswith("pending"):
-                self.data["null_reasons"][path] = f"not reached: the run ended (exit {exit_code}) before this was recorded"
+                self.data["null_reasons"][path] = (f"not reached: the run ended (exit {exit_code}) "
+                                                   "before this was recorded")
         self.write("complete")
         self.closed = True
         if self.enabled:

@@ -5,8 +5,9 @@ the pre-launch checklist (align/run/checklist.py; docs/provenance.md).
 
 `align.train` runs the same checks first and stops at the first failure. Checks run cheapest first
 (values, git, files: a few ms), then the kwargs checks, which read the installed signatures through
-align.run.signatures (a cache keyed on the files they come from; a miss imports the library). A check is a function `(cfg, ctx) -> Iterable[Check]` listed in CHECKS; a kwargs call
-site is a function `(cfg) -> KwargsSite | None` listed in align/run/kwargs_sites.py.
+align.run.signatures (a cache keyed on the files they come from; a miss imports the library). A check
+is a function `(cfg, ctx) -> Iterable[Check]` listed in CHECKS; a kwargs call site is a function
+`(cfg) -> KwargsSite | None` listed in align/run/kwargs_sites.py.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def check_git(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
         yield Check("tree", "git", Status.passed, f"{where} (clean)")
     elif cfg.allow_dirty:
         yield Check("tree", "git", Status.warned,
-                    f"{where}: {len(g.changed or [])} changed file(s), allowed by allow_dirty=true; the manifest records dirty + diff sha256")
+                    f"{where}: {len(g.changed or [])} changed file(s), allowed by allow_dirty=true; "
+                    "the manifest records dirty + diff sha256")
     else:
         files = ", ".join((g.changed or [])[:5]) + (" ..." if len(g.changed or []) > 5 else "")
         yield Check("tree", "git", Status.failed,
@@ -52,11 +54,12 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     yield Check("config", "values", Status.passed, "every group type- and value-checked by its dataclass")
     for spec in source_specs(cfg.data):  # every source of a mixture, JSONL or Parquet
         ok = spec.path.is_file()
-        yield Check("config", "data file", Status.passed if ok else Status.failed, f"{spec.path}" if ok else f"no such file: {spec.path}",
-                    f"{spec.key}.path")
+        yield Check("config", "data file", Status.passed if ok else Status.failed,
+                    f"{spec.path}" if ok else f"no such file: {spec.path}", f"{spec.key}.path")
     for m in cfg.data.mask_files:
         ok = Path(m).is_file()
-        yield Check("config", "mask file", Status.passed if ok else Status.failed, m if ok else f"no such file: {m}", "data.mask_files")
+        yield Check("config", "mask file", Status.passed if ok else Status.failed, m if ok else f"no such file: {m}",
+                    "data.mask_files")
     if cfg.model.pretrained:
         d = Path(cfg.model.pretrained)
         problem = checkpoint_problem(d)
@@ -172,7 +175,8 @@ def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     if p.is_file():
         yield Check("cache", "data content hash", Status.passed, f"{p.name} sha256 {sha256_file(p)[:16]}")
     else:
-        yield Check("cache", "data content hash", Status.failed, f"cannot hash the data: no such file: {p}", "data.path")
+        yield Check("cache", "data content hash", Status.failed, f"cannot hash the data: no such file: {p}",
+                    "data.path")
     tok_sha, tmpl_sha, _ = tokenizer_hashes(tokenizer_dir(cfg.model))
     if tok_sha:
         yield Check("cache", "tokenizer + chat template hashes", Status.passed,
@@ -183,9 +187,11 @@ def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
         yield Check("cache", "encode cache key", Status.failed, f"cannot compute: {e}", getattr(e, "key", None))
         return
     if key is None:
-        yield Check("cache", "encode cache key", Status.na, "this build has no encode cache: every run encodes from scratch")
+        yield Check("cache", "encode cache key", Status.na,
+                    "this build has no encode cache: every run encodes from scratch")
     else:
-        yield Check("cache", "encode cache key", Status.passed, f"{key[:16]} (content hashes, not paths; align.data.cache)")
+        yield Check("cache", "encode cache key", Status.passed,
+                    f"{key[:16]} (content hashes, not paths; align.data.cache)")
 
 
 def encode_cache_key(cfg: TrainConfig) -> Optional[str]:

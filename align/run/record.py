@@ -105,7 +105,8 @@ class RunRecord:
             "model.attn_implementation_requested": cfg.attention.implementation.hf_name,
             "model.experts_implementation_requested": cfg.model.moe.experts.value if cfg.model.moe.experts else None,
             "sampler.kind": cfg.sampler.kind.value,
-        }, {"model.experts_implementation_requested": "not requested: the library default applies (resolved value recorded)"
+        }, {"model.experts_implementation_requested":
+            "not requested: the library default applies (resolved value recorded)"
             if is_moe(cfg) else f"{cfg.model.family.value} is a dense family: no experts kernel"})
         if cfg.model.pretrained:
             m.update({"model.pretrained": cfg.model.pretrained})
@@ -129,7 +130,8 @@ class RunRecord:
         m.set("data.aux_files", {str(path): m.data["data"]["sha256"], **files})
         from align.run.preflight import encode_cache_key
 
-        m.set("data.encode_cache_key", encode_cache_key(cfg), "this build has no encode cache: every run encodes from scratch")
+        m.set("data.encode_cache_key", encode_cache_key(cfg),
+              "this build has no encode cache: every run encodes from scratch")
         m.null("data.encode_meta", "pending: read from the encoded dataset after build")
 
     def accept(self) -> None:
@@ -161,8 +163,10 @@ class RunRecord:
             else:
                 m.null(dst, f"BuiltModel.info has no {src}")
         if m.data["model"]["experts_implementation_resolved"] is None and not is_moe(self.cfg):
-            m.null("model.experts_implementation_resolved", f"{self.cfg.model.family.value} is a dense family: no experts kernel")
-        known = set(keys) | {"family", "preset", "pretrained", "attn_implementation_requested", "experts_implementation_requested"}
+            m.null("model.experts_implementation_resolved",
+                   f"{self.cfg.model.family.value} is a dense family: no experts kernel")
+        known = set(keys) | {"family", "preset", "pretrained", "attn_implementation_requested",
+                             "experts_implementation_requested"}
         m.set("model.extra", {k: v for k, v in info.items() if k not in known})
         dev, reasons = device_info(trainer.env.device)
         m.update({f"device.{k}": v for k, v in dev.items()}, reasons)
@@ -382,13 +386,15 @@ def classify_kernels(names: list[str]) -> Optional[str]:
     return None
 
 
-def sdpa_kernel_family(trainer: Any, resolved: Optional[str]) -> tuple[Optional[str], Optional[list[str]], Optional[str]]:
+def sdpa_kernel_family(trainer: Any,
+                       resolved: Optional[str]) -> tuple[Optional[str], Optional[list[str]], Optional[str]]:
     """(family, kernel symbols, reason when null): one no-grad forward of the run's first micro-batch
     under torch.profiler, on GPU only. The symbols' `smNN` suffix is the kernel generation (3.3)."""
     if resolved != "sdpa":
         return None, None, f"attention resolved to {resolved}, not sdpa"
     if trainer.env.device.type != "cuda":
-        return None, None, "CPU: SDPA runs ATen CPU kernels; the kernel family is told from CUDA kernel names (GPU only)"
+        return None, None, ("CPU: SDPA runs ATen CPU kernels; the kernel family is told from CUDA kernel names "
+                            "(GPU only)")
     import torch
     from torch.profiler import ProfilerActivity, profile
 
