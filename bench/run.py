@@ -32,9 +32,21 @@ from typing import Any, NoReturn, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import (add_ratios, bimodal_lengths, compose_typed, experiment_names, hf_config,  # noqa: E402
-                          matmul_ceiling_tflops, measurement, model_flops, summarise, tiny_overrides, token_rows,
-                          useful_flops_per_token, write_rows)
+from bench.common import (  # noqa: E402
+    add_ratios,
+    bimodal_lengths,
+    compose_typed,
+    experiment_names,
+    hf_config,
+    matmul_ceiling_tflops,
+    measurement,
+    model_flops,
+    summarise,
+    tiny_overrides,
+    token_rows,
+    useful_flops_per_token,
+    write_rows,
+)
 from bench.hf_arm import REFERENCE_ARMS, reference_config  # noqa: E402
 
 LAUNCHER = ROOT / "launchers" / "torchrun.sh"

@@ -6,7 +6,6 @@ import json
 import time
 
 import pytest
-import torch
 
 from tests.conftest import run_cli
 
