@@ -1,4 +1,4 @@
-# Two commands: `make train` and `make test`. Both set up .venv on first use.
+# Two commands: `make train` and `make test` (which runs `make lint`, ruff, first). Both set up .venv on first use.
 # torch is installed before the package, pinned: left to the package's `torch>=2.11`, pip would take
 # the newest build the index serves, which on PyPI is a multi-GB CUDA build.
 # Which build TORCH_SPEC gets: with TORCH_INDEX set, the one that index serves. Without it,
@@ -19,7 +19,7 @@ else
 TORCH_ARGS = --index-url "$(TORCH_INDEX)" "$(TORCH_SPEC)"
 endif
 
-.PHONY: setup train test clean
+.PHONY: setup train lint test clean
 
 setup: $(VENV)/.installed
 
@@ -36,7 +36,11 @@ $(VENV)/.installed: pyproject.toml
 train: setup
 	$(PY) -m align.train $(ARGS)
 
-test: setup
+# The rules are [tool.ruff] in pyproject.toml.
+lint: setup
+	$(PY) -m ruff check align tests bench scripts
+
+test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
 clean:

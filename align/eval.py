@@ -14,8 +14,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import align.evaluation.config  # noqa: F401  (registers eval_schema before Hydra composes)
-from align.run.cli import CONF_DIR, die, wants_hydra_only
 from align.errors import AlignError
+from align.run.cli import CONF_DIR, die, wants_hydra_only
 
 
 def run(cfg: DictConfig) -> int:

@@ -65,8 +65,8 @@ def experiment_names() -> list[str]:
 
 def compose_typed(overrides: Sequence[str]):
     """The typed train config of `overrides`, composed as `python -m align.train` would."""
-    from align.run.cli import compose
     from align.config import to_typed
+    from align.run.cli import compose
 
     return to_typed(compose(list(overrides)))
 

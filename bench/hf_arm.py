@@ -25,8 +25,15 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import (experiment_config, hf_config, measurement, model_class, read_rows, token_rows,  # noqa: E402
-                          useful_flops_per_token)
+from bench.common import (  # noqa: E402
+    experiment_config,
+    hf_config,
+    measurement,
+    model_class,
+    read_rows,
+    token_rows,
+    useful_flops_per_token,
+)
 
 # reference arm -> the align experiment whose model it builds
 REFERENCE_ARMS = {"hf_padded": "bench/base_dense", "hf_flatten": "bench/base_dense", "hf_ceiling": "bench/base_dense",

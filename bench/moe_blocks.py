@@ -37,7 +37,8 @@ RAGGED = [(4, 2048), (9, 904), (2, 4096), (21, 392), (3, 2712), (14, 584)]
 def groups_of(model, shapes, dev) -> dict:
     from align.probes.kernels import kernel_table, rows_from_events
 
-    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    acts += [torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else []
     with torch.profiler.profile(activities=acts) as prof:
         for rows, width in shapes:
             step(model, rows, width, dev)
@@ -45,7 +46,8 @@ def groups_of(model, shapes, dev) -> dict:
             torch.cuda.synchronize()
     t = kernel_table(rows_from_events(prof.key_averages()), steps=len(shapes))
     return {"groups_ms_per_pass": {g: round(v["ms"] / len(shapes), 2) for g, v in t.groups.items()},
-            "launches_per_pass": round(t.launches_per_step), "top": [(round(k["ms"] / len(shapes), 2), k["name"][:90]) for k in t.kernels[:12]]}
+            "launches_per_pass": round(t.launches_per_step),
+            "top": [(round(k["ms"] / len(shapes), 2), k["name"][:90]) for k in t.kernels[:12]]}
 
 
 def step(model, rows, width, dev) -> None:

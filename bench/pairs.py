@@ -123,7 +123,7 @@ def main() -> None:
         build_pairs(a.pairs)
     except ValueError as e:
         print(f"bench/pairs.py: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     a.out.mkdir(parents=True, exist_ok=True)
     stats = write_bench_data(a.out, a.pairs)
     stats.pop("sequence_lengths")

@@ -45,9 +45,22 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import hf_arm, trl_arm  # noqa: E402
-from bench.common import (add_ratios, bimodal_lengths, compose_typed, experiment_config, experiment_names,  # noqa: E402
-                          hf_config, matmul_ceiling_tflops, measurement, model_flops, summarise, tiny_overrides,
-                          token_rows, useful_flops_per_token, write_rows)
+from bench.common import (  # noqa: E402
+    add_ratios,
+    bimodal_lengths,
+    compose_typed,
+    experiment_config,
+    experiment_names,
+    hf_config,
+    matmul_ceiling_tflops,
+    measurement,
+    model_flops,
+    summarise,
+    tiny_overrides,
+    token_rows,
+    useful_flops_per_token,
+    write_rows,
+)
 from bench.pairs import PAIR_ROWS_FILE, PAIRS_FILE, check_count, gsm8k_triples, write_bench_data  # noqa: E402
 
 LAUNCHER = ROOT / "launchers" / "torchrun.sh"

@@ -16,6 +16,7 @@ import os
 import platform
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -62,15 +63,16 @@ def main() -> None:
                      ("bucket_all", dict(kind=SamplerKind.bucket, bucket_size=args.records)),
                      ("budget_4096", dict(kind=SamplerKind.budget, bucket_size=512, max_tokens=4096))):
         sampler = build_sampler(SamplerConfig(**kw), lengths, seed=0, rank=0, world=8)
-        batches, t_epoch = timed(lambda: sampler.global_batches(0))
-        _, t_rank = timed(lambda: sampler.rank_batches(1))
-        _, t_plan = timed(lambda: plan_stats(sampler, codes, window=8))
+        batches, t_epoch = timed(partial(sampler.global_batches, 0))
+        _, t_rank = timed(partial(sampler.rank_batches, 1))
+        _, t_plan = timed(partial(plan_stats, sampler, codes, window=8))
         sampling[name] = {"epoch_s": round(t_epoch, 3), "rank_shard_s": round(t_rank, 3),
                           "plan_stats_s": round(t_plan, 3), "micro_batches": len(batches)}
     result["sampling_1M"] = sampling
     result["load_avg_after"] = os.getloadavg()
 
-    print(f"{result['date']} on {result['machine']} ({result['cpus']} CPUs, load avg before {result['load_avg_before'][0]:.1f})")
+    print(f"{result['date']} on {result['machine']} ({result['cpus']} CPUs, "
+          f"load avg before {result['load_avg_before'][0]:.1f})")
     print(f"GSM8K train: {result['records']} records, {result['tokens']:,} tokens, E[w]={result['E_w']:.1f}, "
           f"E[w^2]/E[w]^2={result['w2_ratio']:.3f}")
     print(f"tokenizer load            {result['tokenizer_load_s']:6.2f} s")

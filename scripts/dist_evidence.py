@@ -33,7 +33,8 @@ STEPS, STOP_STEPS, STOP_AT = 5, 12, 4
 OLMOE_SHAPE = [  # the OLMoE-1B-7B architecture (64 experts, top-8, qk-norm) at 1/2 width, 1/4 depth
     "model=olmoe", "+model.overrides.hidden_size=1024", "+model.overrides.intermediate_size=512",
     "+model.overrides.num_hidden_layers=4", "+model.overrides.num_attention_heads=16",
-    "+model.overrides.num_key_value_heads=16", "+model.overrides.num_experts=64", "+model.overrides.num_experts_per_tok=8",
+    "+model.overrides.num_key_value_heads=16", "+model.overrides.num_experts=64",
+    "+model.overrides.num_experts_per_tok=8",
 ]
 COMMON = ["logger=none", "trainer.export=false", "allow_dirty=true", "trainer.log_every=1",
           "data.max_records=512", "data.max_seq_len=512", "data.truncation=truncate", "sampler.micro_batch_size=4",
@@ -94,7 +95,8 @@ def compare(ref: list[dict], got: list[dict]) -> dict:
     pairs = [(a, b) for a in ref for b in got if a["step"] == b["step"]]
     dl = [abs(a["loss"] - b["loss"]) for a, b in pairs]
     dg = [abs(a["grad_norm"] - b["grad_norm"]) / max(abs(a["grad_norm"]), 1e-12) for a, b in pairs]
-    return {"steps": len(pairs), "max_abs_loss_diff": max(dl) if dl else None, "max_rel_grad_norm_diff": max(dg) if dg else None,
+    return {"steps": len(pairs), "max_abs_loss_diff": max(dl) if dl else None,
+            "max_rel_grad_norm_diff": max(dg) if dg else None,
             "bit_identical_losses": bool(pairs) and all(a["loss"] == b["loss"] for a, b in pairs)}
 
 
@@ -105,7 +107,9 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "outputs/gpu")).resolve() / "dist_evidence"
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+           "PYTHONUNBUFFERED": "1"}
     if args.cpu:
         n, model, dev = 2, ["model=olmoe"], ["trainer.device=cpu"]
         common = [c for c in COMMON if not c.startswith(("data.max_records", "data.max_seq_len"))] + [
@@ -124,15 +128,19 @@ def main() -> int:
 
     # 1-3: parity, fp32
     par = [*base, *FP32, f"trainer.max_steps={STEPS}"]
-    codes = {"single": train([*par, "parallel=single", "trainer.grad_accum=2", f"hydra.run.dir={run_dir('single')}"], env, out / "single.log")}
+    codes = {"single": train([*par, "parallel=single", "trainer.grad_accum=2", f"hydra.run.dir={run_dir('single')}"],
+                             env, out / "single.log")}
     accum = max(2 // n, 1)
-    codes["fsdp"] = torchrun(n, [*par, "parallel=fsdp", f"trainer.grad_accum={accum}", f"hydra.run.dir={run_dir('fsdp')}"], env, out / "fsdp.log")
+    codes["fsdp"] = torchrun(n, [*par, "parallel=fsdp", f"trainer.grad_accum={accum}",
+                                 f"hydra.run.dir={run_dir('fsdp')}"], env, out / "fsdp.log")
     if n >= 2:
-        codes["ep"] = torchrun(n, [*par, "parallel=ep", f"trainer.grad_accum={accum}", f"hydra.run.dir={run_dir('ep')}"], env, out / "ep.log")
+        codes["ep"] = torchrun(n, [*par, "parallel=ep", f"trainer.grad_accum={accum}",
+                                   f"hydra.run.dir={run_dir('ep')}"], env, out / "ep.log")
     ref = history(run_dir("single"))
     for k, c in codes.items():
         rows = history(run_dir(k))
-        report["runs"][k] = {"exit": c, "losses": [r["loss"] for r in rows], "step_time_s": [round(r["step_time_s"], 3) for r in rows]}
+        report["runs"][k] = {"exit": c, "losses": [r["loss"] for r in rows],
+                             "step_time_s": [round(r["step_time_s"], 3) for r in rows]}
         if k != "single":
             report["runs"][k]["vs_single"] = compare(ref, rows)
 
@@ -141,8 +149,8 @@ def main() -> int:
     code = torchrun(n, [*stop, f"hydra.run.dir={run_dir('uninterrupted')}"], env, out / "uninterrupted.log")
     report["runs"]["uninterrupted"] = {"exit": code, "losses": [r["loss"] for r in history(run_dir("uninterrupted"))]}
     sup_dir = run_dir("supervised")
-    sup_cmd = [sys.executable, "-m", "align.tools.supervise", "--backoff", "2", "--", str(REPO / "launchers" / "torchrun.sh"),
-               *stop, f"hydra.run.dir={sup_dir}"]
+    sup_cmd = [sys.executable, "-m", "align.tools.supervise", "--backoff", "2", "--",
+               str(REPO / "launchers" / "torchrun.sh"), *stop, f"hydra.run.dir={sup_dir}"]
     with open(out / "supervised.log", "w") as f:
         sup = subprocess.Popen(sup_cmd, cwd=REPO, env={**env, "NPROC": str(n)}, stdout=f, stderr=subprocess.STDOUT)
         signalled = None
@@ -156,11 +164,14 @@ def main() -> int:
             time.sleep(0.2)
         if sup.poll() is None:
             sup.kill()
-    rows = [json.loads(x) for x in (sup_dir / "supervisor.jsonl").read_text().splitlines()] if (sup_dir / "supervisor.jsonl").is_file() else []
-    stops = sorted(p.name for p in (sup_dir / "checkpoints").glob("step_*")) if (sup_dir / "checkpoints").is_dir() else []
+    sup_log = sup_dir / "supervisor.jsonl"
+    rows = [json.loads(x) for x in sup_log.read_text().splitlines()] if sup_log.is_file() else []
+    ckpts = sup_dir / "checkpoints"
+    stops = sorted(p.name for p in ckpts.glob("step_*")) if ckpts.is_dir() else []
     report["runs"]["supervised"] = {
         "exit": sup.returncode, "signal": signalled, "checkpoints": stops,
-        "attempts": [{k: r.get(k) for k in ("attempt", "code", "newest_checkpoint", "progressed")} for r in rows if r["event"] == "exit"],
+        "attempts": [{k: r.get(k) for k in ("attempt", "code", "newest_checkpoint", "progressed")}
+                     for r in rows if r["event"] == "exit"],
         "history_steps": [r["step"] for r in history(sup_dir)],
         "losses": [r["loss"] for r in history(sup_dir)],
         "vs_uninterrupted": compare(history(run_dir("uninterrupted")), history(sup_dir)),
@@ -172,7 +183,8 @@ def main() -> int:
     for k, r in report["runs"].items():
         cmp = r.get("vs_single") or r.get("vs_uninterrupted") or {}
         d = cmp.get("max_abs_loss_diff")
-        c = f"max|dloss| {d:.2e} over {cmp['steps']} steps, bit-identical {cmp['bit_identical_losses']}" if d is not None else ""
+        c = (f"max|dloss| {d:.2e} over {cmp['steps']} steps, bit-identical {cmp['bit_identical_losses']}"
+             if d is not None else "")
         print(f"{k:<14}{r['exit']!s:>5}  {c:<52} {[round(x, 4) for x in r.get('losses', [])][:5]}")
     s = report["runs"]["supervised"]
     print(f"supervised: signal {s['signal']}, attempts {s['attempts']}, checkpoints {s['checkpoints']}")

@@ -25,10 +25,10 @@ sys.path.insert(0, str(REPO))
 def run_family(family: str, args, out: Path) -> dict:
     import torch
 
-    from align.run.cli import compose
     from align.config import to_typed
     from align.models.memory import estimate_memory
     from align.parallel.env import resolve_device
+    from align.run.cli import compose
     from align.run.preflight import run_preflight
     from align.telemetry.history import read_history
     from align.trainer import Trainer
@@ -36,8 +36,8 @@ def run_family(family: str, args, out: Path) -> dict:
     run_dir = out / "runs" / f"{family}-{args.preset}"
     overrides = [f"model={family}", f"model.preset={args.preset}", "logger=none", f"trainer.max_steps={args.steps}",
                  "trainer.export=false", "allow_dirty=true", f"trainer.device={args.device}", "trainer.log_every=5",
-                 f"data.max_seq_len={args.seq}", f"sampler.micro_batch_size={args.batch}", f"data.max_records={args.records}",
-                 "sampler=bucket", *args.extra]
+                 f"data.max_seq_len={args.seq}", f"sampler.micro_batch_size={args.batch}",
+                 f"data.max_records={args.records}", "sampler=bucket", *args.extra]
     cfg = to_typed(compose(overrides))
     print(f"\n=== {family} ({' '.join(overrides)})", flush=True)
     t0 = time.time()
@@ -57,7 +57,8 @@ def run_family(family: str, args, out: Path) -> dict:
     info = trainer.model_info
     res = {
         "family": family, "overrides": overrides, "wall_s": time.time() - t0,
-        "model_class": info["model_class"], "params_total": info["params_total"], "params_active": info["params_active"],
+        "model_class": info["model_class"], "params_total": info["params_total"],
+        "params_active": info["params_active"],
         "attn": [info["attn_implementation_requested"], info["attn_implementation_resolved"]],
         "experts": [info["experts_implementation_requested"], info["experts_implementation_resolved"]],
         "loss_first": rows[0]["loss"], "loss_last": last["loss"],
@@ -69,17 +70,22 @@ def run_family(family: str, args, out: Path) -> dict:
         "telemetry_per_layer_last_step": {k: v for k, v in last.items() if re.match(r"moe/l\d+/", k)},
         "heatmap": info.get("moe_heatmap"), "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
     }
-    print(f"  resolved: attn {res['attn'][1]} (asked {res['attn'][0]}), experts {res['experts'][1]} (asked {res['experts'][0]}); "
+    print(f"  resolved: attn {res['attn'][1]} (asked {res['attn'][0]}), "
+          f"experts {res['experts'][1]} (asked {res['experts'][0]}); "
           f"params {res['params_total'] / 1e6:.1f}M ({res['params_active'] / 1e6:.1f}M active)")
-    print(f"  loss {res['loss_first']:.3f} -> {res['loss_last']:.3f}; step {res['step_time_median_s'] * 1e3:.0f} ms median; "
+    print(f"  loss {res['loss_first']:.3f} -> {res['loss_last']:.3f}; "
+          f"step {res['step_time_median_s'] * 1e3:.0f} ms median; "
           f"{res['tokens_per_s_median']:,.0f} tok/s")
     if peak is not None:
-        print(f"  memory: estimate {res['memory_estimate_gib']:.2f} GiB vs peak allocated {res['peak_allocated_gib']:.2f} GiB")
+        print(f"  memory: estimate {res['memory_estimate_gib']:.2f} GiB "
+              f"vs peak allocated {res['peak_allocated_gib']:.2f} GiB")
     if moe:
-        print("  telemetry (step %d): " % last["step"] + ", ".join(f"{k.removeprefix('moe/')} {v:.3f}" for k, v in moe.items()))
+        print("  telemetry (step %d): " % last["step"]
+              + ", ".join(f"{k.removeprefix('moe/')} {v:.3f}" for k, v in moe.items()))
         for layer in sorted({int(k.split("/")[1][1:]) for k in res["telemetry_per_layer_last_step"]}):
             p = f"moe/l{layer}/"
-            print(f"    l{layer}: max_vio {last[p + 'max_vio']:.2f} util {last[p + 'utilization']:.3f} dead {last[p + 'dead_frac']:.3f} "
+            print(f"    l{layer}: max_vio {last[p + 'max_vio']:.2f} util {last[p + 'utilization']:.3f} "
+                  f"dead {last[p + 'dead_frac']:.3f} "
                   f"entropy {last[p + 'entropy']:.3f} lb {last[p + 'lb_loss']:.3f} z {last[p + 'z_loss']:.3f}")
     return res
 
@@ -106,7 +112,8 @@ def main() -> int:
 
             traceback.print_exc()
             failures.append({"family": fam, "error": f"{type(e).__name__}: {e}"})
-    (out / "models_small_runs.json").write_text(json.dumps({"runs": results, "failures": failures}, indent=1, default=str))
+    (out / "models_small_runs.json").write_text(
+        json.dumps({"runs": results, "failures": failures}, indent=1, default=str))
     print(f"\nwrote {out / 'models_small_runs.json'}; {len(results)} ok, {len(failures)} failed")
     return 1 if failures else 0
 

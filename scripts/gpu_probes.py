@@ -107,7 +107,8 @@ def main() -> int:
         run = f"{probe}_{model}"
         if args.only and args.only not in run:
             continue
-        cmd = [sys.executable, "-m", "align.tools.probe", *overrides(model, probe, args.smoke), f"hydra.run.dir={out / run}"]
+        cmd = [sys.executable, "-m", "align.tools.probe", *overrides(model, probe, args.smoke),
+               f"hydra.run.dir={out / run}"]
         print(f"\n=== {run}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.time()
         p = subprocess.run(cmd)

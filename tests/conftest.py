@@ -29,7 +29,8 @@ if "ALIGN_SIGNATURE_CACHE" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["ALIGN_SIGNATURE_CACHE"], ignore_errors=True)
 
 
-def run_cli(module: str, *args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(module: str, *args: str, cwd: Path | None = None, timeout: float = 900,
+            env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python -m <module> args...` and return the completed process (text output)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd or REPO, env=full_env, capture_output=True,
@@ -45,8 +46,8 @@ def compose():
 
 def build_trainer(tmp_path: Path, *overrides: str):
     """A Trainer built in-process from the composed config (no Hydra run, no subprocess)."""
-    from align.run.cli import compose
     from align.config import to_typed
+    from align.run.cli import compose
     from align.trainer import Trainer
 
     typed = to_typed(compose(["logger=none", "data.max_records=200", *overrides]))

@@ -63,7 +63,8 @@ def read_run(run_dir: Path) -> dict:
         elif kind == "history":
             out["history"].append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
         elif kind == "summary":
-            out["summary"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
+            out["summary"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                                   for i in rec.summary.update})
         elif kind == "artifact":
             a = rec.artifact
             out["artifacts"].append({"name": a.name, "type": a.type, "aliases": list(a.aliases),

@@ -6,9 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
 
-
 from align.config.base import _only, _read, _require
-
 
 # ------------------------------------------------------------------------------------------ data
 
@@ -83,9 +81,14 @@ class SourceConfig:
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`)."""
         kind = f"{key}.kind"
-        return _read({"path": _only(kind, self.kind, FILE_SOURCES), "split": _only(kind, self.kind, [Source.gsm8k, Source.add]),
-                      "tokens_field": _only(kind, self.kind, [Source.tokens]),
-                      **{f: _only(kind, self.kind, CHAT_SOURCES) for f in CHAT_FIELDS}})
+        return _read(
+            {
+                "path": _only(kind, self.kind, FILE_SOURCES),
+                "split": _only(kind, self.kind, [Source.gsm8k, Source.add]),
+                "tokens_field": _only(kind, self.kind, [Source.tokens]),
+                **{f: _only(kind, self.kind, CHAT_SOURCES) for f in CHAT_FIELDS},
+            }
+        )
 
 
 FILE_SOURCES = (Source.jsonl, Source.parquet, Source.tokens, Source.preference)
@@ -157,9 +160,13 @@ class DataConfig:
         for name, src in self.mixture.items():
             src.check(f"data.mixture.{name}")
         kinds = {n: s.kind.pairs for n, s in self.mixture.items()}
-        _require(len(set(kinds.values())) <= 1, "data.mixture",
-                 "mixes preference pairs with chat records; accepted: only pair kinds (preference, gsm8k_pairs) "
-                 "or only chat kinds", {n: s.kind.value for n, s in self.mixture.items()})
+        _require(
+            len(set(kinds.values())) <= 1,
+            "data.mixture",
+            "mixes preference pairs with chat records; accepted: only pair kinds (preference, gsm8k_pairs) "
+            "or only chat kinds",
+            {n: s.kind.value for n, s in self.mixture.items()},
+        )
 
     @property
     def holds_pairs(self) -> bool:
@@ -170,18 +177,27 @@ class DataConfig:
         """Fields this choice does not read, with why (see `check_ignored`)."""
         out = {} if self.cache else {"cache_dir": f"ignored when {key}.cache=false"}
         if not self.mixture:
-            return {**out, **_read({
-                "path": _only(key, self.source, FILE_SOURCES), "split": _only(key, self.source, [Source.gsm8k, Source.add]),
-                "tokens_field": _only(key, self.source, [Source.tokens]),
-                **{f: _only(key, self.source, CHAT_SOURCES) for f in CHAT_FIELDS}})}
+            return {
+                **out,
+                **_read(
+                    {
+                        "path": _only(key, self.source, FILE_SOURCES),
+                        "split": _only(key, self.source, [Source.gsm8k, Source.add]),
+                        "tokens_field": _only(key, self.source, [Source.tokens]),
+                        **{f: _only(key, self.source, CHAT_SOURCES) for f in CHAT_FIELDS},
+                    }
+                ),
+            }
         mix = f"ignored when {key}.mixture is set: each {key}.mixture.<name> has its own"
         out.update({f: mix for f in ("source", "path", "split", "name")})
         # A mixture source inherits a null field from data.*: data.<field> is read when one does.
         inherit = {"tokens_field": [Source.tokens], **{f: CHAT_SOURCES for f in CHAT_FIELDS}}
         for f, kinds in inherit.items():
             if not any(s.kind in kinds and getattr(s, f) is None for s in self.mixture.values()):
-                out[f] = (f"ignored: no source of {key}.mixture with kind {' or '.join(k.value for k in kinds)} "
-                          f"leaves its own {f} null to inherit it")
+                out[f] = (
+                    f"ignored: no source of {key}.mixture with kind {' or '.join(k.value for k in kinds)} "
+                    f"leaves its own {f} null to inherit it"
+                )
         return out
 
 
@@ -231,7 +247,12 @@ class SamplerConfig:
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`). `micro_batch_size` under
         budget is TrainConfig's call: the probes read it whatever the sampler."""
-        return _read({"bucket_size": _only(key, self.kind, [SamplerKind.bucket, SamplerKind.budget]),
-                      "max_tokens": _only(key, self.kind, [SamplerKind.budget]),
-                      "mask_padding": f"ignored when {key}.packed=true (a packed row has no padding)" if self.packed
-                      else None})
+        return _read(
+            {
+                "bucket_size": _only(key, self.kind, [SamplerKind.bucket, SamplerKind.budget]),
+                "max_tokens": _only(key, self.kind, [SamplerKind.budget]),
+                "mask_padding": f"ignored when {key}.packed=true (a packed row has no padding)"
+                if self.packed
+                else None,
+            }
+        )

@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-
 from align.config.base import _only, _read, _require
-
 
 # ----------------------------------------------------------------------------------------- model
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-
 from align.config.base import _only, _read, _require
-
 
 # ----------------------------------------------------------------------------------------- probe
 
@@ -78,7 +76,8 @@ class PaddingProbeConfig:
     """Micro-batches per accumulation window for roots/window; null: trainer.grad_accum."""
 
     def __post_init__(self) -> None:
-        _require(all(b >= 0 for b in self.bucket_sizes), "probe.padding.bucket_sizes", "must be >= 0 (0: all)", self.bucket_sizes)
+        _require(all(b >= 0 for b in self.bucket_sizes), "probe.padding.bucket_sizes", "must be >= 0 (0: all)",
+                 self.bucket_sizes)
         if self.window is not None:
             _require(self.window >= 1, "probe.padding.window", "must be >= 1 or null", self.window)
 

@@ -5,15 +5,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-
 from hydra.core.config_store import ConfigStore
 
 from align.config.base import _require
-from align.config.data import *  # noqa: F403
-from align.config.model import *  # noqa: F403
-from align.config.probe import *  # noqa: F403
-from align.config.train import *  # noqa: F403
-
+from align.config.data import DataConfig, SamplerConfig, SamplerKind, Truncation
+from align.config.model import AttentionConfig, ModelConfig
+from align.config.probe import ProbeConfig
+from align.config.train import (
+    GenerationDtype,
+    LoggerConfig,
+    LoggerKind,
+    ObjectiveConfig,
+    ObjectiveKind,
+    OptimizerConfig,
+    OptimizerName,
+    ParallelConfig,
+    ParallelKind,
+    RewardConfig,
+    TrainerConfig,
+)
 
 # ------------------------------------------------------------------------------------------ root
 
@@ -39,62 +49,108 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.optimizer.overlap:  # FSDP2 runs its own streams; a compiled block would trace the waits
-            _require(self.parallel.kind == ParallelKind.single, "optimizer.overlap",
-                     f"needs parallel=single (got parallel={self.parallel.kind.value})", True)
+            _require(
+                self.parallel.kind == ParallelKind.single,
+                "optimizer.overlap",
+                f"needs parallel=single (got parallel={self.parallel.kind.value})",
+                True,
+            )
             _require(not self.trainer.compile, "optimizer.overlap", "needs trainer.compile=false", True)
         if self.logger.log_model:
-            _require(self.logger.kind == LoggerKind.wandb and self.trainer.export, "logger.log_model",
-                     "needs logger=wandb and trainer.export=true (the artifact is the export)", True)
+            _require(
+                self.logger.kind == LoggerKind.wandb and self.trainer.export,
+                "logger.log_model",
+                "needs logger=wandb and trainer.export=true (the artifact is the export)",
+                True,
+            )
         if self.optimizer.compile:
-            _require(self.optimizer.name == OptimizerName.adamw, "optimizer.compile",
-                     f"needs optimizer=adamw (got {self.optimizer.name.value})", True)
+            _require(
+                self.optimizer.name == OptimizerName.adamw,
+                "optimizer.compile",
+                f"needs optimizer=adamw (got {self.optimizer.name.value})",
+                True,
+            )
         pairs = self.objective.kind == ObjectiveKind.dpo
-        _require(self.data.holds_pairs == pairs, "data",
-                 f"objective={self.objective.kind.value} trains on "
-                 + ("preference pairs: use data=gsm8k_pairs or data=preference" if pairs else
-                    "records, not preference pairs: use objective=dpo with this data"), self.data.source.value)
+        _require(
+            self.data.holds_pairs == pairs,
+            "data",
+            f"objective={self.objective.kind.value} trains on "
+            + (
+                "preference pairs: use data=gsm8k_pairs or data=preference"
+                if pairs
+                else "records, not preference pairs: use objective=dpo with this data"
+            ),
+            self.data.source.value,
+        )
 
         if self.objective.kind == ObjectiveKind.grpo:
             self._check_grpo()
         else:
-            _require(not self.reward.weights, "reward.weights",
-                     f"is read by objective=grpo only; objective={self.objective.kind.value} ignores it "
-                     "(leave the reward group at none)", dict(self.reward.weights))
+            _require(
+                not self.reward.weights,
+                "reward.weights",
+                f"is read by objective=grpo only; objective={self.objective.kind.value} ignores it "
+                "(leave the reward group at none)",
+                dict(self.reward.weights),
+            )
 
     def _check_grpo(self) -> None:
-        _require(bool(self.reward.weights), "reward.weights",
-                 "objective=grpo needs a reward: e.g. reward=exact_int or reward=gsm8k (docs/rewards.md)")
+        _require(
+            bool(self.reward.weights),
+            "reward.weights",
+            "objective=grpo needs a reward: e.g. reward=exact_int or reward=gsm8k (docs/rewards.md)",
+        )
         from align.rewards import WeightedReward
 
         WeightedReward(self.reward.weights)  # unknown verifier names and bad weights: one line, exit 2
-        _require(self.data.truncation != Truncation.truncate, "data.truncation",
-                 "objective=grpo refuses to cut prompts (a cut question has another answer): use drop or fail",
-                 self.data.truncation.value)
-        _require(self.data.max_seq_len > self.objective.max_new_tokens, "data.max_seq_len",
-                 f"must exceed objective.max_new_tokens ({self.objective.max_new_tokens}): a prompt gets "
-                 "max_seq_len - max_new_tokens tokens", self.data.max_seq_len)
-        _require(self.objective.generation_dtype == GenerationDtype.same or self.parallel.kind == ParallelKind.single,
-                 "objective.generation_dtype", f"a generation copy needs parallel=single (got parallel="
-                 f"{self.parallel.kind.value}): sharded weights generate in place", self.objective.generation_dtype.value)
-        _require(self.sampler.kind == SamplerKind.shuffle, "sampler.kind",
-                 "objective=grpo cuts each step's completions into trainer.grad_accum micro-batches itself: "
-                 "the sampler's kind does not apply; leave sampler=shuffle", self.sampler.kind.value)
+        _require(
+            self.data.truncation != Truncation.truncate,
+            "data.truncation",
+            "objective=grpo refuses to cut prompts (a cut question has another answer): use drop or fail",
+            self.data.truncation.value,
+        )
+        _require(
+            self.data.max_seq_len > self.objective.max_new_tokens,
+            "data.max_seq_len",
+            f"must exceed objective.max_new_tokens ({self.objective.max_new_tokens}): a prompt gets "
+            "max_seq_len - max_new_tokens tokens",
+            self.data.max_seq_len,
+        )
+        _require(
+            self.objective.generation_dtype == GenerationDtype.same or self.parallel.kind == ParallelKind.single,
+            "objective.generation_dtype",
+            f"a generation copy needs parallel=single (got parallel="
+            f"{self.parallel.kind.value}): sharded weights generate in place",
+            self.objective.generation_dtype.value,
+        )
+        _require(
+            self.sampler.kind == SamplerKind.shuffle,
+            "sampler.kind",
+            "objective=grpo cuts each step's completions into trainer.grad_accum micro-batches itself: "
+            "the sampler's kind does not apply; leave sampler=shuffle",
+            self.sampler.kind.value,
+        )
         need = self.trainer.grad_accum * self.objective.updates_per_rollout
         sequences = self.objective.prompts_per_rollout * self.objective.group_size
-        _require(sequences >= need, "objective.prompts_per_rollout",
-                 f"a rollout of prompts_per_rollout x group_size completions must fill updates_per_rollout x "
-                 f"trainer.grad_accum = {need} micro-batches", self.objective.prompts_per_rollout)
+        _require(
+            sequences >= need,
+            "objective.prompts_per_rollout",
+            f"a rollout of prompts_per_rollout x group_size completions must fill updates_per_rollout x "
+            f"trainer.grad_accum = {need} micro-batches",
+            self.objective.prompts_per_rollout,
+        )
 
     def ignored(self, key: str) -> dict[str, str]:
         """Fields of several groups whose reader depends on another group (see `check_ignored`)."""
         out = {}
         if self.sampler.kind == SamplerKind.budget and self.probe.name is None:
-            out["sampler.micro_batch_size"] = ("ignored by sampler=budget (rows per micro-batch follow "
-                                               "sampler.max_tokens); it is read by sampler=shuffle, sampler=bucket")
+            out["sampler.micro_batch_size"] = (
+                "ignored by sampler=budget (rows per micro-batch follow "
+                "sampler.max_tokens); it is read by sampler=shuffle, sampler=bucket"
+            )
         if self.parallel.kind == ParallelKind.ep and not self.model.pretrained:
             out["model.init_on_device"] = "ignored by parallel=ep; it is read by parallel=single, parallel=fsdp"
         return out
-
 
 
 # The one table: config group -> schema. conf/<group>/*.yaml files are validated against these.

@@ -7,10 +7,8 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Optional
 
-from align.errors import ConfigError
-
 from align.config.base import _only, _read, _require
-
+from align.errors import ConfigError
 
 # ------------------------------------------------------------------------------------- optimizer
 
@@ -112,7 +110,8 @@ class ParallelConfig:
         if self.ep_size is not None:
             _require(self.ep_size >= 1, "parallel.ep_size", "must be >= 1 or null", self.ep_size)
         _require(0 < self.activation_checkpointing_fraction <= 1, "parallel.activation_checkpointing_fraction",
-                 "must be in (0, 1]: the fraction of decoder blocks to recompute", self.activation_checkpointing_fraction)
+                 "must be in (0, 1]: the fraction of decoder blocks to recompute",
+                 self.activation_checkpointing_fraction)
         _require(self.activation_checkpointing or self.activation_checkpointing_fraction == 1,
                  "parallel.activation_checkpointing_fraction",
                  "has no effect unless parallel.activation_checkpointing=true; set both, or leave the fraction at 1.0",

@@ -93,9 +93,11 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         ok = (module, name) in self.SAFE or module.startswith("torch.distributed.checkpoint.") or (
-            module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)))
+            module == "torch"
+            and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)))
         if not ok:
-            raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which a DCP metadata file never holds")
+            raise pickle.UnpicklingError(
+                f"checkpoint metadata refers to {module}.{name}, which a DCP metadata file never holds")
         return super().find_class(module, name)
 
 
@@ -243,7 +245,8 @@ def read_meta(path: Path) -> dict[str, Any]:
     return _read_json(Path(path) / "meta.json")
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv) -> tuple[dict, dict]:
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    env: DistEnv) -> tuple[dict, dict]:
     """Collective. Loads model and optimizer (resharding through DCP) and this rank's RNG states;
     returns (meta, this rank's state) for the caller to restore counters, scheduler and sampler.
     Raises on EVERY rank when any rank cannot read its part (DCP itself raises on all ranks), so the

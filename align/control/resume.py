@@ -71,7 +71,8 @@ def resume_points(cfg: TrainConfig, run_dir: Path) -> list[Path]:
         return []
     found = [p for _, p in reversed(complete(checkpoint_root(run_dir)))]
     if not found and t.resume == ResumePolicy.must:
-        raise ConfigError("trainer.resume", f"must resume, and {checkpoint_root(run_dir)} holds no complete checkpoint", "must")
+        raise ConfigError("trainer.resume", f"must resume, and {checkpoint_root(run_dir)} holds no complete checkpoint",
+                          "must")
     return found
 
 

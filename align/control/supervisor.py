@@ -133,7 +133,8 @@ class Supervisor:
             step = self.newest_step()
             progressed = step is not None and (best is None or step > best)
             best = step if progressed else best
-            self.record("exit", attempt=attempt, pid=self.child.pid, code=code, newest_checkpoint=step, progressed=progressed)
+            self.record("exit", attempt=attempt, pid=self.child.pid, code=code, newest_checkpoint=step,
+                        progressed=progressed)
             if code == 0:
                 self.record("done", attempts=attempt)
                 return 0

@@ -92,7 +92,8 @@ def tokenizer_sha256(directory: Path) -> str:
     if extra.is_dir():
         files += sorted(p for p in extra.iterdir() if p.is_file())
     if not files:
-        raise ConfigError("model.pretrained", f"no tokenizer files in {directory} (looked for {', '.join(TOKENIZER_FILES)})")
+        raise ConfigError("model.pretrained",
+                          f"no tokenizer files in {directory} (looked for {', '.join(TOKENIZER_FILES)})")
     h = hashlib.sha256()
     for p in files:
         h.update(p.relative_to(directory).as_posix().encode() + b"\0" + file_sha256(p).encode() + b"\n")
@@ -199,15 +200,18 @@ def _read_raw(entry: Path, key: str, extra_arrays: Sequence[str] = ()) -> tuple[
         meta = json.loads((entry / "meta.json").read_text())
         arrays = {name: np.load(entry / f"{name}.npy") for name in (*_ARRAYS, *extra_arrays)}
     except (OSError, ValueError) as e:
-        raise ConfigError("data.cache_dir", f"unreadable encode cache entry {entry} ({e}); delete it to re-encode") from None
+        raise ConfigError("data.cache_dir",
+                          f"unreadable encode cache entry {entry} ({e}); delete it to re-encode") from None
     if meta["content"].get("encode_cache_key") != key:
-        raise ConfigError("data.cache_dir", f"encode cache entry {entry} holds key {meta['content'].get('encode_cache_key')}; delete it")
+        raise ConfigError("data.cache_dir",
+                          f"encode cache entry {entry} holds key {meta['content'].get('encode_cache_key')}; delete it")
     return meta, arrays
 
 
 def _read_entry(entry: Path, key: str) -> EncodedDataset:
     meta, arrays = _read_raw(entry, key)
-    return EncodedDataset(ids=meta["ids"], roots=meta["roots"], stats=meta["stats"], meta=dict(meta["content"]), **arrays)
+    return EncodedDataset(ids=meta["ids"], roots=meta["roots"], stats=meta["stats"], meta=dict(meta["content"]),
+                          **arrays)
 
 
 def check_chat_template(tokenizer, model_cfg: ModelConfig, parts: dict[str, Any]) -> None:

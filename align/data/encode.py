@@ -113,7 +113,8 @@ def encode_one(tok, record: Record, exclude: frozenset[int] | set[int] = frozens
         start = len(ids_of(_render(tok, msgs[:i], add_generation_prompt=True)))
         end = len(ids_of(_render(tok, msgs[: i + 1])))  # the last turn renders the whole chat again: memoised
         if end > len(ids) or start >= end:
-            raise ConfigError(record.id, "chat template is not prefix-stable: a rendered turn is not a token prefix of the whole chat")
+            raise ConfigError(record.id, "chat template is not prefix-stable: a rendered turn is not a token prefix "
+                                         "of the whole chat")
         if eos not in ids[start:end] and i == len(msgs) - 1:
             # The template leaves the answer open: close it so the model learns to stop.
             ids.append(eos)
@@ -216,7 +217,8 @@ def encode_records(records: Sequence[Record], tok, cfg: DataConfig,
         roots.append(r.root)
         sources.append(r.source)
     if not ids:
-        raise ConfigError("data.max_seq_len", f"no record is left to train on: {len(dropped)} longer than {cfg.max_seq_len} "
+        raise ConfigError("data.max_seq_len",
+                          f"no record is left to train on: {len(dropped)} longer than {cfg.max_seq_len} "
                           f"tokens (data.truncation={cfg.truncation.value}), {len(no_loss)} without loss tokens")
     lengths = np.array([len(t) for t in tokens], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)

@@ -107,12 +107,14 @@ class BatchStream:
         self.position = Position(int(state["epoch"]), int(state["index"]))
 
 
-def build_stream(cfg, data: EncodedDataset, pad_id: int, rank: int = 0, world: int = 1, pin_memory: bool = False) -> BatchStream:
+def build_stream(cfg, data: EncodedDataset, pad_id: int, rank: int = 0, world: int = 1,
+                 pin_memory: bool = False) -> BatchStream:
     """The trainer's one call: sampler (with mixture weights), stream and its stats, from a TrainConfig."""
     from align.data.sources import source_specs
 
     weights = [s.weight for s in source_specs(cfg.data)]
-    sampler = build_sampler(cfg.sampler, data.lengths, cfg.trainer.seed, rank, world, mixture=(data.source_index, weights))
+    sampler = build_sampler(cfg.sampler, data.lengths, cfg.trainer.seed, rank, world,
+                            mixture=(data.source_index, weights))
     plan = plan_stats(sampler, root_codes(data.roots), cfg.trainer.grad_accum * world)
     sampler.plan = plan
     stats = DataStats(data, plan)

@@ -37,16 +37,18 @@ def load_mask_files(paths: Sequence[str], records: Sequence[Record]) -> dict[str
                 turns = row.get("turns") if isinstance(row, dict) else None
                 if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not isinstance(turns, list) \
                         or not all(isinstance(t, int) and not isinstance(t, bool) for t in turns):
-                    raise ConfigError(where, 'a mask line must be {"id": "<record id>", "turns": [<message index>, ...]}')
+                    raise ConfigError(where,
+                                      'a mask line must be {"id": "<record id>", "turns": [<message index>, ...]}')
                 rec = by_id.get(row["id"])
                 if rec is None:
                     example = next(iter(by_id), "?")
-                    raise ConfigError(where, f"names unknown record id {row['id']!r}: not among the {len(by_id)} records "
-                                             f"loaded (ids look like {example!r})")
+                    raise ConfigError(where, f"names unknown record id {row['id']!r}: not among the {len(by_id)} "
+                                             f"records loaded (ids look like {example!r})")
                 for t in turns:
                     if not 0 <= t < len(rec.messages) or rec.messages[t]["role"] != "assistant":
                         role = rec.messages[t]["role"] if 0 <= t < len(rec.messages) else "no such"
+                        answers = [i for i, m in enumerate(rec.messages) if m['role'] == 'assistant']
                         raise ConfigError(where, f"turn {t} of {rec.id} is a {role!r} turn; only assistant turns "
-                                                 f"(indices {[i for i, m in enumerate(rec.messages) if m['role'] == 'assistant']}) carry loss")
+                                                 f"(indices {answers}) carry loss")
                 excluded.setdefault(rec.id, set()).update(turns)
     return excluded

@@ -16,6 +16,7 @@ fields of `Batch` (seq_ids, chosen_seq, rejected_seq, pairs, truncated_pairs, pa
 from __future__ import annotations
 
 import hashlib
+
 import numpy as np
 import torch
 

@@ -34,8 +34,15 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from align.config import DataConfig, OnBadRecord, TrainConfig, Truncation
-from align.data.cache import (ENCODE_VERSION, PAIRING_VERSION, _read_raw, _write_entry, cache_key_parts,
-                              check_chat_template, provenance)
+from align.data.cache import (
+    ENCODE_VERSION,
+    PAIRING_VERSION,
+    _read_raw,
+    _write_entry,
+    cache_key_parts,
+    check_chat_template,
+    provenance,
+)
 from align.data.encode import EncodedDataset, dataset_fingerprint, map_with_tokenizer, resolve_workers
 from align.data.sources import BadRecord, SourceSpec, _rows, source_specs
 from align.errors import ConfigError

@@ -76,7 +76,8 @@ class MicroBatchSampler:
         self.mixture = None
         if mixture is not None and any(w != 1.0 for w in mixture[1]):
             src, weights = mixture
-            self.mixture = ([np.flatnonzero(np.asarray(src) == i) for i in range(len(weights))], [float(w) for w in weights])
+            self.mixture = ([np.flatnonzero(np.asarray(src) == i) for i in range(len(weights))],
+                            [float(w) for w in weights])
         # Kept for callers of the pre-BatchStream iteration API.
         self.epoch = 0
         self.index = 0
@@ -104,7 +105,8 @@ class MicroBatchSampler:
         g = self.global_batches(epoch)
         usable = len(g) // self.world * self.world
         if usable == 0:
-            raise ConfigError("sampler.micro_batch_size", f"{len(g)} micro-batches per epoch cannot be split over {self.world} ranks")
+            raise ConfigError("sampler.micro_batch_size",
+                              f"{len(g)} micro-batches per epoch cannot be split over {self.world} ranks")
         return g[self.rank : usable : self.world]
 
     def fingerprint(self) -> str:

@@ -99,14 +99,25 @@ def source_path(cfg: DataConfig) -> Path:
 def source_specs(cfg: DataConfig) -> list[SourceSpec]:
     """The sources of `cfg` in order: the mixture entries, or the one source of `data.*`."""
 
-    def spec(name: Optional[str], kind: Source, path: Optional[str], split: str, weight: float, key: str, over=None) -> SourceSpec:
+    def spec(
+        name: Optional[str], kind: Source, path: Optional[str], split: str, weight: float, key: str, over=None
+    ) -> SourceSpec:
         bundled = bundled_path(kind, split)
         p = bundled if bundled is not None else Path(path or "")
         pick = lambda f: getattr(over, f) if over is not None and getattr(over, f) is not None else getattr(cfg, f)  # noqa: E731
         return SourceSpec(
-            name=name or (kind.value if bundled is not None else p.stem), kind=kind, path=p, split=split, weight=weight,
-            messages_field=pick("messages_field"), prompt_field=pick("prompt_field"), response_field=pick("response_field"),
-            root_field=pick("root_field"), id_field=pick("id_field"), tokens_field=pick("tokens_field"), key=key,
+            name=name or (kind.value if bundled is not None else p.stem),
+            kind=kind,
+            path=p,
+            split=split,
+            weight=weight,
+            messages_field=pick("messages_field"),
+            prompt_field=pick("prompt_field"),
+            response_field=pick("response_field"),
+            root_field=pick("root_field"),
+            id_field=pick("id_field"),
+            tokens_field=pick("tokens_field"),
+            key=key,
         )
 
     if not cfg.mixture:
@@ -136,7 +147,9 @@ def _rows(spec: SourceSpec) -> Iterator[tuple[int, Any]]:
         try:
             table = pq.read_table(spec.path)
         except Exception as e:  # pyarrow raises several types for a file that is not Parquet
-            raise ConfigError(f"{spec.key}.path", f"not a readable Parquet file: {spec.path} ({type(e).__name__}: {e})") from None
+            raise ConfigError(
+                f"{spec.key}.path", f"not a readable Parquet file: {spec.path} ({type(e).__name__}: {e})"
+            ) from None
         for i, row in enumerate(table.to_pylist(), 1):
             yield i, row
         return
@@ -149,7 +162,12 @@ def _rows(spec: SourceSpec) -> Iterator[tuple[int, Any]]:
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 yield lineno, BadRecord(f"malformed JSON ({getattr(e, 'msg', e)})")
                 continue
-            yield lineno, row if isinstance(row, dict) else BadRecord(f"a record must be a JSON object, got {type(row).__name__}")
+            yield (
+                lineno,
+                row
+                if isinstance(row, dict)
+                else BadRecord(f"a record must be a JSON object, got {type(row).__name__}"),
+            )
 
 
 ROLES = ("system", "user", "assistant")
@@ -265,7 +283,10 @@ def load_records(cfg: DataConfig, report: Optional[dict] = None) -> list[Record]
             if cfg.max_records is not None and n >= cfg.max_records:
                 break
         if n == 0:
-            raise ConfigError(f"{spec.key}", f"no usable records in {spec.path}" + (f" ({len(skipped)} skipped as bad)" if skipped else ""))
+            raise ConfigError(
+                f"{spec.key}",
+                f"no usable records in {spec.path}" + (f" ({len(skipped)} skipped as bad)" if skipped else ""),
+            )
     if skipped:
         log.warning("data: skipped %d bad record(s), first: %s", len(skipped), skipped[0])
     report.update(skipped_bad=len(skipped), skipped_where=skipped[:100])

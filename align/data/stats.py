@@ -65,7 +65,8 @@ class DataStats:
         self.codes = root_codes(data.roots)
         self.plan = plan
         self.moments = length_moments(data.lengths)
-        self.data_meta = {k: data.stats.get(k, 0) for k in ("truncated", "dropped_too_long", "dropped_no_loss", "skipped_bad")}
+        self.data_meta = {k: data.stats.get(k, 0)
+                          for k in ("truncated", "dropped_too_long", "dropped_no_loss", "skipped_bad")}
         self.data_meta["encode_cache_hit"] = data.meta.get("cache_hit")
         self.data_meta["encode_cache_key"] = data.meta.get("encode_cache_key")
         self.micro_batches = self.zero_pad = self.tokens = self.real = 0

@@ -23,7 +23,8 @@ def load_tokenizer(cfg: ModelConfig):
     path = tokenizer_dir(cfg)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if not tok.chat_template:
-        raise ConfigError("model.pretrained", f"tokenizer in {path} has no chat template; SFT renders records through it")
+        raise ConfigError("model.pretrained",
+                          f"tokenizer in {path} has no chat template; SFT renders records through it")
     if tok.eos_token_id is None:
         raise ConfigError("model.pretrained", f"tokenizer in {path} has no EOS token")
     if tok.pad_token_id is None:

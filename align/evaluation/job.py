@@ -21,8 +21,16 @@ from align.evaluation.datasets import EvalData, load_data
 from align.evaluation.model_source import ModelSource, model_record, resolve_source
 from align.evaluation.refusal import discriminate
 from align.evaluation.report import REPORT_MD, EvalRecord, markdown
-from align.evaluation.runner import (ArmRun, essentials_of, generate_arm, generation_meaning, oracle_arm,
-                                     prompts_per_call, sampling_spec, stop_ids)
+from align.evaluation.runner import (
+    ArmRun,
+    essentials_of,
+    generate_arm,
+    generation_meaning,
+    oracle_arm,
+    prompts_per_call,
+    sampling_spec,
+    stop_ids,
+)
 from align.evaluation.scoring import Scorer, build_scorer
 from align.run.manifest import canonical_json, config_hash, git_state, now
 

@@ -65,9 +65,9 @@ def validate_command_line(argv: Sequence[str]) -> list[EvalRunConfig]:
     on the first bad one."""
     import dataclasses
 
-    from align.run.cli import compose, describe, die, job_override_lists
     from align.errors import AlignError
     from align.evaluation.config import GROUP_SCHEMAS, EvalRunConfig, to_typed
+    from align.run.cli import compose, describe, die, job_override_lists
 
     jobs: list[EvalRunConfig] = []
     try:

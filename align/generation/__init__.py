@@ -13,8 +13,17 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from align.generation.engine import (Backend, Completion, Engine, EngineConfig, FinishReason, GenerateMode,
-                                     SamplingSpec, derive_seed, resolve_mode)
+from align.generation.engine import (
+    Backend,
+    Completion,
+    Engine,
+    EngineConfig,
+    FinishReason,
+    GenerateMode,
+    SamplingSpec,
+    derive_seed,
+    resolve_mode,
+)
 
 __all__ = ["Backend", "Completion", "Engine", "EngineConfig", "FinishReason", "GenerateMode", "HFEngine",
            "SamplingSpec", "build_engine", "derive_seed", "resolve_mode"]

@@ -23,12 +23,27 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 import transformers
-from transformers import (CompileConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList,
-                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+from transformers import (
+    CompileConfig,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from align.errors import ConfigError
-from align.generation.engine import (Backend, Completion, EngineConfig, FinishReason, GenerateMode, SamplingSpec,
-                                     derive_seed, resolve_mode)
+from align.generation.engine import (
+    Backend,
+    Completion,
+    EngineConfig,
+    FinishReason,
+    GenerateMode,
+    SamplingSpec,
+    derive_seed,
+    resolve_mode,
+)
 
 
 class _SampleRecorder(LogitsProcessor):

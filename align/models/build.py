@@ -66,7 +66,8 @@ def loading(what: str, path: str) -> Iterator[None]:
             from None
 
 
-def model_config(cfg: ModelConfig, tokenizer=None, vocab_size: Optional[int] = None, special: Optional[dict[str, Any]] = None):
+def model_config(cfg: ModelConfig, tokenizer=None, vocab_size: Optional[int] = None,
+                 special: Optional[dict[str, Any]] = None):
     """The transformers config object the model is built from (local files only)."""
     spec = FAMILIES[cfg.family]
     config_cls, _ = spec.classes()

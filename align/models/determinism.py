@@ -20,7 +20,8 @@ from align.models.registry import FAMILIES
 
 def _digest(t: torch.Tensor) -> str:
     t = t.detach().contiguous().cpu()
-    return hashlib.sha256(t.view(torch.uint8).numpy().tobytes() if t.dtype != torch.bool else t.numpy().tobytes()).hexdigest()[:16]
+    raw = t.view(torch.uint8).numpy().tobytes() if t.dtype != torch.bool else t.numpy().tobytes()
+    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 def moe_layer(family: Family = Family.olmoe, experts: Optional[str] = None, device: str = "cuda",
@@ -31,15 +32,18 @@ def moe_layer(family: Family = Family.olmoe, experts: Optional[str] = None, devi
     from align.models.build import load_kwargs, preset_kwargs
 
     if family != Family.olmoe:
-        raise ValueError("the single-block check is written for OLMoE's OlmoeSparseMoeBlock (router + experts in one module)")
+        raise ValueError("the single-block check is written for OLMoE's OlmoeSparseMoeBlock "
+                         "(router + experts in one module)")
     spec = FAMILIES[family]
-    cfg = ModelConfig(family=family, preset=Preset.full, moe=MoEConfig(experts=ExpertsImpl(experts) if experts else None))
+    cfg = ModelConfig(family=family, preset=Preset.full,
+                      moe=MoEConfig(experts=ExpertsImpl(experts) if experts else None))
     kw = {**preset_kwargs(cfg), "num_hidden_layers": 1, "vocab_size": 256, "pad_token_id": None,
           "bos_token_id": None, "eos_token_id": None, **(overrides or {})}
     config_cls, model_cls = spec.classes()
     torch.manual_seed(seed)
     config = config_cls(**kw)
-    model = model_cls._from_config(config, **load_kwargs(cfg, AttentionChoice(AttnImpl.sdpa, AttnImpl.sdpa), spec.moe_shape(config)))
+    model = model_cls._from_config(
+        config, **load_kwargs(cfg, AttentionChoice(AttnImpl.sdpa, AttnImpl.sdpa), spec.moe_shape(config)))
     block = model.model.layers[0].mlp
     return block.to(device=device, dtype=dtype), model.config, spec.router_taps(model)
 
@@ -75,9 +79,11 @@ def repeat_check(family: Family = Family.olmoe, experts: Optional[str] = None, t
     return {
         "family": family.value, "tokens": tokens, "repeats": repeats, "dtype": str(dtype).removeprefix("torch."),
         "device": torch.cuda.get_device_name() if device == "cuda" else device,
-        "num_experts": FAMILIES[family].moe_shape(config).num_experts, "top_k": FAMILIES[family].moe_shape(config).top_k,
+        "num_experts": FAMILIES[family].moe_shape(config).num_experts,
+        "top_k": FAMILIES[family].moe_shape(config).top_k,
         "hidden": hidden, "experts_requested": experts, "experts_resolved": config._experts_implementation,
         "intermediate": config.intermediate_size, "torch": torch.__version__, "distinct_hashes": distinct,
         "forward_bit_identical": distinct["output"] == 1 and distinct["router_topk"] == 1,
-        "backward_bit_identical": all(v == 1 for k, v in distinct.items() if k == "input_grad" or k.startswith("grad:")),
+        "backward_bit_identical": all(v == 1 for k, v in distinct.items()
+                                      if k == "input_grad" or k.startswith("grad:")),
     }

@@ -26,7 +26,8 @@ def is_peft(model: torch.nn.Module) -> bool:
 
 
 def _is_quantized(model: torch.nn.Module) -> bool:
-    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(getattr(model, "base_model", None), "is_loaded_in_4bit", False)
+    return bool(getattr(model, "is_loaded_in_4bit", False)
+                or getattr(getattr(model, "base_model", None), "is_loaded_in_4bit", False)
                 or any(type(m).__name__ == "Linear4bit" for m in model.modules()))
 
 

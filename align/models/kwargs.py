@@ -12,14 +12,16 @@ from align.models.attention import AttentionChoice
 from align.models.registry import FAMILIES, MoEShape
 
 
-def preset_kwargs(cfg: ModelConfig, vocab_size: Optional[int] = None, special: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def preset_kwargs(cfg: ModelConfig, vocab_size: Optional[int] = None,
+                  special: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Kwargs for the family's config class when building from a preset (random init).
 
     `vocab_size` is the tokenizer's; a preset that names its own (the `full` presets) keeps it, and
     it must hold the tokenizer."""
     spec = FAMILIES[cfg.family]
     if cfg.preset.value not in spec.presets:
-        raise ConfigError("model.preset", f"{cfg.family.value} has presets: {', '.join(spec.presets)}", cfg.preset.value)
+        raise ConfigError("model.preset", f"{cfg.family.value} has presets: {', '.join(spec.presets)}",
+                          cfg.preset.value)
     kw = dict(spec.presets[cfg.preset.value])
     kw.setdefault("tie_word_embeddings", False)
     if vocab_size is not None:

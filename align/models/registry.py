@@ -154,7 +154,8 @@ _MISTRAL = dict(
     # mistralai/Mistral-7B-v0.3
     full=dict(vocab_size=32768, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
               num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
-              sliding_window=None, rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}),
+              sliding_window=None, rms_norm_eps=1e-5,
+              rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}),
 )
 
 _OLMOE = dict(

@@ -50,7 +50,8 @@ class RoundTripReport:
         routers = min(self.router_agreement.values()) if self.router_agreement else None
         verdict = "PASS" if self.passed else "FAIL: " + "; ".join(self.failures)
         return (f"round trip: max |dlogit| {self.max_abs_diff:.2e}, top-1 {self.top1_agreement:.2%}"
-                + (f", router top-k sets (min over layers) {routers:.2%}" if routers is not None else "") + f" -> {verdict}")
+                + (f", router top-k sets (min over layers) {routers:.2%}" if routers is not None else "")
+                + f" -> {verdict}")
 
 
 @contextlib.contextmanager
@@ -58,7 +59,8 @@ def capture_topk(model: torch.nn.Module, family: Family) -> Iterator[dict[int, t
     taps = FAMILIES[family].router_taps(model)
     got: dict[int, torch.Tensor] = {}
     handles = [t.index_module.register_forward_hook(
-        lambda m, a, o, t=t: got.__setitem__(t.layer, t.index_of(o).reshape(-1, t.index_of(o).shape[-1]).detach().cpu()))
+        lambda m, a, o, t=t: got.__setitem__(
+            t.layer, t.index_of(o).reshape(-1, t.index_of(o).shape[-1]).detach().cpu()))
         for t in taps]
     try:
         yield got
@@ -98,7 +100,8 @@ def load_export(export_dir: Path, family: Family, like: Optional[torch.nn.Module
 
 def compare(ref: Outputs, got: Outputs, max_abs: float = MAX_ABS) -> RoundTripReport:
     if ref.logits.shape != got.logits.shape:
-        return RoundTripReport(float("inf"), 0.0, failures=[f"logits shape {tuple(got.logits.shape)} != {tuple(ref.logits.shape)}"])
+        return RoundTripReport(float("inf"), 0.0,
+                               failures=[f"logits shape {tuple(got.logits.shape)} != {tuple(ref.logits.shape)}"])
     diff = float((ref.logits - got.logits).abs().max())
     top1 = float((ref.logits.argmax(-1) == got.logits.argmax(-1)).float().mean())
     rep = RoundTripReport(diff, top1)
@@ -117,7 +120,8 @@ def compare(ref: Outputs, got: Outputs, max_abs: float = MAX_ABS) -> RoundTripRe
     return rep
 
 
-def verify_export(model: torch.nn.Module, tokenizer, out: Path, family: Family, input_ids: torch.Tensor) -> RoundTripReport:
+def verify_export(model: torch.nn.Module, tokenizer, out: Path, family: Family,
+                  input_ids: torch.Tensor) -> RoundTripReport:
     """Reference outputs, export (merging LoRA), load with transformers, compare."""
     from align.models.export import export_hf
 

@@ -2,9 +2,9 @@
 align/trainer.py, which stays the same for all of them.
 
 An objective decides
-- how records become micro-batches (`build_data`), what it needs of the built model (`bind`), and how the next accumulation window is drawn
-  (`next_window`: SFT and DPO read the stream; GRPO generates a rollout and replays it for several
-  optimizer steps);
+- how records become micro-batches (`build_data`), what it needs of the built model (`bind`), and how
+  the next accumulation window is drawn (`next_window`: SFT and DPO read the stream; GRPO generates a
+  rollout and replays it for several optimizer steps);
 - the forward and loss of one micro-batch (`micro_loss`, a SUM over the micro-batch's loss units)
   and the unit the window normalises by (`weight`: loss tokens for SFT, pairs for DPO), so a window
   cut into micro-batches any way weighs every unit the same;
@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from align.parallel.env import DistEnv
 
 Forward = Callable[..., "torch.Tensor"]
-"""`forward(inputs, hidden_only=False, module=None) -> logits` of the policy (or `module`) (or final hidden states when `hidden_only`): the
-trainer's model forward under its autocast; `hidden_only` bypasses the LM head for a chunked loss."""
+"""`forward(inputs, hidden_only=False, module=None) -> logits` of the policy (or `module`) (or final
+hidden states when `hidden_only`): the trainer's model forward under its autocast; `hidden_only`
+bypasses the LM head for a chunked loss."""
 
 
 class Objective(Protocol):

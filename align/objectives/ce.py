@@ -24,10 +24,12 @@ from align.data.collate import IGNORE
 
 def ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Sum of token cross-entropies in fp32 over positions whose label is not IGNORE."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE, reduction="sum")
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
+                           reduction="sum")
 
 
-def _chunk_ce(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, softcap: Optional[float]) -> torch.Tensor:
+def _chunk_ce(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+              softcap: Optional[float]) -> torch.Tensor:
     logits = F.linear(hidden, weight.to(hidden.dtype))
     if softcap is not None:
         logits = torch.tanh(logits.float() / softcap) * softcap

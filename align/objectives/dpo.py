@@ -23,7 +23,6 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-
 import numpy as np
 import torch
 
@@ -34,8 +33,18 @@ from align.objectives.gate import GateError, run_gate  # noqa: F401  (GateError:
 from align.objectives.logps import sequence_sums, sequence_token_counts, token_logps
 from align.objectives.preference_losses import PairLogps, preference_loss
 from align.objectives.preference_spec import PreferenceLoss
-from align.objectives.reference import (AdaptersOff, FrozenCopy, Precomputed, cache_key, is_adapter, load_table,
-                                        model_config_meaning, preference_reference, save_table, weights_sha256)
+from align.objectives.reference import (
+    AdaptersOff,
+    FrozenCopy,
+    Precomputed,
+    cache_key,
+    is_adapter,
+    load_table,
+    model_config_meaning,
+    preference_reference,
+    save_table,
+    weights_sha256,
+)
 from align.parallel.env import DistEnv, autocast_dtype
 
 log = logging.getLogger("align")

@@ -18,7 +18,6 @@ from align.data.collate import Batch
 from align.errors import ConfigError
 
 
-
 class GateError(ConfigError):
     """The step-0 gate failed: the run would train against a wrong reference or wrong pairs (exit 2,
     like the mask gate: nothing has trained)."""

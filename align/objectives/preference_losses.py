@@ -56,11 +56,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from align.objectives.preference_spec import (REFERENCE_FREE, SMOOTHED, PreferenceLoss, as_loss,
-                                              check_hyperparameters, needs_reference)
-
-__all__ = ["REFERENCE_FREE", "SMOOTHED", "PairLogps", "PreferenceLoss", "PreferenceLossOutput", "as_loss",
-           "check_hyperparameters", "needs_reference", "preference_loss"]
+from align.objectives.preference_spec import REFERENCE_FREE, PreferenceLoss, check_hyperparameters
 
 
 @dataclass(frozen=True)

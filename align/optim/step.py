@@ -32,8 +32,9 @@ from align.config import OptimizerConfig
 from align.parallel.grad import foreach_norms
 
 
-def param_chunks(model: torch.nn.Module, blocks: Sequence[torch.nn.Module], params: Sequence[torch.nn.Parameter]
-                 ) -> list[list[torch.nn.Parameter]]:
+def param_chunks(
+    model: torch.nn.Module, blocks: Sequence[torch.nn.Module], params: Sequence[torch.nn.Parameter]
+) -> list[list[torch.nn.Parameter]]:
     """`params` split in the order the forward needs them: chunk 0 holds everything outside the
     blocks (embeddings, final norm, head: the forward's start waits for it), chunk i+1 block i's."""
     wanted = {id(p) for p in params}
@@ -99,8 +100,14 @@ class OverlappedStep:
     `compiled`: each chunk steps through that CompiledStep's update (both options on) instead of
     the optimizer's own kernels; its norm becomes this stepper's `norms_of`."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, blocks: Sequence[torch.nn.Module],
-                 streams: Any, compiled: Optional[CompiledStep] = None) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: torch.nn.Module,
+        blocks: Sequence[torch.nn.Module],
+        streams: Any,
+        compiled: Optional[CompiledStep] = None,
+    ) -> None:
         self.optimizer = optimizer
         self.streams = streams
         self.compiled = compiled
@@ -114,8 +121,13 @@ class OverlappedStep:
         self._handles += [b.register_forward_pre_hook(self._waiter(i + 1)) for i, b in enumerate(blocks)]
 
     def info(self) -> dict[str, Any]:
-        info = {"kind": "overlap", "overlap": True, "compiled": False, "chunks": len(self.chunks),
-                "params_per_chunk": [len(c) for c in self.chunks]}
+        info = {
+            "kind": "overlap",
+            "overlap": True,
+            "compiled": False,
+            "chunks": len(self.chunks),
+            "params_per_chunk": [len(c) for c in self.chunks],
+        }
         if self.compiled is not None:
             info.update(kind="overlap+compiled", compiled=True, recompile_limit=self.recompile_limit)
         return info
@@ -128,6 +140,7 @@ class OverlappedStep:
     def _waiter(self, i: int) -> Callable:
         def hook(module, args):
             self.wait(i)
+
         return hook
 
     def wait(self, i: int) -> None:
@@ -145,7 +158,9 @@ class OverlappedStep:
         self.sync()  # a chunk the last forward never reached (an unused block) still orders before this step
         self.streams.side_waits_for_main()  # gradients, their norm and the clip scale are ready
         scale = getattr(self.optimizer, "grad_scale", None)  # the folded clip (align.parallel.grad)
-        for t in [p.grad for c in self.chunks for p in c if p.grad is not None] + ([scale] if scale is not None else []):
+        for t in [p.grad for c in self.chunks for p in c if p.grad is not None] + (
+            [scale] if scale is not None else []
+        ):
             self.streams.keep_for_side(t)
         with self.streams.on_side(), self._updates() as update:
             for i, ids in enumerate(self._ids):
@@ -206,7 +221,9 @@ class CompiledStep:
         # otherwise turn its sizes dynamic, and torch 2.11's dynamo then fails building that graph's
         # guards (IndexError in produce_guards, seen on CUDA). Each list gets its own static graph.
         self._plain = torch.compile(self._step, backend=backend, dynamic=False)
-        self._scaled = torch.compile(self._step_scaled, backend=backend, dynamic=False)  # compiled the first time a step clips
+        self._scaled = torch.compile(
+            self._step_scaled, backend=backend, dynamic=False
+        )  # compiled the first time a step clips
         # The gradient norm before the step, compiled too: torch's fp64 _foreach_norm is a
         # bandwidth-bound pass of its own over the gradients (its cost: docs/performance.md).
         self.norms_of = torch.compile(_fp64_norms, backend=backend, dynamic=False)
@@ -224,8 +241,12 @@ class CompiledStep:
         if not hasattr(config, "recompile_limit"):
             from align.errors import ConfigError
 
-            raise ConfigError("optimizer.compile", f"with optimizer.overlap=true needs torch._dynamo.config.recompile_limit, "
-                              f"which torch {torch.__version__} lacks; set optimizer.overlap=false", True)
+            raise ConfigError(
+                "optimizer.compile",
+                f"with optimizer.overlap=true needs torch._dynamo.config.recompile_limit, "
+                f"which torch {torch.__version__} lacks; set optimizer.overlap=false",
+                True,
+            )
         need = 2 * n
         config.recompile_limit = max(config.recompile_limit, need)
         config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, need)
@@ -235,7 +256,9 @@ class CompiledStep:
         self.optimizer.step()
 
     def _step_scaled(self, scale: torch.Tensor) -> None:
-        torch._foreach_div_([p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None], scale)
+        torch._foreach_div_(
+            [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None], scale
+        )
         self.optimizer.step()
 
     @contextlib.contextmanager
@@ -264,15 +287,20 @@ class CompiledStep:
         pass
 
 
-def build_stepper(cfg: OptimizerConfig, optimizer: torch.optim.Optimizer, model: torch.nn.Module, device: torch.device
-                  ) -> OverlappedStep | CompiledStep | PlainStep:
+def build_stepper(
+    cfg: OptimizerConfig, optimizer: torch.optim.Optimizer, model: torch.nn.Module, device: torch.device
+) -> OverlappedStep | CompiledStep | PlainStep:
     """What `optimizer.compile` / `optimizer.overlap` resolve to here (config validation already
     refused the combinations that cannot hold: overlap under parallel!=single or compiled blocks,
     compile with another optimizer than adamw)."""
     if not (cfg.compile or cfg.overlap):
         return PlainStep(optimizer, "optimizer.overlap=false, optimizer.compile=false")
     if device.type != "cuda":
-        why = [f"optimizer.compile: device {device.type}: the compiled step is capturable, a CUDA feature"] if cfg.compile else []
+        why = (
+            [f"optimizer.compile: device {device.type}: the compiled step is capturable, a CUDA feature"]
+            if cfg.compile
+            else []
+        )
         why += [f"optimizer.overlap: device {device.type}: side streams are a CUDA feature"] if cfg.overlap else []
         return PlainStep(optimizer, "; ".join(why))
     compiled = CompiledStep(optimizer, device) if cfg.compile else None

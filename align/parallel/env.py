@@ -92,7 +92,8 @@ def init_distributed(cfg: ParallelConfig, device: Device, run_dir: Path) -> Dist
     if cfg.kind == ParallelKind.single:
         if env.world > 1:
             raise ConfigError("parallel.kind", f"single trains one replica per process, and this job has {env.world} "
-                              "ranks: every rank would train alone on its own rows; use parallel=fsdp (or ep)", "single")
+                              "ranks: every rank would train alone on its own rows; use parallel=fsdp (or ep)",
+                              "single")
         return env
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)

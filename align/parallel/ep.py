@@ -63,7 +63,8 @@ def apply_ep(model: torch.nn.Module, cfg: ParallelConfig, device: torch.device, 
     kw = distributed_config_kwargs(cfg, device, world)
     check_kwargs(DistributedConfig, kw, "parallel")
     dc = DistributedConfig(**kw)
-    n_experts = {p.shape[0] for n, p in model.named_parameters() if n.endswith(("gate_up_proj", "down_proj")) and p.dim() == 3}
+    n_experts = {p.shape[0] for n, p in model.named_parameters()
+                 if n.endswith(("gate_up_proj", "down_proj")) and p.dim() == 3}
     if any(e % dc.ep_size for e in n_experts):
         raise ConfigError("parallel.ep_size", f"must divide the number of experts {sorted(n_experts)}", dc.ep_size)
     model.ep_plan = plan

@@ -29,7 +29,8 @@ def log_rank_to_file(env: DistEnv, run_dir: Path) -> None:
     if any(isinstance(h, logging.FileHandler) and Path(h.baseFilename) == path.resolve() for h in root.handlers):
         return
     handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("[%(asctime)s][rank" + str(env.rank) + "][%(name)s][%(levelname)s] - %(message)s"))
+    handler.setFormatter(
+        logging.Formatter("[%(asctime)s][rank" + str(env.rank) + "][%(name)s][%(levelname)s] - %(message)s"))
     root.addHandler(handler)
 
 

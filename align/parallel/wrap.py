@@ -66,7 +66,8 @@ def apply_activation_checkpointing(model: torch.nn.Module, fraction: float) -> d
     # Blocks without the per-block flag (fraction 1 only) are checkpointed by the model's own loop.
     on = None if None in flags else [i for i, f in enumerate(flags) if f]
     return {"activation_checkpointing": method, "activation_checkpointing_fraction": fraction,
-            "activation_checkpointing_blocks": on, "activation_checkpointing_block_count": None if on is None else len(on),
+            "activation_checkpointing_blocks": on,
+            "activation_checkpointing_block_count": None if on is None else len(on),
             "decoder_blocks": len(blocks)}
 
 

@@ -54,7 +54,8 @@ def busy_intervals(events: Iterable[dict[str, Any]]) -> list[tuple[float, float,
 
 def _phases(events: Iterable[dict[str, Any]]) -> list[tuple[float, float, str]]:
     return sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e["name"]))
-                  for e in events if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(PHASE_PREFIX))
+                  for e in events
+                  if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(PHASE_PREFIX))
 
 
 def phase_at(phases: list[tuple[float, float, str]], t: float) -> str:

@@ -197,7 +197,8 @@ def format_table(t: KernelTable, top: int = 20) -> str:
     lines.append(f"kernel launches per step: {t.launches_per_step:,.1f} (+ {t.copies_per_step:,.1f} copies/memsets)")
     if t.device_arch is not None:
         if t.old_arch:
-            lines.append(f"FLAG: {len(t.old_arch)} kernel(s) built for an older arch than the device's sm_{t.device_arch} "
+            lines.append(f"FLAG: {len(t.old_arch)} kernel(s) built for an older arch than the device's "
+                         f"sm_{t.device_arch} "
                          f"({sum(k['ms'] for k in t.old_arch) / t.total_ms:.1%} of kernel time):")
             lines += [f"    sm_{k['arch']}  {k['ms']:,.3f} ms  {k['name'][:140]}" for k in t.old_arch[:10]]
         else:
@@ -208,7 +209,8 @@ def format_table(t: KernelTable, top: int = 20) -> str:
     if t.unclassified_with_device_time:
         lines.append(f"note: rows with device time that are neither a known kernel nor a host op: "
                      f"{t.unclassified_with_device_time[:5]}")
-    lines += ["", f"top {min(top, len(t.kernels))} kernels:", "", "| ms | calls | group | arch | kernel |", "|---|---|---|---|---|"]
+    lines += ["", f"top {min(top, len(t.kernels))} kernels:", "", "| ms | calls | group | arch | kernel |",
+              "|---|---|---|---|---|"]
     for k in t.kernels[:top]:
         lines.append(f"| {k['ms']:,.3f} | {k['calls']} | {k['group']} | {k['arch'] or ''} | `{k['name'][:120]}` |")
     return "\n".join(lines) + "\n"
@@ -223,8 +225,10 @@ def rows_from_events(events: Iterable[Any]) -> list[ProfRow]:
 
     out = []
     for e in events:
-        dev = getattr(e, "device_type", DeviceType.CPU) != DeviceType.CPU and not getattr(e, "is_user_annotation", False)
-        out.append(ProfRow(name=e.key, calls=int(e.count), self_device_us=float(getattr(e, "self_device_time_total", 0.0)),
+        dev = (getattr(e, "device_type", DeviceType.CPU) != DeviceType.CPU
+               and not getattr(e, "is_user_annotation", False))
+        out.append(ProfRow(name=e.key, calls=int(e.count),
+                           self_device_us=float(getattr(e, "self_device_time_total", 0.0)),
                            is_device=bool(dev), flops=float(getattr(e, "flops", 0) or 0)))
     return out
 
@@ -249,7 +253,8 @@ def parse_table(text: str) -> list[ProfRow]:
     header = re.split(r"\s{2,}", lines[hi].strip())
     if len(header) != len(spans):
         raise ValueError(f"table header has {len(header)} titles but {len(spans)} columns")
-    dev_col = next(i for i, h in enumerate(header) if h.startswith("Self ") and not h.startswith("Self CPU") and not h.endswith("%")
+    dev_col = next(i for i, h in enumerate(header)
+                   if h.startswith("Self ") and not h.startswith("Self CPU") and not h.endswith("%")
                    and "Mem" not in h)
     calls_col = header.index("# of Calls")
     rows = []
@@ -294,7 +299,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         step()
     timed = [step() for _ in range(pc.timed_steps)]
     tp = trainer.throughput
-    thr = rates(sum(m["tokens"] for m in timed), sum(m["real_tokens"] for m in timed), sum(m["loss_tokens"] for m in timed),
+    thr = rates(sum(m["tokens"] for m in timed), sum(m["real_tokens"] for m in timed),
+                sum(m["loss_tokens"] for m in timed),
                 sum(m["model_flops"] for m in timed), sum(m["step_time_s"] for m in timed),
                 tp.ceiling, tp.datasheet_tflops)
 
@@ -307,8 +313,9 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         sync(device)
         wall = time.perf_counter() - t0
     events = prof.key_averages()
-    (out_dir / "profile_table.txt").write_text(events.table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
-                                                            row_limit=-1, max_name_column_width=400))
+    (out_dir / "profile_table.txt").write_text(
+        events.table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
+                     row_limit=-1, max_name_column_width=400))
     rows = rows_from_events(events)
     write_json(out_dir / "profile_rows.json", [asdict(r) for r in rows])
     trace = out_dir / "trace.json"
@@ -343,7 +350,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         text += "time split (share of kernel time): " + ", ".join(f"{g} {p:.1%}" for g, p in split.items() if p) + "\n"
         if table.profiler_flops:
             text += (f"profiler-counted FLOPs (matmul ops only): {table.profiler_flops / pc.steps:.3e}/step = "
-                     f"{table.profiler_flops / wall / 1e12:.3f} TFLOP/s over the profiled wall (with profiler overhead)\n")
+                     f"{table.profiler_flops / wall / 1e12:.3f} TFLOP/s over the profiled wall "
+                     f"(with profiler overhead)\n")
     if gaps is not None:
         text += format_gaps(gaps)
     write_json(out_dir / "kernels.json", report)

@@ -48,7 +48,8 @@ def layer_types(config: Any, n_layers: int) -> list[str]:
 
 def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """transformers' attention modules, in layer order: `*Attention` classes that know their layer_idx."""
-    mods = [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("Attention") and hasattr(m, "layer_idx")]
+    mods = [(n, m) for n, m in model.named_modules()
+            if type(m).__name__.endswith("Attention") and hasattr(m, "layer_idx")]
     return sorted(mods, key=lambda nm: nm[1].layer_idx)
 
 
@@ -207,7 +208,8 @@ def probe_length(model: torch.nn.Module, requested: Optional[int] = None) -> int
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [f"mask probe: attn_implementation={report['attn_implementation']} sliding_window={report['sliding_window']}"]
+    lines = [f"mask probe: attn_implementation={report['attn_implementation']} "
+             f"sliding_window={report['sliding_window']}"]
     for kind, per in report["by_type"].items():
         for label, s in per.items():
             shape = report["batches"][label]["shape"]
@@ -221,12 +223,14 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def assert_masks(model: torch.nn.Module, data: EncodedDataset, pad_id: int, length: Optional[int] = None) -> dict[str, Any]:
+def assert_masks(model: torch.nn.Module, data: EncodedDataset, pad_id: int,
+                 length: Optional[int] = None) -> dict[str, Any]:
     """The gate `align.train` runs before step 1: raise ConfigError (exit 2) on a wrong band."""
     report = mask_report(model, probe_batches(data, pad_id, probe_length(model, length)))
     if not report["ok"]:
         bad = next(lay for bt in report["batches"].values() for lay in bt["layers"] if not lay["ok"])
-        raise ConfigError("attention", f"mask probe: {bad['type']} layer {bad['layer']} has the wrong band: {bad['detail']}")
+        raise ConfigError("attention",
+                          f"mask probe: {bad['type']} layer {bad['layer']} has the wrong band: {bad['detail']}")
     return report
 
 
@@ -239,7 +243,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     from align.data.tokenizer import load_tokenizer
     from align.models import build_model
 
-    data_cfg = dataclasses.replace(cfg.data, max_records=min(cfg.data.max_records or cfg.probe.mask.records, cfg.probe.mask.records))
+    data_cfg = dataclasses.replace(
+        cfg.data, max_records=min(cfg.data.max_records or cfg.probe.mask.records, cfg.probe.mask.records))
     tok = load_tokenizer(cfg.model)
     data = encode_records(load_records(data_cfg), tok, data_cfg)
     from align.parallel.env import resolve_device
@@ -247,7 +252,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     torch.manual_seed(cfg.trainer.seed)
     built = build_model(cfg.model, cfg.attention, tok)
     built.model.to(resolve_device(cfg.trainer.device))
-    report = mask_report(built.model, probe_batches(data, tok.pad_token_id, probe_length(built.model, cfg.probe.mask.length)))
+    report = mask_report(built.model,
+                         probe_batches(data, tok.pad_token_id, probe_length(built.model, cfg.probe.mask.length)))
     report["model"] = built.info
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "mask.json").write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -74,7 +74,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     b.plot(x, [r["roots_per_window"] for r in buckets], "o-", label="bucket")
     b.axhline(shuffle["roots_per_window"], ls="--", c="k", label="shuffle")
     # From zero: a zoomed axis would make a 0.1-root difference look like a collapse.
-    b.set(xticks=list(x), xticklabels=labels, xlabel="bucket size (records)", ylabel="distinct roots", title="roots per window",
+    b.set(xticks=list(x), xticklabels=labels, xlabel="bucket size (records)", ylabel="distinct roots",
+          title="roots per window",
           ylim=(0, 1.15 * max(r["roots_per_window"] for r in rows)))
     b.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
@@ -89,7 +90,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     window = cfg.probe.padding.window or cfg.trainer.grad_accum
     rows = sweep(data, cfg, list(cfg.probe.padding.bucket_sizes), window)
     header = {"records": len(data), "roots": len(set(data.roots)), "micro_batch_size": cfg.sampler.micro_batch_size,
-              "window": window, "pad_to_multiple_of": cfg.sampler.pad_to_multiple_of, "max_seq_len": cfg.data.max_seq_len,
+              "window": window, "pad_to_multiple_of": cfg.sampler.pad_to_multiple_of,
+              "max_seq_len": cfg.data.max_seq_len,
               **length_moments(data.lengths)}
     if cfg.sampler.kind == SamplerKind.budget:
         header["max_tokens"] = cfg.sampler.max_tokens

@@ -28,7 +28,8 @@ from align.errors import ConfigError
 
 LEVERS = {
     "linear": "per-token work dominates: fewer tokens (padding, bucketing, packing), fused elementwise kernels",
-    "quadratic": "attention dominates: the attention backend / kernel (read the kernel table: generation, fallback tier)",
+    "quadratic": "attention dominates: the attention backend / kernel "
+                 "(read the kernel table: generation, fallback tier)",
     "launch-bound": "a fixed per-batch cost dominates: CUDA graphs, torch.compile, a bigger batch",
 }
 
@@ -160,8 +161,8 @@ def analyze(ws: Sequence[float], ts: Sequence[float], tol: float = 0.01,
             check += f"; with C the residual is {three.max_abs_rel_residual:.2%} (C = {three.C * 1e3:.3f} ms)"
     elif n == 3:
         used, confirmed, need_more = "three_term", False, True
-        check = (f"the two-term fit does NOT close (max |residual| {two.max_abs_rel_residual:.2%} > {tol:.0%}): a third "
-                 f"term is present. Three parameters through three points always fit, so nothing checks them: "
+        check = (f"the two-term fit does NOT close (max |residual| {two.max_abs_rel_residual:.2%} > {tol:.0%}): "
+                 f"a third term is present. Three parameters through three points always fit, so nothing checks them: "
                  f"measure a 4th length (e.g. w={int(2 * wmax)} or w={max(1, int(wmin // 2))}) before concluding")
         msgs.append("NEED A 4TH POINT: " + check)
     else:
@@ -204,9 +205,18 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     import torch
 
     from align.data.stats import length_moments
-    from align.probes.common import (LOSS_CAVEAT, Instrument, build_trainer, fixed_width_batch,
-                                     model_summary, sampled_segments, sync, time_forward_backward, train_step,
-                                     write_json)
+    from align.probes.common import (
+        LOSS_CAVEAT,
+        Instrument,
+        build_trainer,
+        fixed_width_batch,
+        model_summary,
+        sampled_segments,
+        sync,
+        time_forward_backward,
+        train_step,
+        write_json,
+    )
     from align.telemetry.throughput import rates
 
     pc = cfg.probe.scaling
@@ -217,7 +227,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     max_pos = getattr(trainer.model.config, "max_position_embeddings", None)
     if max_pos and max(lengths) > max_pos:
         raise ConfigError("probe.scaling.lengths", f"longest length {max(lengths)} exceeds the model's "
-                          f"max_position_embeddings={max_pos} (raise it with +model.overrides.max_position_embeddings=)",
+                          f"max_position_embeddings={max_pos} "
+                          f"(raise it with +model.overrides.max_position_embeddings=)",
                           lengths)
     print(f"scaling probe: {model_summary(trainer)['model_class']} on {device}, batch {rows} rows, "
           f"lengths {lengths}, warm-up {pc.warmup}, best of {pc.repeats}", flush=True)
@@ -291,7 +302,8 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         "fwd_bwd_per_micro_batch_unpadded_s": pred_unpadded,
         "padding_tax": pred_sampled / pred_unpadded - 1,
         "step_s_predicted_fwd_bwd_only": cfg.trainer.grad_accum * pred_sampled,
-        "step_s_predicted_plus_measured_overhead": cfg.trainer.grad_accum * pred_sampled + measured["outside_fwd_bwd_s_per_step"],
+        "step_s_predicted_plus_measured_overhead":
+            cfg.trainer.grad_accum * pred_sampled + measured["outside_fwd_bwd_s_per_step"],
         "step_s_measured": step_s,
     }
     report = {
@@ -330,8 +342,9 @@ def format_report(report: dict[str, Any], a: Analysis) -> str:
             continue
         w = p["w"]
         fit_t = f.t(w)
-        lines.append(f"| {w} | {p['best_s'] * 1e3:.3f} | {fit_t * 1e3:.3f} | {(fit_t - p['best_s']) / p['best_s']:+.2%} | "
-                     f"{f.shares(w)['quadratic']:.1%} | {p['ce_forward_s'] * 1e3:.3f} | {p['ce_forward_fraction']:.1%} |")
+        lines.append(f"| {w} | {p['best_s'] * 1e3:.3f} | {fit_t * 1e3:.3f} | "
+                     f"{(fit_t - p['best_s']) / p['best_s']:+.2%} | {f.shares(w)['quadratic']:.1%} | "
+                     f"{p['ce_forward_s'] * 1e3:.3f} | {p['ce_forward_fraction']:.1%} |")
     pr, me = report["prediction"], report["measured"]
     th = me["throughput"]
     lines += [
@@ -351,9 +364,12 @@ def format_report(report: dict[str, Any], a: Analysis) -> str:
         "## prediction from the data's length distribution: E[t] = A*E[w] + B*E[w^2] (+ C)",
         f"records: E[w]={pr['records']['E_w']:.1f}, E[w^2]={pr['records']['E_w2']:.1f}, "
         f"E[w^2]/E[w]^2={pr['records']['w2_ratio']:.3f}",
-        f"fwd+bwd per micro-batch, as sampled (padded rows or packed documents): {pr['fwd_bwd_per_micro_batch_s'] * 1e3:.3f} ms; "
-        f"same rows unpadded: {pr['fwd_bwd_per_micro_batch_unpadded_s'] * 1e3:.3f} ms (padding tax {pr['padding_tax']:+.1%})",
-        f"measured on {len(me['segments'])} real micro-batches: fwd+bwd {me['fwd_bwd_s_sum'] * 1e3:.3f} ms vs predicted "
+        f"fwd+bwd per micro-batch, as sampled (padded rows or packed documents): "
+        f"{pr['fwd_bwd_per_micro_batch_s'] * 1e3:.3f} ms; "
+        f"same rows unpadded: {pr['fwd_bwd_per_micro_batch_unpadded_s'] * 1e3:.3f} ms "
+        f"(padding tax {pr['padding_tax']:+.1%})",
+        f"measured on {len(me['segments'])} real micro-batches: fwd+bwd {me['fwd_bwd_s_sum'] * 1e3:.3f} ms "
+        f"vs predicted "
         f"{me['fwd_bwd_s_predicted_same_batches'] * 1e3:.3f} ms for the same shapes "
         f"(measured/predicted {me['fwd_bwd_measured_over_predicted']:.3f}; real batches with padding carry a mask, "
         f"the fit's batches do not)",

@@ -233,7 +233,8 @@ def job_preflight(cfg: Any, task_overrides: Sequence[str]) -> Any:
 
 def wants_hydra_only(argv: Sequence[str]) -> bool:
     """--help, --cfg, --info and shell completion are Hydra's business: do not pre-validate them."""
-    return any(a in ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc") or a.startswith("--cfg") for a in argv)
+    return any(a in ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "--shell-completion", "-sc")
+               or a.startswith("--cfg") for a in argv)
 
 
 __all__ = ["CONF_DIR", "compose", "describe", "die", "validate_command_line", "ConfigError"]

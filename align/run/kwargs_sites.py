@@ -24,14 +24,16 @@ def check_site(name: str, site: KwargsSite) -> Check:
     try:
         unknown, acc = unknown_kwargs(site)
     except Exception as e:  # the callable is missing or not importable: that is a failure too
-        return Check("kwargs", name, Status.failed, f"cannot read the installed callable {site.target!r}: {type(e).__name__}: {e}", site.key)
+        return Check("kwargs", name, Status.failed,
+                     f"cannot read the installed callable {site.target!r}: {type(e).__name__}: {e}", site.key)
     if unknown and site.exact is not None:  # the union over devices was refused: decide on this machine's
         return check_site(name, site.exact())
     if unknown:
         return Check("kwargs", name, Status.failed,
                      f"{acc.name} does not accept {unknown}; it accepts: {', '.join(sorted(acc.names))}", site.key)
     union = "; the names of every device trainer.device=auto may pick" if site.exact else ""
-    return Check("kwargs", name, Status.passed, f"{len(site.kwargs)} names ok against {acc.name} ({acc.how}){union}", site.key)
+    return Check("kwargs", name, Status.passed, f"{len(site.kwargs)} names ok against {acc.name} ({acc.how}){union}",
+                 site.key)
 
 
 
@@ -91,7 +93,8 @@ def data_loader(cfg: TrainConfig) -> KwargsSite:
     from align.data.loader_kwargs import NUM_WORKERS, loader_kwargs
 
     # Mirrors Trainer.build: BatchStream's worker count and pin_memory on CUDA.
-    return _per_device(cfg, "torch.utils.data:DataLoader", "data", lambda dev: loader_kwargs(NUM_WORKERS, dev == "cuda"))
+    return _per_device(cfg, "torch.utils.data:DataLoader", "data",
+                       lambda dev: loader_kwargs(NUM_WORKERS, dev == "cuda"))
 
 
 def optimizer(cfg: TrainConfig) -> KwargsSite:
@@ -116,7 +119,8 @@ def model_config(cfg: TrainConfig) -> Optional[KwargsSite]:
 
     # The config class's __post_init__ consumes names its signature lacks (Gemma4TextConfig:
     # global_head_dim): align.run.signatures reads those from its installed source too.
-    return KwargsSite(FAMILIES[cfg.model.family].config_class, config_kwargs(cfg.model, TokenizerShape()), "model.overrides")
+    return KwargsSite(FAMILIES[cfg.model.family].config_class, config_kwargs(cfg.model, TokenizerShape()),
+                      "model.overrides")
 
 
 def model_load(cfg: TrainConfig) -> KwargsSite:

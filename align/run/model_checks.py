@@ -49,9 +49,11 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
 
     try:
         attn = resolve_attention(m.family, cfg.attention, device.type)
-        yield Check("config", "attention resolution (align.models)", Status.passed if attn.reason is None else Status.warned,
+        yield Check("config", "attention resolution (align.models)",
+                    Status.passed if attn.reason is None else Status.warned,
                     attn.hf_name if attn.reason is None else
-                    f"requested {attn.requested.hf_name}, runs {attn.hf_name}: {attn.reason}", "attention.implementation")
+                    f"requested {attn.requested.hf_name}, runs {attn.hf_name}: {attn.reason}",
+                    "attention.implementation")
     except ConfigError as e:
         yield failed("config", "attention resolution (align.models)", e)
 
@@ -59,7 +61,8 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
         check_router_losses(m, moe)
         if moe is not None:
             yield Check("config", "router losses", Status.passed,
-                        f"lb_weight={m.moe.lb_weight} z_weight={m.moe.z_weight} applied (E={moe.num_experts}, top-{moe.top_k}; "
+                        f"lb_weight={m.moe.lb_weight} z_weight={m.moe.z_weight} applied "
+                        f"(E={moe.num_experts}, top-{moe.top_k}; "
                         f"experts kernel requested: {m.moe.experts.value if m.moe.experts else 'library default'})")
     except ConfigError as e:
         yield failed("config", "router losses", e)
@@ -69,14 +72,16 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
         yield Check("config", "qlora", Status.failed, refusal, "model.lora.qlora")
     if m.lora.enabled:
         s = discover_targets(model).summary()
-        yield Check("config", "lora targets", Status.passed, f"{s['target_modules']} modules {s['targets']}; not adapted: "
+        yield Check("config", "lora targets", Status.passed,
+                    f"{s['target_modules']} modules {s['targets']}; not adapted: "
                     f"{s['skipped_fused_expert_params'] + s['not_adapted_linears']}", "model.lora")
 
     est = estimate_memory(cfg, device, shards=shards)
     if est.fits is False and not m.allow_over_memory:
         yield Check("config", "params and memory", Status.failed,
                     f"the training-memory estimate does not fit: {est.line()}; shrink the micro-batch/sequence, enable "
-                    "activation checkpointing, use LoRA, or set model.allow_over_memory=true", "model.allow_over_memory")
+                    "activation checkpointing, use LoRA, or set model.allow_over_memory=true",
+                    "model.allow_over_memory")
     elif est.fits is False:
         yield Check("config", "params and memory", Status.warned, est.line() + " (allowed by model.allow_over_memory)")
     else:

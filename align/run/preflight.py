@@ -5,7 +5,8 @@ the pre-launch checklist (align/run/checklist.py; docs/provenance.md).
 
 `align.train` runs the same checks first and stops at the first failure. Checks run cheapest first
 (values, git, files), then the kwargs checks, which read the installed signatures through
-align.run.signatures (a cache keyed on the files they come from; a miss imports the library). A check is a function `(cfg, ctx) -> Iterable[Check]` listed in CHECKS; a kwargs call
+align.run.signatures (a cache keyed on the files they come from; a miss imports the library). A check
+is a function `(cfg, ctx) -> Iterable[Check]` listed in CHECKS; a kwargs call
 site is a function `(cfg) -> KwargsSite | None` listed in align/run/kwargs_sites.py.
 """
 
@@ -37,13 +38,23 @@ def check_git(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     if not g.dirty:
         yield Check("tree", "git", Status.passed, f"{where} (clean)")
     elif cfg.allow_dirty:
-        yield Check("tree", "git", Status.warned,
-                    f"{where}: {len(g.changed or [])} changed file(s), allowed by allow_dirty=true; the manifest records dirty + diff sha256")
+        yield Check(
+            "tree",
+            "git",
+            Status.warned,
+            f"{where}: {len(g.changed or [])} changed file(s), allowed by allow_dirty=true; "
+            "the manifest records dirty + diff sha256",
+        )
     else:
         files = ", ".join((g.changed or [])[:5]) + (" ..." if len(g.changed or []) > 5 else "")
-        yield Check("tree", "git", Status.failed,
-                    f"refusing to start: working tree {g.root} has uncommitted changes ({files}); the recorded commit "
-                    f"{g.commit[:12]} would not describe this run. Commit, or pass allow_dirty=true", "git")
+        yield Check(
+            "tree",
+            "git",
+            Status.failed,
+            f"refusing to start: working tree {g.root} has uncommitted changes ({files}); the recorded commit "
+            f"{g.commit[:12]} would not describe this run. Commit, or pass allow_dirty=true",
+            "git",
+        )
 
 
 def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
@@ -52,17 +63,32 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     yield Check("config", "values", Status.passed, "every group type- and value-checked by its dataclass")
     for spec in source_specs(cfg.data):  # every source of a mixture, JSONL or Parquet
         ok = spec.path.is_file()
-        yield Check("config", "data file", Status.passed if ok else Status.failed, f"{spec.path}" if ok else f"no such file: {spec.path}",
-                    f"{spec.key}.path")
+        yield Check(
+            "config",
+            "data file",
+            Status.passed if ok else Status.failed,
+            f"{spec.path}" if ok else f"no such file: {spec.path}",
+            f"{spec.key}.path",
+        )
     for m in cfg.data.mask_files:
         ok = Path(m).is_file()
-        yield Check("config", "mask file", Status.passed if ok else Status.failed, m if ok else f"no such file: {m}", "data.mask_files")
+        yield Check(
+            "config",
+            "mask file",
+            Status.passed if ok else Status.failed,
+            m if ok else f"no such file: {m}",
+            "data.mask_files",
+        )
     if cfg.model.pretrained:
         d = Path(cfg.model.pretrained)
         problem = checkpoint_problem(d)
-        yield Check("config", "checkpoint dir", Status.failed if problem else Status.passed,
-                    problem or f"{d} (config.json parses; every safetensors file as long as its header says)",
-                    "model.pretrained")
+        yield Check(
+            "config",
+            "checkpoint dir",
+            Status.failed if problem else Status.passed,
+            problem or f"{d} (config.json parses; every safetensors file as long as its header says)",
+            "model.pretrained",
+        )
 
 
 def checkpoint_problem(d: Path) -> Optional[str]:
@@ -153,12 +179,20 @@ def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     impl = cfg.attention.implementation
     reason = unsupported_reason(cfg.model.family, impl, device_type)
     if reason is None:
-        yield Check("config", "attention backend", Status.passed,
-                    f"{cfg.model.family.value} supports {impl.value} (requested; the resolved one is recorded)")
+        yield Check(
+            "config",
+            "attention backend",
+            Status.passed,
+            f"{cfg.model.family.value} supports {impl.value} (requested; the resolved one is recorded)",
+        )
     elif cfg.attention.fallback == Fallback.allow:
-        yield Check("config", "attention backend", Status.warned,
-                    f"{reason}; fallback=allow: the library picks, the manifest records what it resolved to",
-                    "attention.implementation")
+        yield Check(
+            "config",
+            "attention backend",
+            Status.warned,
+            f"{reason}; fallback=allow: the library picks, the manifest records what it resolved to",
+            "attention.implementation",
+        )
     else:
         yield Check("config", "attention backend", Status.failed, reason, "attention.implementation")
 
@@ -172,20 +206,30 @@ def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     if p.is_file():
         yield Check("cache", "data content hash", Status.passed, f"{p.name} sha256 {sha256_file(p)[:16]}")
     else:
-        yield Check("cache", "data content hash", Status.failed, f"cannot hash the data: no such file: {p}", "data.path")
+        yield Check(
+            "cache", "data content hash", Status.failed, f"cannot hash the data: no such file: {p}", "data.path"
+        )
     tok_sha, tmpl_sha, _ = tokenizer_hashes(tokenizer_dir(cfg.model))
     if tok_sha:
-        yield Check("cache", "tokenizer + chat template hashes", Status.passed,
-                    f"tokenizer {tok_sha[:16]}, template {tmpl_sha[:16] if tmpl_sha else 'none'}")
+        yield Check(
+            "cache",
+            "tokenizer + chat template hashes",
+            Status.passed,
+            f"tokenizer {tok_sha[:16]}, template {tmpl_sha[:16] if tmpl_sha else 'none'}",
+        )
     try:
         key = encode_cache_key(cfg)
     except AlignError as e:  # a file the key covers is missing or unreadable
         yield Check("cache", "encode cache key", Status.failed, f"cannot compute: {e}", getattr(e, "key", None))
         return
     if key is None:
-        yield Check("cache", "encode cache key", Status.na, "this build has no encode cache: every run encodes from scratch")
+        yield Check(
+            "cache", "encode cache key", Status.na, "this build has no encode cache: every run encodes from scratch"
+        )
     else:
-        yield Check("cache", "encode cache key", Status.passed, f"{key[:16]} (content hashes, not paths; align.data.cache)")
+        yield Check(
+            "cache", "encode cache key", Status.passed, f"{key[:16]} (content hashes, not paths; align.data.cache)"
+        )
 
 
 def encode_cache_key(cfg: TrainConfig) -> Optional[str]:
@@ -210,8 +254,13 @@ def check_device(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     import torch
 
     ok = torch.cuda.is_available()
-    yield Check("config", "device", Status.passed if ok else Status.failed,
-                "CUDA available" if ok else "trainer.device=cuda but torch sees no CUDA device", "trainer.device")
+    yield Check(
+        "config",
+        "device",
+        Status.passed if ok else Status.failed,
+        "CUDA available" if ok else "trainer.device=cuda but torch sees no CUDA device",
+        "trainer.device",
+    )
 
 
 # Cheapest first: values, git and files fail in milliseconds, before any library import.

@@ -60,8 +60,15 @@ def staging_overrides(argv: Sequence[str]) -> list[str]:
 
 
 class RunRecord:
-    def __init__(self, cfg: TrainConfig, container: Mapping[str, Any], run_dir: Path, argv: list[str],
-                 overrides: list[str], staged: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        container: Mapping[str, Any],
+        run_dir: Path,
+        argv: list[str],
+        overrides: list[str],
+        staged: bool = False,
+    ) -> None:
         """`staged`: Hydra wrote this attempt's config to `.hydra.pending/` (staging_overrides)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -94,21 +101,38 @@ class RunRecord:
         from align.run.manifest import versions
 
         cfg, m = self.cfg, self.manifest
-        m.start(name=cfg.name or self.run_dir.name, argv=self.argv, overrides=self.overrides, resolved=self.resolved,
-                git=git_state(), allow_dirty=cfg.allow_dirty, redacted=self.redacted, env=self.env,
-                preflight=preflight.as_list() if hasattr(preflight, "as_list") else list(preflight))
+        m.start(
+            name=cfg.name or self.run_dir.name,
+            argv=self.argv,
+            overrides=self.overrides,
+            resolved=self.resolved,
+            git=git_state(),
+            allow_dirty=cfg.allow_dirty,
+            redacted=self.redacted,
+            env=self.env,
+            preflight=preflight.as_list() if hasattr(preflight, "as_list") else list(preflight),
+        )
         v, reasons = versions()
         m.update({f"versions.{k}": val for k, val in v.items()}, reasons)
-        m.update({
-            "seed": cfg.trainer.seed,
-            "parallel.kind": cfg.parallel.kind.value,
-            "parallel.world_size": int(os.environ.get("WORLD_SIZE", "1")),
-            "model.family": cfg.model.family.value,
-            "model.attn_implementation_requested": cfg.attention.implementation.hf_name,
-            "model.experts_implementation_requested": cfg.model.moe.experts.value if cfg.model.moe.experts else None,
-            "sampler.kind": cfg.sampler.kind.value,
-        }, {"model.experts_implementation_requested": "not requested: the library default applies (resolved value recorded)"
-            if is_moe(cfg) else f"{cfg.model.family.value} is a dense family: no experts kernel"})
+        m.update(
+            {
+                "seed": cfg.trainer.seed,
+                "parallel.kind": cfg.parallel.kind.value,
+                "parallel.world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                "model.family": cfg.model.family.value,
+                "model.attn_implementation_requested": cfg.attention.implementation.hf_name,
+                "model.experts_implementation_requested": cfg.model.moe.experts.value
+                if cfg.model.moe.experts
+                else None,
+                "sampler.kind": cfg.sampler.kind.value,
+            },
+            {
+                "model.experts_implementation_requested": "not requested: the library default applies "
+                "(resolved value recorded)"
+                if is_moe(cfg)
+                else f"{cfg.model.family.value} is a dense family: no experts kernel"
+            },
+        )
         if cfg.model.pretrained:
             m.update({"model.pretrained": cfg.model.pretrained})
             m.null("model.preset", "built from a checkpoint, not a preset")
@@ -131,7 +155,11 @@ class RunRecord:
         m.set("data.aux_files", {str(path): m.data["data"]["sha256"], **files})
         from align.run.preflight import encode_cache_key
 
-        m.set("data.encode_cache_key", encode_cache_key(cfg), "this build has no encode cache: every run encodes from scratch")
+        m.set(
+            "data.encode_cache_key",
+            encode_cache_key(cfg),
+            "this build has no encode cache: every run encodes from scratch",
+        )
         m.null("data.encode_meta", "pending: read from the encoded dataset after build")
 
     def accept(self) -> None:
@@ -153,19 +181,30 @@ class RunRecord:
         self.trainer = trainer
         m, d = self.manifest, trainer.describe()
         info = d["model"]
-        keys = {"model_class": "model.class", "attn_implementation_resolved": "model.attn_implementation_resolved",
-                "experts_implementation_resolved": "model.experts_implementation_resolved", "dtype": "model.dtype",
-                "params_total": "model.params_total"}
+        keys = {
+            "model_class": "model.class",
+            "attn_implementation_resolved": "model.attn_implementation_resolved",
+            "experts_implementation_resolved": "model.experts_implementation_resolved",
+            "dtype": "model.dtype",
+            "params_total": "model.params_total",
+        }
         for src, dst in keys.items():
             if src in info:
                 m.set(dst, info[src], f"{src} is null in BuiltModel.info")
             else:
                 m.null(dst, f"BuiltModel.info has no {src}")
         if m.data["model"]["experts_implementation_resolved"] is None and not is_moe(self.cfg):
-            m.null("model.experts_implementation_resolved",
-                   f"{self.cfg.model.family.value} is a dense family: no experts kernel")
-        known = set(keys) | {"family", "preset", "pretrained", "attn_implementation_requested",
-                             "experts_implementation_requested"}
+            m.null(
+                "model.experts_implementation_resolved",
+                f"{self.cfg.model.family.value} is a dense family: no experts kernel",
+            )
+        known = set(keys) | {
+            "family",
+            "preset",
+            "pretrained",
+            "attn_implementation_requested",
+            "experts_implementation_requested",
+        }
         m.set("model.extra", {k: v for k, v in info.items() if k not in known})
         dev, reasons = device_info(d["device"])
         m.update({f"device.{k}": v for k, v in dev.items()}, reasons)
@@ -198,8 +237,11 @@ class RunRecord:
         # used, cache hit or miss: prefer it to what start() computed from the files.
         meta = data["meta"] or {}
         m.set("data.encode_meta", meta or None, "the encoded dataset carries no .meta (no encode cache in this build)")
-        for src, key in (("encode_cache_key", "data.encode_cache_key"), ("tokenizer_sha256", "data.tokenizer_sha256"),
-                         ("chat_template_sha256", "data.chat_template_sha256")):
+        for src, key in (
+            ("encode_cache_key", "data.encode_cache_key"),
+            ("tokenizer_sha256", "data.tokenizer_sha256"),
+            ("chat_template_sha256", "data.chat_template_sha256"),
+        ):
             if meta.get(src) is not None:
                 m.set(key, meta[src])
         aux = dict(m.data["data"]["aux_files"] or {})
@@ -212,8 +254,11 @@ class RunRecord:
     def finished(self, trainer: "Trainer", code: int) -> int:
         self.trainer = trainer
         self._code = int(code)
-        known = {EXIT_OK: "completed", EXIT_NONFINITE: "non-finite halt (see HALT.json)",
-                 EXIT_SIGNAL: "coordinated stop on a signal (resumable)"}
+        known = {
+            EXIT_OK: "completed",
+            EXIT_NONFINITE: "non-finite halt (see HALT.json)",
+            EXIT_SIGNAL: "coordinated stop on a signal (resumable)",
+        }
         self._reason = known.get(int(code), f"trainer returned {code}")
         return code
 
@@ -236,8 +281,11 @@ class RunRecord:
         counters, why = dynamo_counters()
         m.set("dynamo", counters, why)
         if counters and counters["recompile_limit_hits"]:
-            log.warning("dynamo hit its recompile limit %d time(s): those frames ran eager from then on "
-                        "(provenance.json dynamo; TORCH_LOGS=recompiles says why)", counters["recompile_limit_hits"])
+            log.warning(
+                "dynamo hit its recompile limit %d time(s): those frames ran eager from then on "
+                "(provenance.json dynamo; TORCH_LOGS=recompiles says why)",
+                counters["recompile_limit_hits"],
+            )
         if self.trainer is not None:
             try:
                 m.set("throughput", self.trainer.summary())

@@ -27,7 +27,8 @@ class Progress:
             done = step - self.start_step
             rate = done / max(time.perf_counter() - self.t0, 1e-9)
             eta = (self.total - step) / rate if rate > 0 else float("inf")
-            print(f"step {step}/{self.total} loss {loss:.4f} tok/s {tokens_per_s:,.0f} eta {eta:,.0f}s", file=sys.stderr, flush=True)
+            print(f"step {step}/{self.total} loss {loss:.4f} tok/s {tokens_per_s:,.0f} eta {eta:,.0f}s",
+                  file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self.bar.close()

@@ -61,7 +61,8 @@ def annotate(run_dir: Path, text: str, affects: Sequence[str] = ()) -> Path:
         from align.errors import ConfigError
 
         groups = sorted({p.split(".", 1)[0] for p in paths if "." in p})
-        raise ConfigError("--affects", f"not manifest keys: {unknown}; use dotted keys such as git.commit, or a group: {', '.join(groups)}")
+        raise ConfigError("--affects", f"not manifest keys: {unknown}; use dotted keys such as git.commit, "
+                                       f"or a group: {', '.join(groups)}")
     accurate = [p for p in paths if p not in hit]
     reasons = manifest.get("null_reasons", {})
     lines = [
@@ -74,11 +75,13 @@ def annotate(run_dir: Path, text: str, affects: Sequence[str] = ()) -> Path:
         "",
         "### Affected by this correction",
         "",
-        *([f"- `{p}` (recorded: {_fmt(_get(manifest, p))})" for p in hit] or ["- none named: the correction concerns no recorded field"]),
+        *([f"- `{p}` (recorded: {_fmt(_get(manifest, p))})" for p in hit]
+          or ["- none named: the correction concerns no recorded field"]),
         "",
         "### Remains accurate",
         "",
-        *[f"- `{p}`: {_fmt(_get(manifest, p))}" + (f" (null: {reasons[p]})" if p in reasons and _get(manifest, p) is None else "")
+        *[f"- `{p}`: {_fmt(_get(manifest, p))}"
+          + (f" (null: {reasons[p]})" if p in reasons and _get(manifest, p) is None else "")
           for p in accurate],
         "",
     ]
@@ -92,8 +95,8 @@ def annotate(run_dir: Path, text: str, affects: Sequence[str] = ()) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from align.run.cli import die
     from align.errors import AlignError
+    from align.run.cli import die
 
     p = argparse.ArgumentParser(prog="python -m align.tools.annotate", description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)

@@ -10,8 +10,8 @@ import ast
 import inspect
 
 import align.config as config_module
-from align.run.cli import CONF_DIR
 from align.config import GROUP_SCHEMAS
+from align.run.cli import CONF_DIR
 
 OUT = CONF_DIR.parent / "docs" / "configuration.md"
 
@@ -38,7 +38,8 @@ def schema_tree() -> ast.Module:
     """The schema modules of align/config/ as one syntax tree (the classes the reference documents)."""
     import importlib
 
-    body = [n for m in config_module.SCHEMA_MODULES for n in ast.parse(inspect.getsource(importlib.import_module(m))).body]
+    body = [n for m in config_module.SCHEMA_MODULES
+            for n in ast.parse(inspect.getsource(importlib.import_module(m))).body]
     return ast.Module(body=body, type_ignores=[])
 
 
@@ -63,7 +64,8 @@ def render() -> str:
 
     for group, schema in GROUP_SCHEMAS.items():
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-        lines.extend([f"## `{group}`", "", f"Options: {', '.join(f'`{o}`' for o in options) or '(set by keys only)'}", ""])
+        listed = ', '.join(f'`{o}`' for o in options) or '(set by keys only)'
+        lines.extend([f"## `{group}`", "", f"Options: {listed}", ""])
         table(group, schema.__name__)
     lines.extend(["## top level", ""])
     lines.extend(["| key | type | default | meaning |", "| --- | --- | --- | --- |"])

@@ -19,8 +19,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from align.run.cli import die, validate_command_line
 from align.errors import AlignError
+from align.run.cli import die, validate_command_line
 
 OPEN, CLOSE = "[[", "]]"
 """Around each run of tokens in the loss (plain text: not in the loss)."""

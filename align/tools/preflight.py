@@ -17,7 +17,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for cfg in validate_command_line(argv):
         typed = cfg if isinstance(cfg, TrainConfig) else to_typed(cfg)
         m = typed.model
-        print(f"align preflight: model={m.family.value}/{m.pretrained or m.preset.value} attention={typed.attention.implementation.value} "
+        print(f"align preflight: model={m.family.value}/{m.pretrained or m.preset.value} "
+              f"attention={typed.attention.implementation.value} "
               f"optimizer={typed.optimizer.name.value} data={typed.data.source.value} logger={typed.logger.kind.value} "
               f"overrides: {' '.join(argv) or '(none)'}")
         report = collect(typed)

@@ -14,9 +14,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from align.run.cli import CONF_DIR, die, validate_command_line, wants_hydra_only
 from align.config import to_typed
 from align.errors import AlignError, ConfigError
+from align.run.cli import CONF_DIR, die, validate_command_line, wants_hydra_only
 
 # probe name -> module with run(cfg, out_dir). Only implemented probes are listed.
 PROBES: dict[str, str] = {

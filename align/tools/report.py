@@ -77,7 +77,8 @@ def shared_overrides(rows: list[dict[str, Any]]) -> set[str]:
 def format_table(rows: list[dict[str, Any]]) -> str:
     common = shared_overrides(rows)
     lines = [f"jobs: {len(rows)}; shared overrides: {' '.join(sorted(common)) or '-'}"]
-    head = f"{'job':>4}  {'overrides':<44} {'steps':>5} {'real tok/s':>10} {'pad waste':>9} {'zero-pad':>8} {'roots/win':>9} {'final loss':>10}"
+    head = (f"{'job':>4}  {'overrides':<44} {'steps':>5} {'real tok/s':>10} {'pad waste':>9} {'zero-pad':>8} "
+            f"{'roots/win':>9} {'final loss':>10}")
     lines.append(head)
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
@@ -150,7 +151,7 @@ def figure(rows: list[dict[str, Any]], title: str = "", curves: Optional[dict[st
             ax.annotate(format(v, fmt), (v, yy), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=9)
     if curves:
         ax = fig.add_subplot(grid[1, :])
-        for label, (job, pts) in zip(labels, ((r["job"], curves.get(r["job"], [])) for r in ok)):
+        for label, (_job, pts) in zip(labels, ((r["job"], curves.get(r["job"], [])) for r in ok)):
             if pts:
                 ax.plot(*zip(*pts), "-", lw=1.5, label=label)
         ax.set_xlabel("optimizer step")
@@ -191,7 +192,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = args.out or args.dir
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(rows, indent=2))
-    plot(rows, out / "report.png", f"align.tools.report {args.dir.resolve().name}", {j.name: loss_points(j) for j in jobs})
+    plot(rows, out / "report.png", f"align.tools.report {args.dir.resolve().name}",
+         {j.name: loss_points(j) for j in jobs})
     print(f"wrote {out / 'report.json'} and {out / 'report.png'}")
     return 0
 

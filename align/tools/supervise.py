@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m align.tools.supervise")
     ap.add_argument("--max-no-progress", type=int, default=Policy.max_no_progress,
                     help="give up after this many attempts in a row without a newer complete checkpoint")
-    ap.add_argument("--backoff", type=float, default=Policy.backoff_s, help="seconds before the first relaunch (doubles)")
+    ap.add_argument("--backoff", type=float, default=Policy.backoff_s,
+                    help="seconds before the first relaunch (doubles)")
     ap.add_argument("--backoff-max", type=float, default=Policy.backoff_max_s)
     ap.add_argument("--run-dir", type=Path, default=None, help="run dir when the command has no hydra.run.dir=")
     args = ap.parse_args(argv[:cut])

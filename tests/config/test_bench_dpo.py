@@ -68,10 +68,9 @@ def test_a_pair_is_about_a_thousand_tokens_as_a_trainer_forwards_it(tmp_path):
 
 
 def test_pair_rows_are_the_sequences_the_dpo_pipeline_encodes(tmp_path):
-    from bench.common import compose_typed
-
     from align.data.preference import load_pairs
     from align.data.tokenizer import load_tokenizer
+    from bench.common import compose_typed
 
     bench_pairs.write_bench_data(tmp_path, 24)
     typed = compose_typed(["experiment=bench/dpo_ref_model", f"data.path={tmp_path / 'pairs.jsonl'}",

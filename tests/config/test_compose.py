@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-
 import pytest
 
-from align.run.cli import CONF_DIR
 from align.config import GROUP_SCHEMAS, TrainConfig, to_typed
+from align.run.cli import CONF_DIR
 
 # eval/ belongs to conf/eval.yaml (align.eval), not to the train config: tests/unit/evaluation/test_config.py
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "eval"))
-OPTIONS = [(g, f.relative_to(CONF_DIR / g).with_suffix("").as_posix()) for g in GROUPS for f in sorted((CONF_DIR / g).rglob("*.yaml"))]
+OPTIONS = [
+    (g, f.relative_to(CONF_DIR / g).with_suffix("").as_posix())
+    for g in GROUPS
+    for f in sorted((CONF_DIR / g).rglob("*.yaml"))
+]
 
 
 def test_the_walk_found_every_group_the_design_names():
@@ -56,13 +59,27 @@ def test_every_schema_field_has_a_docstring():
             for i, stmt in enumerate(body):
                 if isinstance(stmt, ast.AnnAssign) and node.name != "TrainConfig":
                     nxt = body[i + 1] if i + 1 < len(body) else None
-                    if not (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                    if not (
+                        isinstance(nxt, ast.Expr)
+                        and isinstance(nxt.value, ast.Constant)
+                        and isinstance(nxt.value.value, str)
+                    ):
                         missing.append(f"{node.name}.{stmt.target.id}")
     assert not missing, f"fields without a docstring: {missing}"
 
 
 def test_key_names_the_team_relies_on(compose):
-    typed = to_typed(compose(["trainer.max_steps=7", "data.max_seq_len=256", "sampler=bucket", "sampler.bucket_size=32",
-                              "model.preset=tiny", "model.pretrained=null"]))
+    typed = to_typed(
+        compose(
+            [
+                "trainer.max_steps=7",
+                "data.max_seq_len=256",
+                "sampler=bucket",
+                "sampler.bucket_size=32",
+                "model.preset=tiny",
+                "model.pretrained=null",
+            ]
+        )
+    )
     assert (typed.trainer.max_steps, typed.data.max_seq_len, typed.sampler.bucket_size) == (7, 256, 32)
     assert typed.model.preset.value == "tiny" and typed.model.pretrained is None

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from align.run.cli import CONF_DIR
 from align.config import TrainConfig, to_typed
+from align.run.cli import CONF_DIR
 
 EXPERIMENT_DIR = CONF_DIR / "experiment"
 EXPERIMENTS = sorted(p.relative_to(EXPERIMENT_DIR).with_suffix("").as_posix() for p in EXPERIMENT_DIR.rglob("*.yaml"))

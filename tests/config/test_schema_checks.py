@@ -10,9 +10,9 @@ import typing
 
 import pytest
 
-from align.run.cli import CONF_DIR, validate_command_line
 from align.config import GROUP_SCHEMAS, TrainConfig, schema_fields, to_typed
 from align.errors import ConfigError
+from align.run.cli import CONF_DIR, validate_command_line
 
 # A dict-of-schema field is reached through an entry: the composition that provides one, and its name.
 MAPPED = {"data.mixture": (["data=gsm8k_mix"], "train")}

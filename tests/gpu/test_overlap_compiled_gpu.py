@@ -24,9 +24,9 @@ from tests.conftest import build_trainer  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 STEPS = 8
-ARGS = ("trainer.device=cuda", "model.preset=tiny", "+model.overrides.num_hidden_layers=6", f"trainer.max_steps={STEPS}",
-        "optimizer.lr=1e-2", "optimizer.max_grad_norm=0.5", "optimizer.warmup_ratio=0.5", "allow_dirty=true",
-        "trainer.deterministic=true", "optimizer.compile=true")
+ARGS = ("trainer.device=cuda", "model.preset=tiny", "+model.overrides.num_hidden_layers=6",
+        f"trainer.max_steps={STEPS}", "optimizer.lr=1e-2", "optimizer.max_grad_norm=0.5", "optimizer.warmup_ratio=0.5",
+        "allow_dirty=true", "trainer.deterministic=true", "optimizer.compile=true")
 
 
 def train(tmp_path, *overrides):
@@ -72,12 +72,14 @@ def test_overlapped_compiled_step_is_bit_identical_to_the_compiled_step_and_keep
     n = info["chunks"]
     assert info["kind"] == "overlap+compiled" and info["compiled"] and info["overlap"] and n == 7
     assert info["recompile_limit"] >= 2 * n > 8  # the default limit would have sent chunks to eager
-    assert len({r["lr"] for r in rows_b}) >= 4 and any(r["clipped"] for r in rows_b)  # a schedule, and the scaled graphs
+    # a schedule, and the scaled graphs
+    assert len({r["lr"] for r in rows_b}) >= 4 and any(r["clipped"] for r in rows_b)
     # every chunk compiled (the update's cache holds at least one entry per chunk, within the limit
     # raised for them), nothing past the limit, and nothing compiled once settled although the lr moves
     assert not gb["limit_hit"] and n <= gb["update_cache_entries"] <= info["recompile_limit"], gb
     # each variant (clipped or not) is traced again once the optimizer state is complete (step >= 1)
-    settled = max(next(i for i in range(1, STEPS) if rows_b[i]["clipped"] == c) for c in {r["clipped"] for r in rows_b[1:]})
+    settled = max(next(i for i in range(1, STEPS) if rows_b[i]["clipped"] == c)
+                  for c in {r["clipped"] for r in rows_b[1:]})
     assert settled <= STEPS - 3 and gb["graphs"][-1] == gb["graphs"][settled], gb["graphs"]
     assert [r["loss"] for r in rows_a] == [r["loss"] for r in rows_b]
     assert [r["grad_norm"] for r in rows_a] == [r["grad_norm"] for r in rows_b]

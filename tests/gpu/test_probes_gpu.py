@@ -43,8 +43,8 @@ def test_kernels_probe_sees_device_kernels(compose, tmp_path):
 def test_scaling_probe_on_cuda(compose, tmp_path):
     from align.probes import scaling
 
-    cfg = to_typed(compose(["probe=scaling", "probe.scaling.lengths=[128,256,512,1024]", "probe.scaling.measure_steps=2",
-                            *SMALL], config_name="probe"))
+    cfg = to_typed(compose(["probe=scaling", "probe.scaling.lengths=[128,256,512,1024]",
+                            "probe.scaling.measure_steps=2", *SMALL], config_name="probe"))
     assert scaling.run(cfg, tmp_path) == 0
     r = json.loads((tmp_path / "scaling.json").read_text())
     assert r["model"]["autocast_dtype"] == "bfloat16"

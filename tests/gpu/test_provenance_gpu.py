@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from align.run.cli import compose
 from align.config import to_typed
+from align.run.cli import compose
 
 pytestmark = pytest.mark.gpu
 OUT = Path(os.environ.get("OUT", "outputs/gpu")) / "provenance_gpu"
@@ -32,8 +32,8 @@ def _needs_cuda():
 def _run(tmp_path: Path, *overrides: str) -> dict:
     from omegaconf import OmegaConf
 
-    from align.run.preflight import collect
     from align.run.manifest import key_paths, load, manifest_paths, null_leaves
+    from align.run.preflight import collect
     from align.run.record import RunRecord
     from align.trainer import Trainer
 

@@ -28,8 +28,9 @@ def free_port() -> int:
 
 
 def _entry(fn: Callable, rank: int, world: int, port: int, env: dict, args: tuple) -> None:
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **env})
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "OMP_NUM_THREADS": "1", **env})
     import torch
 
     torch.set_num_threads(1)
@@ -80,9 +81,9 @@ def run(fn: Callable, world: int, *args: Any, timeout: float = 240, env: dict | 
 def fit(rank: int, world: int, run_dir: str, overrides: list[str], hook: Callable | None = None) -> int:
     """Build and fit one Trainer; return the CLI's exit code for it. Writes this rank's outcome and
     the trainer's model_info to <run_dir>/rank<r>/result.json. `hook(trainer, rank)` runs after build."""
-    from align.run.cli import compose
     from align.config import to_typed
     from align.errors import AlignError
+    from align.run.cli import compose
     from align.trainer import Trainer
 
     out = Path(run_dir) / f"rank{rank}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
 import pytest
 
 from align.errors import ConfigError
@@ -17,8 +16,8 @@ from tests.conftest import build_trainer
 def test_compiled_blocks_train_and_are_recorded(tmp_path):
     t = build_trainer(tmp_path, "trainer.compile=true", "trainer.max_steps=2", "trainer.export=false",
                       "data.max_records=16", "sampler.pad_to_multiple_of=64")
-    assert t.model_info["compile"] == {"blocks": 2, "block_class": "MistralDecoderLayer", "granularity": "decoder block",
-                                       "dynamic": True}
+    assert t.model_info["compile"] == {"blocks": 2, "block_class": "MistralDecoderLayer",
+                                       "granularity": "decoder block", "dynamic": True}
     assert all(getattr(b, "_compiled_call_impl", None) is not None for b in t.model.model.layers)
     assert t.fit() == 0
     import torch._dynamo.utils as du
@@ -61,9 +60,10 @@ def _olmoe_run(tmp_path, monkeypatch, layers: int, compiled: bool):
     monkeypatch.setattr(align.trainer, "compile_blocks", functools.partial(comp.compile_blocks, backend="eager"))
     torch._dynamo.reset()
     counters.clear()
-    t = build_trainer(tmp_path / f"{layers}{compiled}", "model=olmoe", "model.preset=tiny", f"trainer.compile={compiled}",
-                      "trainer.compile_dynamic=true", f"+model.overrides.num_hidden_layers={layers}", "trainer.max_steps=4",
-                      "trainer.export=false", "sampler=budget", "sampler.max_tokens=384", "sampler.pad_to_multiple_of=8",
+    t = build_trainer(tmp_path / f"{layers}{compiled}", "model=olmoe", "model.preset=tiny",
+                      f"trainer.compile={compiled}", "trainer.compile_dynamic=true",
+                      f"+model.overrides.num_hidden_layers={layers}", "trainer.max_steps=4", "trainer.export=false",
+                      "sampler=budget", "sampler.max_tokens=384", "sampler.pad_to_multiple_of=8",
                       "sampler.mask_padding=false", "model.moe.lb_weight=0.01")
     assert t.fit() == 0
     return int(counters["stats"]["unique_graphs"]), np.stack(t.runtime.moe.loads)
@@ -91,8 +91,8 @@ def test_a_compiled_runs_manifest_counts_its_recompiles_and_graph_breaks(tmp_pat
 
     import align.parallel.compile as comp
     import align.trainer
-    from align.run.cli import compose
     from align.config import to_typed
+    from align.run.cli import compose
     from align.run.manifest import load
     from align.run.record import RunRecord
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from align.tools import report
 from align.config import to_typed
+from align.tools import report
 from tests.conftest import run_cli
 
 
@@ -21,7 +21,8 @@ def test_malformed_jsonl_exits_2_naming_file_and_line_and_caches_nothing(tmp_pat
                 "allow_dirty=true", f"hydra.run.dir={tmp_path / 'run'}")
     assert p.returncode == 2, p.stderr[-2000:]
     errors = [line for line in p.stderr.splitlines() if line.startswith("align: error:")]
-    assert errors == [f"align: error: {data}:3: malformed JSON (Expecting value) (set data.on_bad_record=skip to skip such records)"]
+    assert errors == [f"align: error: {data}:3: malformed JSON (Expecting value) "
+                      "(set data.on_bad_record=skip to skip such records)"]
     assert not cache.exists()
     assert not (tmp_path / "run" / "history.jsonl").exists()
 
@@ -59,7 +60,8 @@ def test_bucket_sweep_runs_and_report_prints_one_row_per_job(tmp_path, capsys):
     assert report.main([str(sweep)]) == 0
     rows = json.loads((sweep / "report.json").read_text())
     assert len(rows) == 6 and all(r["status"] == "ok" and r["steps"] == 2 for r in rows)
-    varying = [" ".join(o for o in r["overrides"] if o.startswith(("sampler.bucket_size", "data.max_seq_len"))) for r in rows]
+    varying = [" ".join(o for o in r["overrides"] if o.startswith(("sampler.bucket_size", "data.max_seq_len")))
+               for r in rows]
     assert varying == [f"sampler.bucket_size={b} data.max_seq_len={m}" for b in (2, 32, 512) for m in (512, 1024)]
     # Tighter buckets pad less (same seed, same records): bucket 512 covers all 96 records = a full sort.
     waste = {int(r["overrides"][1].split("=")[1]): r["pad_waste"] for r in rows}

@@ -152,11 +152,11 @@ def test_every_row_holds_the_preference_metrics_consistently_in_history_and_wand
 def test_the_export_loads_and_differs_from_the_starting_weights_the_manifest_names(learned, cache):
     from transformers import AutoModelForCausalLM
 
-    from align.run.cli import compose
     from align.config import to_typed
     from align.data.tokenizer import load_tokenizer
     from align.models import build_model
     from align.objectives.reference import weights_sha256
+    from align.run.cli import compose
 
     m = manifest(learned)
     assert_present_and_null(m)

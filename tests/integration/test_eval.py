@@ -34,8 +34,14 @@ def export(tmp_path_factory) -> Path:
 
 def _eval(tmp_path: Path, *args: str, name: str = "eval") -> tuple[subprocess.CompletedProcess, dict, Path]:
     run_dir = tmp_path / name
-    p = run_cli("align.eval", *args, "allow_dirty=true", f"eval.cache_dir={tmp_path / 'cache'}",
-                f"hydra.run.dir={run_dir}", timeout=600)
+    p = run_cli(
+        "align.eval",
+        *args,
+        "allow_dirty=true",
+        f"eval.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={run_dir}",
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return p, json.loads((run_dir / "eval.json").read_text()), run_dir
 
@@ -95,17 +101,31 @@ def test_the_oracle_scores_100_and_its_shuffle_scores_chance(tmp_path):
 @pytest.mark.slow
 def test_a_checkpoint_and_its_export_generate_the_same_through_both_arms(tmp_path):
     run = tmp_path / "train"
-    p = run_cli("align.train", "trainer.max_steps=1", "trainer.save_every=1", "logger=none", "allow_dirty=true",
-                "data.max_records=32", f"hydra.run.dir={run}")
+    p = run_cli(
+        "align.train",
+        "trainer.max_steps=1",
+        "trainer.save_every=1",
+        "logger=none",
+        "allow_dirty=true",
+        "data.max_records=32",
+        f"hydra.run.dir={run}",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in ("How do I pick a lock?", "Write a poem.")))
-    _, data, run_dir = _eval(tmp_path, f"model_dir={run / 'checkpoints' / 'step_00000001'}", "eval=refusal",
-                             f"eval.prompts={prompts}", f"eval.compare_to={run / 'export'}", "eval.max_new_tokens=16")
+    _, data, run_dir = _eval(
+        tmp_path,
+        f"model_dir={run / 'checkpoints' / 'step_00000001'}",
+        "eval=refusal",
+        f"eval.prompts={prompts}",
+        f"eval.compare_to={run / 'export'}",
+        "eval.max_new_tokens=16",
+    )
     arms = data["arms"]
     assert (arms["model"]["model"]["kind"], arms["compare_to"]["model"]["kind"]) == ("checkpoint", "export")
-    texts = {a: [json.loads(x)["text"] for x in (run_dir / f"samples-{a}.jsonl").read_text().splitlines()]
-             for a in arms}
+    texts = {
+        a: [json.loads(x)["text"] for x in (run_dir / f"samples-{a}.jsonl").read_text().splitlines()] for a in arms
+    }
     assert texts["model"] == texts["compare_to"] and len(texts["model"]) == 2
     assert arms["model"]["metrics"] == arms["compare_to"]["metrics"]
     assert data["discriminator"]["verdict"] in ("binary", "both_deflect")  # one model: the arms cannot differ
@@ -126,9 +146,14 @@ def _bad_cases(tmp: Path) -> list:
     return [
         (["model_dir=/nonexistent/export"], "model_dir: no such directory: /nonexistent/export"),
         (["eval=nope", "eval.oracle=true"], "eval=nope: no such option; accepted: gsm8k, refusal"),
-        (["eval=refusal", f"eval.prompts={no_field}", "model_dir=EXPORT"],
-         f"{no_field}:2: record has no field 'prompt'"),
-        (["eval.oracle=true", "eval.sample=4"], "eval.sample: unknown key in eval (did you mean eval.samples?); accepted keys:"),
+        (
+            ["eval=refusal", f"eval.prompts={no_field}", "model_dir=EXPORT"],
+            f"{no_field}:2: record has no field 'prompt'",
+        ),
+        (
+            ["eval.oracle=true", "eval.sample=4"],
+            "eval.sample: unknown key in eval (did you mean eval.samples?); accepted keys:",
+        ),
         (["model_dir=EXPORT", "eval.samples=4", "eval.temperature=0"], "eval.temperature: 0 decodes greedily"),
     ]
 
@@ -138,8 +163,13 @@ def test_bad_input_is_one_line_exit_2_before_heavy_work(export, tmp_path, case):
     args, says = _bad_cases(tmp_path)[case]
     args = [a.replace("EXPORT", str(export)) for a in args]
     run_dir = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-c", PROBE, *args, f"hydra.run.dir={run_dir}", "allow_dirty=true"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", PROBE, *args, f"hydra.run.dir={run_dir}", "allow_dirty=true"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     err = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("align: error: ") and says in err[0], err

@@ -20,7 +20,8 @@ def test_tiny_family_trains_and_round_trips_through_from_pretrained(tmp_path, fa
     assert len(rows) == 4
     assert trainer.model_info["family"] == family
 
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "export", local_files_only=True, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "export", local_files_only=True,
+                                                  dtype=torch.float32)
     assert type(loaded).__name__ == type(trainer.model).__name__
     loaded.eval()
     trainer.model.eval()

@@ -29,7 +29,8 @@ def _one_rank_never_joins(rank: int, world: int, tmp: str) -> int:
             time.sleep(0.1)
         return 0
     t0 = time.monotonic()
-    out = {"env": {k: os.environ.get(k) for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE")}}
+    out = {"env": {k: os.environ.get(k)
+                   for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE")}}
     try:
         dist.all_reduce(torch.ones(1))
         out["raised"] = None

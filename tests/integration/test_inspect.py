@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from align.tools import inspect as align_inspect
-from align.run.cli import compose
 from align.config import to_typed
+from align.run.cli import compose
+from align.tools import inspect as align_inspect
 from tests.conftest import run_cli
 
 
@@ -43,7 +43,8 @@ def test_the_marked_text_is_the_records_loss_tokens_and_follows_the_overrides(tm
 
 
 def test_the_cli_runs_from_the_same_config_groups_as_train(tmp_path):
-    p = run_cli("align.tools.inspect", "model=olmoe", f"data.cache_dir={tmp_path / 'cache'}", "data.max_records=8", "index=0")
+    p = run_cli("align.tools.inspect", "model=olmoe", f"data.cache_dir={tmp_path / 'cache'}", "data.max_records=8",
+                "index=0")
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.startswith("record 0 of ") and "[[" in p.stdout and "]]" in p.stdout
 

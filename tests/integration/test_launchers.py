@@ -43,7 +43,10 @@ FAKE_TORCHRUN = """#!/bin/sh
 # anything else goes to the real python
 if [ "$1" = "-m" ] && [ "$2" = "torch.distributed.run" ]; then
   for a in "$@"; do case "$a" in hydra.run.dir=*) d="${{a#hydra.run.dir=}}";; esac; done
-  for r in 0 1; do mkdir -p "$d/rank$r"; printf '{{"rank": %s, "code": {code}, "time": %s}}' $r "$(date +%s)" > "$d/rank$r/exit.json"; done
+  for r in 0 1; do
+    mkdir -p "$d/rank$r"
+    printf '{{"rank": %s, "code": {code}, "time": %s}}' $r "$(date +%s)" > "$d/rank$r/exit.json"
+  done
   exit 1
 fi
 exec {python} "$@"
@@ -65,7 +68,8 @@ def test_slurm_launcher_config_generates_the_submission(tmp_path):
     fake.mkdir()
     captured = tmp_path / "captured.sh"
     (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
-    (fake / "sbatch").write_text(f"#!/bin/sh\ncp \"$1\" {captured}\necho 'sbatch: fake, nothing submitted' >&2\nexit 1\n")
+    (fake / "sbatch").write_text(f"#!/bin/sh\ncp \"$1\" {captured}\n"
+                                 "echo 'sbatch: fake, nothing submitted' >&2\nexit 1\n")
     for f in ("srun", "sbatch"):
         (fake / f).chmod(0o755)
     sweep = tmp_path / "sweep"

@@ -52,8 +52,8 @@ def test_sweep_gives_each_job_its_own_run_dir_and_wandb_run(tmp_path):
 
 
 def _fit(run_dir: Path, *overrides: str) -> None:
-    from align.run.cli import compose
     from align.config import to_typed
+    from align.run.cli import compose
     from align.trainer import Trainer
 
     typed = to_typed(compose(["allow_dirty=true", "data.max_records=24", "trainer.save_every=2", *overrides]))

@@ -115,10 +115,11 @@ def runs(tmp_path_factory):
     # The same stop + resume for the other layouts a checkpoint must survive: expert parallel (experts
     # on their own mesh) and torchao's 8-bit AdamW under FSDP (docs/pitfalls.md#12); 6 steps, stop after 3.
     for name, extra in VARIANTS.items():
-        cfg = TINY + [f"trainer.grad_accum=1", "trainer.max_steps=6", "trainer.export=true", *extra]
+        cfg = TINY + ["trainer.grad_accum=1", "trainer.max_steps=6", "trainer.export=true", *extra]
         d[f"{name}_full"], d[f"{name}_stopped"] = str(root / f"{name}_full"), str(root / f"{name}_stopped")
         jobs += [{"run_dir": d[f"{name}_full"], "overrides": cfg},
-                 {"run_dir": d[f"{name}_stopped"], "overrides": cfg, "hook": functools.partial(request_stop_before, step=3, on_rank=0)},
+                 {"run_dir": d[f"{name}_stopped"], "overrides": cfg,
+                  "hook": functools.partial(request_stop_before, step=3, on_rank=0)},
                  {"run_dir": d[f"{name}_stopped"], "overrides": cfg}]
     codes = run(fit_many, 2, jobs, str(root / "codes.json"), timeout=600)
     assert codes == [0, 0]

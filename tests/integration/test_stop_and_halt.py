@@ -58,11 +58,12 @@ def test_a_signal_to_any_one_rank_stops_both_at_the_same_boundary(tmp_path):
         seen = 0  # last step logged before the current job
         for sig, rank in SIGNALS:
             # the job is in its loop (handlers installed) once it logs a step past the last stop
-            _wait_for(lambda: (run_dir / "history.jsonl").is_file() and history(run_dir) and history(run_dir)[-1]["step"] >= seen + 2,
-                      240, f"job to train past step {seen + 2}")
+            _wait_for(lambda seen=seen: (run_dir / "history.jsonl").is_file() and history(run_dir)
+                      and history(run_dir)[-1]["step"] >= seen + 2, 240, f"job to train past step {seen + 2}")
             before = len(_stop_checkpoints(run_dir))
             os.kill(procs[rank].pid, sig)
-            _wait_for(lambda: len(_stop_checkpoints(run_dir)) > before, 120, f"the stop checkpoint after {sig.name}")
+            _wait_for(lambda before=before: len(_stop_checkpoints(run_dir)) > before, 120,
+                      f"the stop checkpoint after {sig.name}")
             seen = _stop_checkpoints(run_dir)[-1]
     finally:
         codes = wait(procs, 120, "ranks after the last stop")
@@ -108,7 +109,8 @@ def poison_after(trainer, rank: int, step: int, on_rank: int) -> None:
 def nan_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("nonfinite")
     cases = {"halt_rank0": "0:2-", "halt_rank1": "1:2-", "transient_rank1": "1:3"}
-    jobs = [{"run_dir": str(root / k), "overrides": NAN_CFG, "env": {"ALIGN_TEST_INJECT_NAN": v}} for k, v in cases.items()]
+    jobs = [{"run_dir": str(root / k), "overrides": NAN_CFG, "env": {"ALIGN_TEST_INJECT_NAN": v}}
+            for k, v in cases.items()]
     jobs += [{"run_dir": str(root / "params_export"), "overrides": NAN_CFG + ["trainer.export=true"],
               "hook": functools.partial(poison_after, step=6, on_rank=1)},
              {"run_dir": str(root / "params_checkpoint"), "overrides": NAN_CFG + ["trainer.save_every=2"],
@@ -124,7 +126,8 @@ def test_nan_on_one_rank_halts_every_rank_with_the_same_message(nan_runs, case):
     outcomes = [result(d, r) for r in (0, 1)]
     assert [o["code"] for o in outcomes] == [81, 81]
     assert outcomes[0]["error"] == outcomes[1]["error"]
-    assert "3 consecutive non-finite optimizer steps exceed trainer.max_consecutive_skipped_steps=2" in outcomes[0]["error"]
+    assert ("3 consecutive non-finite optimizer steps exceed trainer.max_consecutive_skipped_steps=2"
+            in outcomes[0]["error"])
     halt = json.loads((d / "HALT.json").read_text())
     assert halt["code"] == 81 and halt["message"] == outcomes[0]["error"] and halt["step"] == 4
     assert halt["skip_stats"] == {"consecutive": 3, "total": 3, "last_cause": halt["skip_stats"]["last_cause"]}

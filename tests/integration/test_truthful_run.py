@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from align.run.cli import compose
 from align.config import to_typed
 from align.errors import EXIT_CONFIG, ConfigError
+from align.run.cli import compose
 from align.run.manifest import key_paths, load, manifest_paths, null_leaves
 from align.run.record import RunRecord
 from align.run.redaction import REDACTED
@@ -50,7 +50,8 @@ def test_train_writes_a_complete_manifest_and_leaks_no_planted_secret(tmp_path):
     assert_present_and_null(m)
     assert m["status"] == "complete" and m["run"]["exit_code"] == 0 and m["run"]["exit_reason"] == "completed"
     assert not os.access(run_dir / "provenance.json", os.W_OK) or os.geteuid() == 0
-    assert m["model"]["attn_implementation_requested"] == "sdpa" and m["model"]["attn_implementation_resolved"] == "sdpa"
+    assert m["model"]["attn_implementation_requested"] == "sdpa"
+    assert m["model"]["attn_implementation_resolved"] == "sdpa"
     assert m["git"]["commit"] and m["git"]["describe"] and m["git"]["dirty"] in (True, False)
     assert (m["git"]["diff_sha256"] is not None) == m["git"]["dirty"]
     assert m["versions"]["torch"] and m["versions"]["transformers"] and m["config"]["hash"]
@@ -225,7 +226,8 @@ def test_encode_cache_provenance_is_taken_from_the_data_pipeline(tmp_path, monke
 
     from align.run.preflight import collect
 
-    monkeypatch.setitem(sys.modules, "align.data.cache", types.SimpleNamespace(cache_key_parts=lambda d, m: {"key": "a" * 64}))
+    monkeypatch.setitem(sys.modules, "align.data.cache",
+                        types.SimpleNamespace(cache_key_parts=lambda d, m: {"key": "a" * 64}))
     typed, record, run_dir, _ = _record(tmp_path, "logger=none")
     [c] = [c for c in collect(typed) if c.name == "encode cache key"]
     assert c.status.value == "PASS" and c.detail.startswith("a" * 16)

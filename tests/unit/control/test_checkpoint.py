@@ -53,7 +53,8 @@ def test_an_unrenamed_tmp_dir_does_not_count_and_is_cleaned(tmp_path):
 def test_pruning_adopts_older_checkpoints_and_leaves_newer_ones(tmp_path):
     for s in (2, 4, 6, 8, 20):  # 20: left by an attempt that got further than the one we resumed
         _fake(tmp_path, s)
-    assert ckpt_index.to_prune(tmp_path, keep_last=2, upto_step=8) == [tmp_path / "step_00000002", tmp_path / "step_00000004"]
+    assert ckpt_index.to_prune(tmp_path, keep_last=2, upto_step=8) == [tmp_path / "step_00000002",
+                                                                        tmp_path / "step_00000004"]
     assert ckpt_index.to_prune(tmp_path, keep_last=0, upto_step=8) == []
 
 
@@ -87,7 +88,8 @@ def test_single_process_round_trip_is_bit_exact_including_rng(tmp_path):
         _step(m, opt)
     random.seed(7)
     np.random.seed(7)
-    path = save_checkpoint(tmp_path, 3, m, opt, ENV, {"identity": {}, "x": 1}, {"stream": {"epoch": 0, "index": 6}}, keep_last=2)
+    path = save_checkpoint(tmp_path, 3, m, opt, ENV, {"identity": {}, "x": 1}, {"stream": {"epoch": 0, "index": 6}},
+                           keep_last=2)
     assert ckpt_index.problem(path) is None
     expect = (torch.rand(3).tolist(), random.random(), float(np.random.rand()))
     x = torch.linspace(-1, 1, 20).reshape(5, 4)
@@ -133,7 +135,8 @@ def test_a_checkpoint_without_sampler_position_or_rng_is_refused_not_resumed_fro
 
     m, opt = _model_and_opt(0)
     _step(m, opt)
-    path = save_checkpoint(tmp_path, 1, m, opt, ENV, {"identity": {}}, {"stream": {"epoch": 0, "index": 2}}, keep_last=0)
+    path = save_checkpoint(tmp_path, 1, m, opt, ENV, {"identity": {}}, {"stream": {"epoch": 0, "index": 2}},
+                           keep_last=0)
     rank0 = json.loads((path / "rank0.json").read_text())
     del rank0[part]
     (path / "rank0.json").write_text(json.dumps(rank0))

@@ -21,7 +21,8 @@ from tests.unit.control.test_checkpoint import _fake
 
 ENV = DistEnv(rank=0, world=1, local_rank=0, device=torch.device("cpu"))
 IDENTITY = {"world_size": 2, "parallel": {"kind": "fsdp", "ep_size": None}, "dataset_fingerprint": "sha256:aa",
-            "sampler": {"kind": "shuffle", "micro_batch_size": 8, "seed": 0}, "model_shape": {"class": "M", "params": 10, "sha256": "bb"}}
+            "sampler": {"kind": "shuffle", "micro_batch_size": 8, "seed": 0},
+            "model_shape": {"class": "M", "params": 10, "sha256": "bb"}}
 
 
 def _cfg(**trainer) -> TrainConfig:
@@ -91,7 +92,8 @@ def test_skip_stats_count_runs_and_halt_only_past_the_limit(tmp_path):
     assert (s.consecutive, s.total, s.last_cause) == (2, 3, "c")
     assert not s.over(2) and s.over(1)
     msg = nonfinite.halt_message(s, 1)
-    assert msg == "2 consecutive non-finite optimizer steps exceed trainer.max_consecutive_skipped_steps=1 (last cause: c)"
+    assert msg == ("2 consecutive non-finite optimizer steps exceed trainer.max_consecutive_skipped_steps=1 "
+                   "(last cause: c)")
     halt = json.loads(nonfinite.write_halt(tmp_path, msg, 7, s).read_text())
     assert halt["code"] == 81 and halt["step"] == 7 and halt["skip_stats"]["total"] == 3
 

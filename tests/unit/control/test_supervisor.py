@@ -65,7 +65,8 @@ def _supervise(tmp_path: Path, plan: list, policy: Policy = FAST, prepare=None) 
     script, plan_file = tmp_path / "child.py", tmp_path / "plan.json"
     script.write_text(CHILD)
     plan_file.write_text(json.dumps(plan))
-    code = supervised(Supervisor([sys.executable, str(script), str(plan_file), f"hydra.run.dir={run_dir}"], policy=policy))
+    code = supervised(Supervisor([sys.executable, str(script), str(plan_file), f"hydra.run.dir={run_dir}"],
+                                 policy=policy))
     return code, _rows(run_dir), run_dir
 
 
@@ -91,7 +92,8 @@ def test_a_child_that_never_progresses_is_given_up_after_n_attempts(tmp_path):
 def test_an_unfinished_checkpoint_is_not_progress(tmp_path):
     # attempt 1 advances to step 2; attempts 2 and 3 die leaving only an unfinished .tmp dir
     code, rows, _ = _supervise(tmp_path, [(2, 1, 0), (0, 1, 0)],
-                               prepare=lambda d: (d / "checkpoints" / "step_00000009.tmp" / "model").mkdir(parents=True))
+                               prepare=lambda d: (d / "checkpoints" / "step_00000009.tmp" / "model").mkdir(
+                                   parents=True))
     exits = [r for r in rows if r["event"] == "exit"]
     assert [e["progressed"] for e in exits] == [True, False, False]
     assert [e["newest_checkpoint"] for e in exits] == [2, 2, 2] and code == 1

@@ -41,5 +41,6 @@ def data_cfg(path: Path | None, tmp_path: Path, **kw) -> DataConfig:
 
 @pytest.fixture
 def corpus(tmp_path) -> Path:
-    rows = [chat(f"question {i} " + "x " * (i % 7), f"answer {i} " + "y " * (i % 5), f"again {i}", f"second {i}") for i in range(24)]
+    rows = [chat(f"question {i} " + "x " * (i % 7), f"answer {i} " + "y " * (i % 5), f"again {i}", f"second {i}")
+            for i in range(24)]
     return write_jsonl(tmp_path / "corpus.jsonl", rows)

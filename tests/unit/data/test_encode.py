@@ -68,7 +68,8 @@ def test_truncation_policies_and_report(tmp_path, tok):
     assert n_long > 64
 
     dropped = encode_records(records, tok, data_cfg(f, tmp_path, max_seq_len=64, truncation="drop"))
-    assert dropped.ids == ["c:1", "c:3"] and dropped.stats["dropped_too_long"] == 1 and dropped.stats["dropped_ids"] == ["c:2"]
+    assert dropped.ids == ["c:1", "c:3"] and dropped.stats["dropped_too_long"] == 1
+    assert dropped.stats["dropped_ids"] == ["c:2"]
 
     trunc = encode_records(records, tok, data_cfg(f, tmp_path, max_seq_len=n_long - 20, truncation="truncate"))
     assert trunc.ids == ["c:1", "c:2", "c:3"] and trunc.stats["truncated"] == 1 and trunc.lengths[1] == n_long - 20
@@ -178,5 +179,6 @@ def test_a_bad_chat_writes_no_cache_entry_and_skip_counts_it_in_the_meta(tmp_pat
     assert _cache_is_empty(tmp_path)
     data = load_dataset(data_cfg(f, tmp_path, on_bad_record="skip"), ModelConfig(), tok)
     # the meta is what the manifest records as data.encode_meta
-    assert data.ids == ["c:1"] and data.meta["skipped_bad"] == 1 and data.stats["skipped_where"][0].startswith(f"{f}:2: ")
+    assert data.ids == ["c:1"] and data.meta["skipped_bad"] == 1
+    assert data.stats["skipped_where"][0].startswith(f"{f}:2: ")
     assert "None" not in tok.decode(data.tokens.tolist())

@@ -38,7 +38,8 @@ def check_parity(model, docs, batch, tol=1e-5, reference=None) -> None:
     packed = model(**batch.model_inputs()).logits[0]
     o = 0
     for doc in docs:
-        alone = reference(input_ids=torch.from_numpy(doc.astype(np.int64))[None].to(packed.device), use_cache=False).logits[0]
+        alone = reference(input_ids=torch.from_numpy(doc.astype(np.int64))[None].to(packed.device),
+                          use_cache=False).logits[0]
         torch.testing.assert_close(packed[o : o + len(doc)], alone, atol=tol, rtol=tol)
         o += len(doc)
     # Negative control: a mask beside packed position_ids turns the block-diagonal mask off.

@@ -27,7 +27,8 @@ def train_cfg(tmp_path, path=None, objective="dpo", **data) -> TrainConfig:
     d = dict(source="preference" if path else "gsm8k_pairs", path=str(path) if path else None,
              cache_dir=str(tmp_path / "cache"), encode_workers=0, max_seq_len=256)
     d.update(data)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), {"data": d, "objective": {"kind": objective}}))
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig),
+                                               {"data": d, "objective": {"kind": objective}}))
 
 
 def pairs_of(tmp_path, tok, rows, **data) -> EncodedPairs:

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from align.config import SamplerConfig, SamplerKind
-from align.data.samplers import BucketSampler, BudgetSampler, ShuffleSampler, build_sampler, padded_len
-from align.data.samplers import padding_stats
+from align.data.samplers import BucketSampler, BudgetSampler, ShuffleSampler, build_sampler, padded_len, padding_stats
 from align.data.stats import roots_per_window
 from align.errors import ConfigError
 
@@ -90,7 +89,8 @@ def test_the_global_shuffle_restores_root_diversity():
 
 def test_micro_batches_keep_their_size_whatever_the_bucket_size():
     for bucket in (2, 3, 8, 50, 5000):
-        sizes = {len(b) for b in _all(dict(kind=SamplerKind.bucket, bucket_size=bucket, micro_batch_size=8)).global_batches(0)}
+        sampler = _all(dict(kind=SamplerKind.bucket, bucket_size=bucket, micro_batch_size=8))
+        sizes = {len(b) for b in sampler.global_batches(0)}
         assert sizes <= {8, len(LENGTHS) % 8}
 
 
@@ -116,7 +116,8 @@ def test_budget_must_hold_the_longest_record():
 
 def test_mixture_weights_repeat_or_subsample_each_source_per_epoch():
     source = np.repeat([0, 1, 2], [300, 400, 303])
-    s = build_sampler(SamplerConfig(kind=SamplerKind.bucket, bucket_size=64), LENGTHS, 0, mixture=(source, [2.0, 0.5, 1.0]))
+    s = build_sampler(SamplerConfig(kind=SamplerKind.bucket, bucket_size=64), LENGTHS, 0,
+                      mixture=(source, [2.0, 0.5, 1.0]))
     e0, e1 = np.concatenate(s.global_batches(0)), np.concatenate(s.global_batches(1))
     counts = np.bincount(e0, minlength=len(LENGTHS))
     assert set(counts[:300]) == {2} and set(counts[700:]) == {1}

@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from align.data.samplers import padding_stats
+from align.data.samplers import ShuffleSampler, padding_stats
 from align.data.stats import DataStats, length_moments, plan_stats, root_codes, roots_per_window
-from align.data.samplers import ShuffleSampler
 from tests.unit.data.test_loader import synthetic
 
 

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from align.run.cli import compose
 from align.config import to_typed
 from align.data.cache import cache_key_parts, load_dataset
 from align.data.collate import IGNORE, collate
 from align.data.tokenizer import load_tokenizer
 from align.errors import ConfigError
+from align.run.cli import compose
 
 
 def _cfg(tmp_path, path, *extra):

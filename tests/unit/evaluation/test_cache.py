@@ -13,7 +13,6 @@ from align.evaluation.cache import EvalCache, cache_key, key_parts
 from align.evaluation.config import EvalConfig
 from align.evaluation.runner import generation_meaning
 from align.generation import EngineConfig, GenerateMode
-
 from tests.unit.evaluation.conftest import run_config
 
 MODEL = {"weights_sha256": "a" * 64, "config_sha256": "b" * 64, "tokenizer_sha256": "c" * 64,
@@ -21,9 +20,11 @@ MODEL = {"weights_sha256": "a" * 64, "config_sha256": "b" * 64, "tokenizer_sha25
 DATA = {"sha256": "e" * 64, "limit": 8, "records": 8, "prompt_field": "question", "id_field": None,
         "reference_field": "answer"}
 SCORER = {"name": "gsm8k", "version": 1}
+EVAL = EvalConfig()
+ENGINE = EngineConfig()
 
 
-def parts(model=MODEL, cfg=EvalConfig(), engine=EngineConfig(), device="cpu", dtype="float32", data=DATA,
+def parts(model=MODEL, cfg=EVAL, engine=ENGINE, device="cpu", dtype="float32", data=DATA,
           scorer=SCORER, template="{prompt}"):
     return key_parts(model=model, generation=generation_meaning(cfg, engine, device, dtype), data=data,
                      scorer=scorer, template=template)

@@ -8,9 +8,9 @@ import inspect
 import pytest
 
 import align.evaluation.config as mod
-from align.run.cli import CONF_DIR, compose
 from align.errors import ConfigError
 from align.evaluation.config import EvalConfig, EvalRunConfig, EvalTask, to_typed
+from align.run.cli import CONF_DIR, compose
 
 
 def test_every_field_has_a_docstring():

@@ -48,17 +48,18 @@ def test_fallback_allow_logs_loudly_and_the_built_model_records_requested_resolv
 
 
 def test_preflight_lists_the_attention_check_and_refuses_before_any_model_load(compose, monkeypatch):
+    import align.models.build as build_mod
     from align.config import to_typed
     from align.run.preflight import run_preflight
-
-    import align.models.build as build_mod
 
     monkeypatch.setattr(build_mod, "build_model", lambda *a, **k: pytest.fail("preflight must not build the model"))
     with pytest.raises(ConfigError, match="attention.implementation"):
         run_preflight(to_typed(compose(["model=olmoe", "attention=flex", "allow_dirty=true"])))
-    checks = run_preflight(to_typed(compose(["model=olmoe", "attention=flex", "attention.fallback=allow", "allow_dirty=true"])))
+    checks = run_preflight(to_typed(compose(["model=olmoe", "attention=flex", "attention.fallback=allow",
+                                             "allow_dirty=true"])))
     att = [c for c in checks if c.name == "attention resolution (align.models)"]
-    assert att and att[0].status.value == "WARN" and "runs sdpa: olmoe's transformers class does not support" in att[0].detail
+    assert att and att[0].status.value == "WARN"
+    assert "runs sdpa: olmoe's transformers class does not support" in att[0].detail
 
     from align.run.model_checks import model_checks
 

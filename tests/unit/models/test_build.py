@@ -46,7 +46,8 @@ def test_experts_backend_requested_and_resolved_are_recorded_and_read_back(build
     cfg = ModelConfig(family=family, moe=MoEConfig(experts=ExpertsImpl.batched_mm))
     info = describe_model(b.model, cfg, resolve_attention(family, AttentionConfig(), "cpu"),
                           FAMILIES[family].moe_shape(b.model.config), None)
-    assert info["experts_implementation_requested"] == "batched_mm" and info["experts_implementation_resolved"] == "eager"
+    assert info["experts_implementation_requested"] == "batched_mm"
+    assert info["experts_implementation_resolved"] == "eager"
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
@@ -75,7 +76,8 @@ def test_fp32_checkpoint_in_shards_loads_locally_cast_to_bf16(build, family, tok
     tokenizer.save_pretrained(tmp_path)
     assert len(list(tmp_path.glob("*.safetensors"))) > 1
     assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "float32"
-    b = build_model(ModelConfig(family=family, pretrained=str(tmp_path), dtype="bfloat16"), AttentionConfig(), tokenizer)
+    b = build_model(ModelConfig(family=family, pretrained=str(tmp_path), dtype="bfloat16"), AttentionConfig(),
+                    tokenizer)
     assert b.info["dtype"] == "bfloat16" and b.info["checkpoint_dtype"] == "float32" and b.info["preset"] is None
     got = dict(b.model.named_parameters())
     for name, p in src.named_parameters():

@@ -15,7 +15,8 @@ def test_repeat_check_runs_on_cpu_and_hashes_every_tensor():
     r = det.repeat_check(Family.olmoe, tokens=64, repeats=2, device="cpu", dtype=torch.float32, overrides=SMALL)
     assert (r["num_experts"], r["top_k"], r["hidden"], r["experts_resolved"]) == (64, 8, 128, "grouped_mm")
     assert r["forward_bit_identical"]
-    assert {"output", "input_grad", "router_topk", "grad:gate.weight", "grad:experts.gate_up_proj"} <= set(r["distinct_hashes"])
+    assert {"output", "input_grad", "router_topk", "grad:gate.weight",
+            "grad:experts.gate_up_proj"} <= set(r["distinct_hashes"])
     # Measured here (torch 2.13 CPU, 2 threads): the default kernel's INPUT gradient is not
     # bit-reproducible (the token gather's backward accumulates with parallel float atomics; 1 thread
     # or deterministic mode fixes it). Deterministic mode must make the whole backward identical:

@@ -19,7 +19,8 @@ def test_moe_lora_run_logs_router_telemetry_every_step_and_exports_merged(compos
                             "model.moe.lb_weight=0.01", "model.lora.enabled=true", "model.lora.gate_steps=2",
                             "optimizer.lr=1e-2", "allow_dirty=true"]))
     names = [c.name for c in run_preflight(cfg)]
-    assert {"attention resolution (align.models)", "router losses", "peft LoraConfig", "params and memory"} <= set(names)
+    assert {"attention resolution (align.models)", "router losses", "peft LoraConfig",
+            "params and memory"} <= set(names)
     tr = Trainer.build(cfg, tmp_path)
     assert tr.fit() == 0
     rows = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]

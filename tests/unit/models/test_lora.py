@@ -96,8 +96,9 @@ def test_qlora_dense_trains_on_a_4bit_base_and_exports_merged_full_precision_wei
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in q.model.modules())
     assert all("lora_" in n for n, p in q.model.named_parameters() if p.requires_grad)
     _train(q, tokenizer, 2)
-    lora_a = dict(q.model.named_parameters())["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"].detach().float()
-    lora_b = dict(q.model.named_parameters())["base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight"].detach().float()
+    q_proj = "base_model.model.model.layers.0.self_attn.q_proj"
+    lora_a = dict(q.model.named_parameters())[f"{q_proj}.lora_A.default.weight"].detach().float()
+    lora_b = dict(q.model.named_parameters())[f"{q_proj}.lora_B.default.weight"].detach().float()
     export_hf(q.model, tokenizer, tmp_path / "export")
     w = load_file(str(tmp_path / "export" / "model.safetensors"))
     assert all(t.dtype.is_floating_point for t in w.values()) and not any("lora" in k for k in w)

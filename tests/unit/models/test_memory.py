@@ -30,7 +30,8 @@ def test_estimate_counts_match_the_built_model_including_peft_lora_params(build,
     assert full.params.total == build(Family.olmoe).info["params_total"]
     from align.config import LoraConfig
 
-    lora = estimate_memory(_cfg(compose, "model=olmoe", "model.lora.enabled=true", "model.lora.r=4"), torch.device("cpu"))
+    lora = estimate_memory(_cfg(compose, "model=olmoe", "model.lora.enabled=true", "model.lora.r=4"),
+                           torch.device("cpu"))
     built = build(Family.olmoe, lora=LoraConfig(enabled=True, r=4))
     assert lora.params.trainable == built.info["params_trainable"]  # arithmetic == what peft created
 
@@ -43,12 +44,14 @@ def test_estimate_components_move_the_right_way(compose):
     assert bf16.weights == base.weights // 2
     eight = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "optimizer=adamw8bit"), cpu)
     assert eight.optimizer == 7_248_023_552 * 2
-    ckpt = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "parallel.activation_checkpointing=true"), cpu)
+    ckpt = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full",
+                                "parallel.activation_checkpointing=true"), cpu)
     assert ckpt.activations < base.activations / 3
     half = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "parallel.activation_checkpointing=true",
                                 "parallel.activation_checkpointing_fraction=0.5"), cpu)
     assert ckpt.activations < half.activations < base.activations  # 16 of 32 blocks keep their activations
-    small_batch = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "sampler.micro_batch_size=1"), cpu)
+    small_batch = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "sampler.micro_batch_size=1"),
+                                  cpu)
     assert small_batch.activations * 8 == base.activations
     lora = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "model.lora.enabled=true"), cpu)
     assert lora.grads < base.grads / 100 and lora.weights == base.weights
@@ -58,11 +61,13 @@ def test_preflight_refuses_a_config_that_cannot_fit_unless_allowed(compose, monk
     from align.run.preflight import run_preflight
 
     monkeypatch.setattr(memory, "device_memory", lambda device: 80 * 1024**3)  # an 80 GiB card
-    with pytest.raises(ConfigError, match=r"model.allow_over_memory: the training-memory estimate does not fit.*7.248B"):
+    with pytest.raises(ConfigError,
+                       match=r"model.allow_over_memory: the training-memory estimate does not fit.*7.248B"):
         run_preflight(_cfg(compose, "model=mistral", "model.preset=full"))
     checks = run_preflight(_cfg(compose, "model=mistral", "model.preset=full", "model.allow_over_memory=true"))
     assert any(c.name == "params and memory" and "allowed by model.allow_over_memory" in c.detail for c in checks)
-    fits = run_preflight(_cfg(compose, "model=olmoe", "model.preset=full", "model.dtype=bfloat16", "model.lora.enabled=true",
-                              "parallel.activation_checkpointing=true", "sampler.micro_batch_size=1"))
+    fits = run_preflight(_cfg(compose, "model=olmoe", "model.preset=full", "model.dtype=bfloat16",
+                              "model.lora.enabled=true", "parallel.activation_checkpointing=true",
+                              "sampler.micro_batch_size=1"))
     line = [c for c in fits if c.name == "params and memory"][0].detail
     assert "6.919B" in line and "1.28" in line and "active" in line

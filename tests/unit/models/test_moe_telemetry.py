@@ -385,7 +385,8 @@ def test_a_forward_that_raises_accumulates_nothing_and_one_without_routers_does_
     assert np.array_equal(tel.loads[-1], ref[:, :E].numpy())  # the good forward only
 
 
-def test_a_window_read_started_at_the_boundary_gives_the_same_metrics_and_the_trainer_starts_it_before_the_step(tmp_path):
+def test_a_window_read_started_at_the_boundary_gives_the_same_metrics_and_the_trainer_starts_it_before_the_step(
+        tmp_path):
     """close_window() starts the host copy before the optimizer step is queued (on a GPU a later
     .cpu() would wait for the step); on_step must then report exactly what it reports without it."""
     from tests.conftest import build_trainer

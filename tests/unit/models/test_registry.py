@@ -6,8 +6,7 @@ import pytest
 
 from align.config import AttnImpl, Family, ModelConfig, Preset
 from align.models.memory import meta_model
-from align.models.registry import count_params
-from align.models.registry import FAMILIES
+from align.models.registry import FAMILIES, count_params
 
 ALL = [(f, p) for f in Family for p in Preset]
 

@@ -82,7 +82,8 @@ def _swap(w, a, b):
 
 
 def _swap_experts(w):
-    fused = [k for k in w if k.startswith("model.layers.0.") and k.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    fused = [k for k in w
+             if k.startswith("model.layers.0.") and k.endswith(("experts.gate_up_proj", "experts.down_proj"))]
     if fused:  # Gemma-4 saves fused [E, ...] tensors
         for k in fused:
             w[k] = w[k][[1, 0, *range(2, w[k].shape[0])]].contiguous()
@@ -134,6 +135,7 @@ def test_a_drift_too_small_to_flip_any_token_still_fails_on_the_logit_bound(expo
     def nudge(w):
         w["model.norm.weight"] = w["model.norm.weight"] * (1 + 1e-4)
 
-    got = outputs(load_export(_mutate(d, tmp_path / "nudged", nudge), Family.mistral, like=model), Family.mistral, _ids())
+    got = outputs(load_export(_mutate(d, tmp_path / "nudged", nudge), Family.mistral, like=model), Family.mistral,
+                  _ids())
     report = compare(ref, got)
     assert report.top1_agreement == 1.0 and not report.passed and report.failures[0].startswith("max |dlogit|")

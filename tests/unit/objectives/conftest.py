@@ -11,8 +11,8 @@ TINY_DPO = ["objective=dpo", "logger=none", "trainer.device=cpu", "trainer.expor
 def dpo_trainer(root: Path, *overrides: str):
     """A built (not yet fitted) Trainer for objective=dpo on about a dozen short bundled pairs, its encode
     cache (and precomputed reference cache) under `root`."""
-    from align.run.cli import compose
     from align.config import to_typed
+    from align.run.cli import compose
     from align.trainer import Trainer
 
     cfg = to_typed(compose([*TINY_DPO, f"data.cache_dir={root / 'cache' / 'encode'}", *overrides]))

@@ -49,8 +49,8 @@ def test_no_more_than_a_chunk_of_logits_is_kept_for_backward():
     from transformers import MistralConfig, MistralForCausalLM
 
     vocab, chunk = 500, 8
-    model = MistralForCausalLM(MistralConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                             num_attention_heads=2, num_key_value_heads=1))
+    model = MistralForCausalLM(MistralConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
     x = torch.randint(0, vocab, (4, 32))
     shapes = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):

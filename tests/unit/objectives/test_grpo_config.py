@@ -10,6 +10,7 @@ import pytest
 from align.config import ObjectiveConfig, ObjectiveKind, to_typed
 from align.config.checks import check_ignored
 from align.config.train import _READ_BY
+from align.errors import ConfigError
 
 
 def _unchecked(kind, name, value):
@@ -21,7 +22,6 @@ def _unchecked(kind, name, value):
     cfg.kind = kind
     setattr(cfg, name, value)
     return cfg
-from align.errors import ConfigError
 
 
 def test_every_objective_key_says_which_objectives_read_it():

@@ -17,9 +17,9 @@ from align.objectives.preference_losses import (
     PairLogps,
     PreferenceLoss,
     check_hyperparameters,
-    needs_reference,
     preference_loss,
 )
+from align.objectives.preference_spec import needs_reference
 
 L = PreferenceLoss
 

@@ -11,9 +11,8 @@ import pytest
 import torch
 import torch._dynamo
 
-from align.config import to_typed
+from align.config import OptimizerConfig, to_typed
 from align.errors import ConfigError
-from align.config import OptimizerConfig
 from align.optim.step import CompiledStep, OverlappedStep, build_stepper, param_chunks, step_subset
 from align.parallel.fsdp import decoder_blocks
 
@@ -84,7 +83,8 @@ class FakeStreams:
 
         def logged(step):
             def logged_step(*a, **k):  # which parameters each launch covers, and on which stream
-                self.log.append(("step", frozenset(id(p) for g in optimizer.param_groups for p in g["params"]), self.side))
+                params = frozenset(id(p) for g in optimizer.param_groups for p in g["params"])
+                self.log.append(("step", params, self.side))
                 return step(*a, **k)
             return logged_step
         if compiled is None:
@@ -252,7 +252,8 @@ def test_the_trainer_syncs_the_side_stream_before_a_checkpoint_or_an_export_read
     seen = []
     for name in ("save_checkpoint", "export_model"):
         real = getattr(tr, name)
-        monkeypatch.setattr(tr, name, lambda *a, real=real, name=name, **k: (seen.append((name, len(synced))), real(*a, **k))[1])
+        monkeypatch.setattr(tr, name,
+                            lambda *a, real=real, name=name, **k: (seen.append((name, len(synced))), real(*a, **k))[1])
     assert trainer.fit() == 0
     assert [n for n, _ in seen] == ["save_checkpoint", "export_model"]
     assert all(count >= 1 for _, count in seen) and seen[1][1] > seen[0][1]  # a sync before each read
@@ -294,7 +295,8 @@ def test_the_compiled_step_equals_clip_then_step_and_a_changing_lr_recompiles_no
             ob.grad_scale = torch.tensor(scale)
         oa.step()
         comp.step()
-        assert type(ob.param_groups[0]["lr"]) is float and getattr(ob, "grad_scale", None) is None  # floats back, scale used
+        # floats back, scale used
+        assert type(ob.param_groups[0]["lr"]) is float and getattr(ob, "grad_scale", None) is None
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[-1] == graphs[1] and graphs[1] >= 2, graphs  # one graph per variant, nothing after
     for (n, p), q in zip(a.named_parameters(), b.parameters()):  # capturable computes bias corrections as tensors

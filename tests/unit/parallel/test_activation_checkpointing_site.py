@@ -4,10 +4,10 @@ activation_checkpointing_enable)."""
 
 from __future__ import annotations
 
-from align.run.cli import compose
 from align.config import to_typed
-from align.run.kwargs_sites import activation_checkpointing
 from align.parallel.wrap import enable_activation_checkpointing
+from align.run.cli import compose
+from align.run.kwargs_sites import activation_checkpointing
 
 
 def test_the_checked_call_is_the_call_made():

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from align.config import Device, OptimizerConfig, OptimizerName, ParallelConfig, ParallelKind, SamplerConfig, SamplerKind
+from align.config import (
+    Device,
+    OptimizerConfig,
+    OptimizerName,
+    ParallelConfig,
+    ParallelKind,
+    SamplerConfig,
+    SamplerKind,
+)
 from align.errors import ConfigError
 from align.parallel.env import hang_diagnostics_env, init_distributed
 from align.parallel.grad import clip_grad_norm_
@@ -140,7 +148,8 @@ def test_ranks_draw_disjoint_rows_that_cover_the_single_process_epoch(kind):
 def test_a_slurm_task_under_submitit_gets_torchrun_style_rank_variables(monkeypatch):
     from align.parallel.env import dist_env, export_submitit_env
 
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "CUDA_VISIBLE_DEVICES"):
         monkeypatch.setenv(k, "")  # (setenv records the original state, so the export is undone after the test)
         monkeypatch.delenv(k)
     slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "123", "SLURM_NTASKS": "16", "SLURM_JOB_NUM_NODES": "2",
@@ -167,10 +176,10 @@ def test_adamw8bit_is_checked_and_built_as_the_class_that_will_run(monkeypatch):
     otherwise. Checking bitsandbytes under fsdp refused runs on machines without it."""
     import importlib.util
 
-    from align.run.cli import compose
     from align.config import to_typed
-    from align.run.kwargs_sites import optimizer as optimizer_site
     from align.optim import optimizer_target
+    from align.run.cli import compose
+    from align.run.kwargs_sites import optimizer as optimizer_site
 
     cfg = OptimizerConfig(name=OptimizerName.adamw8bit)
     assert optimizer_target(cfg) == "bitsandbytes.optim:AdamW8bit"

@@ -18,8 +18,8 @@ def _mistral(layers: int = 4, seed: int = 0):
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(seed)
-    return MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                            num_attention_heads=4, num_key_value_heads=2))
+    return MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2))
 
 
 def _ac(fraction: float) -> ParallelConfig:
@@ -105,7 +105,8 @@ class _OldStyleModel(torch.nn.Module):
 
 def test_a_fraction_is_refused_where_blocks_have_no_per_block_switch():
     model = _OldStyleModel()
-    with pytest.raises(ConfigError, match=r"^parallel.activation_checkpointing_fraction: .*GradientCheckpointingLayer.*_Block"):
+    with pytest.raises(ConfigError,
+                       match=r"^parallel.activation_checkpointing_fraction: .*GradientCheckpointingLayer.*_Block"):
         parallelize(model, _ac(0.5), ENV)
     assert not model.enabled  # refused before anything was switched on
     info = parallelize(model, _ac(1.0), ENV)  # all blocks: the model's own mechanism, as before

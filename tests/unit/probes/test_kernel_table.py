@@ -7,13 +7,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from align.probes.kernels import (ProfRow, is_device_kernel, is_fallback, kernel_arch, kernel_group, kernel_table,
-                                  parse_table, rows_from_events)
+from align.probes.kernels import (
+    ProfRow,
+    is_device_kernel,
+    is_fallback,
+    kernel_arch,
+    kernel_group,
+    kernel_table,
+    parse_table,
+    rows_from_events,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "profile_table_sm90.txt"
 STEPS = 3
 # Designed totals of the fixture, in ms (fixtures/README.md); the printed table rounds each row to 1 us.
-GROUPS_MS = {"attention": 22.8358, "gemm": 5.0840, "elementwise": 2.8456, "memcpy": 0.3071, "comm": 0.0, "other": 0.5204}
+GROUPS_MS = {"attention": 22.8358, "gemm": 5.0840, "elementwise": 2.8456, "memcpy": 0.3071, "comm": 0.0,
+             "other": 0.5204}
 TOTAL_MS = 31.5929
 KERNELS = {
     "fmha_cutlassB_bf16_aligned_128x64_k65536_sm80", "fmha_cutlassF_bf16_aligned_64x128_gmem_sm80",
@@ -41,7 +50,8 @@ def test_only_device_kernel_rows_are_kept(rows):
     names = {k["name"] for k in t.kernels}
     assert len(t.kernels) == 15
     assert KERNELS <= names
-    assert not any(n.startswith(("aten::", "autograd::", "cuda", "Optimizer.")) or n.endswith("Backward0") for n in names)
+    assert not any(n.startswith(("aten::", "autograd::", "cuda", "Optimizer.")) or n.endswith("Backward0")
+                   for n in names)
     assert sum(n.startswith("void ") for n in names) == 7
 
 
@@ -98,10 +108,12 @@ def test_launches_per_step(rows):
 
 @pytest.mark.parametrize("name,arch", [
     ("fmha_cutlassF_bf16_aligned_64x128_gmem_sm80", 80), ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 90),
-    ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", 80), ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 90),
+    ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", 80),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 90),
     ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x3_tn_align8>", 80),
     ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT", None), ("void at::native::vectorized_elementwise_kernel<4>", None),
-    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>>", None),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
+     "cutlass::bfloat16_t>>", None),
 ])
 def test_kernel_arch_from_symbol(name, arch):
     assert kernel_arch(name) == arch

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from align.run.cli import compose
 from align.config import to_typed
 from align.errors import EXIT_CONFIG, ConfigError
 from align.probes import mask as mask_probe
+from align.run.cli import compose
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,8 @@ def test_mistral_with_a_sliding_window_override_is_windowed_everywhere():
     model = build_model(cfg.model, cfg.attention, tok).model
     data = encode_records(load_records(cfg.data), tok, cfg.data)
     r = mask_probe.assert_masks(model, data, tok.pad_token_id)
-    assert list(r["by_type"]) == ["sliding_attention"] and r["by_type"]["sliding_attention"]["unpadded"]["max_allowed_per_row"] == 16
+    assert list(r["by_type"]) == ["sliding_attention"]
+    assert r["by_type"]["sliding_attention"]["unpadded"]["max_allowed_per_row"] == 16
 
 
 def test_probe_entry_is_registered_and_writes_its_report(tmp_path):

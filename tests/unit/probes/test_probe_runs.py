@@ -56,7 +56,8 @@ def test_probe_leaves_the_trainer_uninstrumented(compose, tmp_path):
         got = inst.take()
     assert got["segments"] == [[(2, 24)]] and len(got["fwd_bwd_s"]) == 1 and len(got["ce_forward_s"]) == 1
     assert got["ce_forward_s"][0] < got["fwd_bwd_s"][0]
-    assert trainer.objective.loss_fn is loss_fn and trainer.forward_backward == fb and "forward_backward" not in vars(trainer)
+    assert trainer.objective.loss_fn is loss_fn and trainer.forward_backward == fb
+    assert "forward_backward" not in vars(trainer)
     trainer.history.close()
 
 

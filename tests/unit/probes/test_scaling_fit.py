@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from align.config import ScalingProbeConfig
-from align.errors import ConfigError
 from align.data.stats import length_moments
+from align.errors import ConfigError
 from align.probes.scaling import FitRefused, analyze, batch_moments, fit, predict
 
 # An attention-heavy long-context step: A = 6.87e-4 s/token, B = 8.85e-8 s/token^2.
@@ -52,7 +52,8 @@ def test_three_regimes_are_classified_on_synthetic_curves(regime):
     r = analyze(w, a * w + b * w * w + c)
     assert r.regime == regime
     assert r.confirmed
-    assert r.lever.split(":")[0] in {"per-token work dominates", "attention dominates", "a fixed per-batch cost dominates"}
+    assert r.lever.split(":")[0] in {"per-token work dominates", "attention dominates",
+                                     "a fixed per-batch cost dominates"}
     # a two-term fit closes exactly when there is no constant: that is what refutes launch-bound
     assert r.closes == (c == 0.0)
     assert r.used == ("three_term" if c else "two_term")

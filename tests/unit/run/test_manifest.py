@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from align.probes.sdpa import classify_kernels
 from align.run.manifest import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -23,7 +24,6 @@ from align.run.manifest import (
     skeleton,
     tokenizer_hashes,
 )
-from align.probes.sdpa import classify_kernels
 from align.run.record import exit_of
 
 
@@ -71,7 +71,8 @@ def test_git_state_records_dirty_and_a_diff_hash(tmp_path):
     (tmp_path / "f").write_text("1\n")
     git("add", "f"), git("commit", "-qm", "c")
     clean = git_state(tmp_path)
-    assert clean.dirty is False and clean.diff_sha256 is None and len(clean.commit) == 40 and not clean.describe.endswith("-dirty")
+    assert clean.dirty is False and clean.diff_sha256 is None
+    assert len(clean.commit) == 40 and not clean.describe.endswith("-dirty")
     (tmp_path / "f").write_text("2\n")
     a = git_state(tmp_path)
     (tmp_path / "f").write_text("3\n")

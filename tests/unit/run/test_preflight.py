@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from align.run.cli import compose
 from align.config import to_typed
 from align.errors import ConfigError
 from align.run.checklist import CHECKLIST, Context, Status
+from align.run.cli import compose
 from align.run.kwargs_sites import KWARGS_SITES, check_site
 from align.run.preflight import check_git, collect, run_preflight
 from align.run.signatures import KwargsSite, accepted_names, check_kwargs
@@ -87,7 +87,8 @@ def test_readding_a_removed_kwarg_fails_preflight(monkeypatch):
     import align.optim
 
     real = align.optim.scheduler_kwargs
-    monkeypatch.setattr(align.optim, "scheduler_kwargs", lambda cfg, n: {**real(cfg, n), "warmup_ratio": cfg.warmup_ratio})
+    monkeypatch.setattr(align.optim, "scheduler_kwargs",
+                        lambda cfg, n: {**real(cfg, n), "warmup_ratio": cfg.warmup_ratio})
     cfg = typed("allow_dirty=true", "logger=none")
     [sched] = [c for c in _kwargs_checks(cfg) if c.name == "lr scheduler"]
     assert sched.status == Status.failed and "['warmup_ratio']" in sched.detail and "num_warmup_steps" in sched.detail
@@ -99,7 +100,8 @@ def test_a_misspelt_model_override_fails_although_the_config_class_swallows_it()
     from transformers import MistralConfig
 
     assert MistralConfig(sliding_windw=32).sliding_windw == 32  # the library accepts anything, silently
-    [mc] = [c for c in _kwargs_checks(typed("allow_dirty=true", "+model.overrides.sliding_windw=32")) if c.name == "model config class"]
+    [mc] = [c for c in _kwargs_checks(typed("allow_dirty=true", "+model.overrides.sliding_windw=32"))
+            if c.name == "model config class"]
     assert mc.status == Status.failed and mc.key == "model.overrides" and "['sliding_windw']" in mc.detail
 
 
@@ -107,7 +109,8 @@ def test_a_compile_kwarg_torch_does_not_take_fails_preflight(monkeypatch):
     import align.parallel.compile as comp
 
     monkeypatch.setattr(comp, "compile_kwargs", lambda dynamic: {"dynamc": dynamic})
-    [c] = [c for c in _kwargs_checks(typed("allow_dirty=true", "trainer.compile=true")) if c.name == "torch.compile of the blocks"]
+    [c] = [c for c in _kwargs_checks(typed("allow_dirty=true", "trainer.compile=true"))
+           if c.name == "torch.compile of the blocks"]
     assert c.status == Status.failed and c.key == "trainer.compile_dynamic" and "['dynamc']" in c.detail
 
 
@@ -209,7 +212,8 @@ def test_an_encode_cache_key_that_cannot_be_computed_is_a_fail_line(monkeypatch)
     monkeypatch.setitem(sys.modules, "align.data.cache", types.SimpleNamespace(cache_key_parts=parts))
     from align.run.preflight import check_cache
 
-    [key] = [c for c in check_cache(typed(), Context(root=Path("."), stop_on_fail=False)) if c.name == "encode cache key"]
+    [key] = [c for c in check_cache(typed(), Context(root=Path("."), stop_on_fail=False))
+             if c.name == "encode cache key"]
     assert key.status == Status.failed and key.key == "data.mask_files" and "/gone/mask.json" in key.detail
 
 

@@ -255,8 +255,8 @@ def test_auto_device_checks_the_union_and_resolves_the_device_only_when_refused(
     import torch
 
     import align.optim
-    from align.run.cli import compose
     from align.config import to_typed
+    from align.run.cli import compose
     from align.run.kwargs_sites import optimizer
 
     auto, cuda = (to_typed(compose(["logger=none", f"trainer.device={d}"])) for d in ("auto", "cuda"))
@@ -287,7 +287,8 @@ def _train(tmp_path: Path, run: str, *args: str) -> tuple[subprocess.CompletedPr
     """`python -m align.train args` (via runpy), and the top-level modules it had imported at exit."""
     out = tmp_path / f"{run}.modules"
     env = {**os.environ, "MODULES_OUT": str(out), signatures.CACHE_ENV: str(tmp_path / "cache")}
-    p = subprocess.run([sys.executable, "-c", _DRIVER, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-c", _DRIVER, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
     return p, {m.split(".")[0] for m in out.read_text().split()}
 
 
@@ -298,6 +299,7 @@ def test_a_refused_kwarg_on_a_warm_cache_imports_neither_torch_nor_transformers(
     for p in (cold, warm):
         line = p.stderr.strip().splitlines()[-1]
         assert p.returncode == 2 and line.startswith("align: error: model.overrides: ") and "['sliding_windw']" in line
-    assert cold.stderr.strip().splitlines()[-1] == warm.stderr.strip().splitlines()[-1]  # the cached names are the live ones
+    # the cached names are the live ones
+    assert cold.stderr.strip().splitlines()[-1] == warm.stderr.strip().splitlines()[-1]
     assert HEAVY <= cold_modules  # the cold run read the libraries (so this probe sees imports)
     assert not HEAVY & warm_modules, sorted(HEAVY & warm_modules)

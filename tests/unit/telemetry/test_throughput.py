@@ -40,7 +40,8 @@ def test_moe_counts_only_the_active_experts(compose):
     c = m.config
     f = ModelFlops.from_model(m)
     expert = sum(p.numel() for n, p in m.named_parameters() if ".experts." in n)
-    dense = sum(p.numel() for n, p in m.named_parameters() if p.dim() >= 2 and ".experts." not in n and "embed_tokens" not in n)
+    dense = sum(p.numel() for n, p in m.named_parameters()
+                if p.dim() >= 2 and ".experts." not in n and "embed_tokens" not in n)
     assert f.params_expert == expert > 0
     assert f.experts_active_fraction == c.num_experts_per_tok / c.num_experts
     assert f.params_active == int(dense + expert * c.num_experts_per_tok / c.num_experts)

@@ -8,8 +8,14 @@ import json
 
 from align.config import LoggerConfig
 from align.run.redaction import REDACTED
-from align.telemetry.wandb_logger import (RUN_ID_FILE, artifact_kwargs, summary_scalars, sweep_job_name,
-                                          wandb_init_kwargs, wandb_run_id)
+from align.telemetry.wandb_logger import (
+    RUN_ID_FILE,
+    artifact_kwargs,
+    summary_scalars,
+    sweep_job_name,
+    wandb_init_kwargs,
+    wandb_run_id,
+)
 
 
 def test_a_resume_reuses_the_run_dirs_wandb_id_and_a_fresh_start_does_not(tmp_path):
@@ -26,7 +32,8 @@ def test_init_and_artifact_kwargs_are_names_the_installed_wandb_accepts(tmp_path
     import wandb
     from wandb.sdk.wandb_run import Run
 
-    assert set(wandb_init_kwargs(LoggerConfig(), tmp_path, "n", None, {})) <= set(inspect.signature(wandb.init).parameters)
+    assert set(wandb_init_kwargs(LoggerConfig(), tmp_path, "n", None, {})) <= set(
+        inspect.signature(wandb.init).parameters)
     art, log = artifact_kwargs("abc", 3, tmp_path)
     assert set(art) <= set(inspect.signature(wandb.Artifact).parameters)
     assert set(log) <= set(inspect.signature(Run.log_artifact).parameters)

@@ -6,15 +6,16 @@ import hashlib
 
 import pytest
 
-from align.tools.annotate import NOTE, annotate, main
 from align.run.manifest import GitState, Manifest, key_paths
+from align.tools.annotate import NOTE, annotate, main
 
 
 @pytest.fixture
 def run_dir(tmp_path):
     m = Manifest(tmp_path)
     m.start(name="r", argv=[], overrides=[], resolved={"a": 1},
-            git=GitState(root="/r", commit="35a4e8e" + "0" * 33, describe="35a4e8e", branch="main", dirty=False, changed=[]),
+            git=GitState(root="/r", commit="35a4e8e" + "0" * 33, describe="35a4e8e", branch="main", dirty=False,
+                         changed=[]),
             allow_dirty=False, redacted=[], env={}, preflight=[])
     m.set("model.attn_implementation_resolved", "flex_attention")
     m.complete(0, "completed")

@@ -20,8 +20,10 @@ def _row(step, loss, tokens, real, t, zero, roots):
 
 
 def test_report_reads_every_job(tmp_path, capsys):
-    _job(tmp_path, 0, ["sampler=bucket", "sampler.bucket_size=2"], [_row(1, 5.0, 100, 50, 9.0, 0, 3), _row(2, 4.0, 100, 60, 1.0, 0.5, 2)])
-    _job(tmp_path, 1, ["sampler=bucket", "sampler.bucket_size=32"], [_row(1, 5.0, 100, 90, 1.0, 1, 4), _row(2, 3.5, 100, 100, 0.5, 1, 4)])
+    _job(tmp_path, 0, ["sampler=bucket", "sampler.bucket_size=2"],
+         [_row(1, 5.0, 100, 50, 9.0, 0, 3), _row(2, 4.0, 100, 60, 1.0, 0.5, 2)])
+    _job(tmp_path, 1, ["sampler=bucket", "sampler.bucket_size=32"],
+         [_row(1, 5.0, 100, 90, 1.0, 1, 4), _row(2, 3.5, 100, 100, 0.5, 1, 4)])
     (tmp_path / "10").mkdir()  # a job that died before writing anything: still a row
     (tmp_path / "10" / ".hydra").mkdir()
     assert report.main([str(tmp_path)]) == 0
@@ -52,11 +54,15 @@ def test_dot_axes_zoom_onto_close_values_and_start_at_zero_for_spread_ones():
 
 
 def test_the_report_figure_has_a_title_readable_labels_and_loss_curves(tmp_path):
-    _job(tmp_path, 0, ["sampler=bucket", "sampler.bucket_size=2"], [_row(s, 4.0 - 0.01 * s, 100, 50, 1.0, 0, 3) for s in (1, 2, 3)])
-    _job(tmp_path, 1, ["sampler=bucket", "sampler.bucket_size=32"], [_row(s, 4.0 - 0.02 * s, 100, 90, 1.0, 1, 4) for s in (1, 2, 3)])
+    _job(tmp_path, 0, ["sampler=bucket", "sampler.bucket_size=2"],
+         [_row(s, 4.0 - 0.01 * s, 100, 50, 1.0, 0, 3) for s in (1, 2, 3)])
+    _job(tmp_path, 1, ["sampler=bucket", "sampler.bucket_size=32"],
+         [_row(s, 4.0 - 0.02 * s, 100, 90, 1.0, 1, 4) for s in (1, 2, 3)])
     jobs = report.job_dirs(tmp_path)
-    fig = report.figure([report.job_row(j) for j in jobs], "align.tools.report sweep", {j.name: report.loss_points(j) for j in jobs})
-    assert fig._suptitle.get_text().startswith("align.tools.report sweep: 2 of 2 jobs") and "shared: sampler=bucket" in fig._suptitle.get_text()
+    fig = report.figure([report.job_row(j) for j in jobs], "align.tools.report sweep",
+                        {j.name: report.loss_points(j) for j in jobs})
+    assert fig._suptitle.get_text().startswith("align.tools.report sweep: 2 of 2 jobs")
+    assert "shared: sampler=bucket" in fig._suptitle.get_text()
     tokens, waste, loss, curves = fig.axes
     assert [t.get_text() for t in tokens.get_yticklabels()] == ["sampler.bucket_size=2", "sampler.bucket_size=32"]
     assert min(t.get_fontsize() for t in tokens.get_yticklabels()) >= 9
