@@ -108,14 +108,8 @@ class Trainer:
     """perf_counter() at the last step boundary; None: the next step times from its own start."""
 
     @classmethod
-    def build(
-        cls,
-        cfg: TrainConfig,
-        run_dir: Path,
-        wandb_config: dict | None = None,
-        group: str | None = None,
-        stop: StopSignals | None = None,
-    ) -> "Trainer":
+    def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None,
+              stop: StopSignals | None = None) -> "Trainer":
         """The run's records (history trim, W&B, checkpoint leftovers) are touched only once the resume is
         decided and its checkpoint loaded: a refused start leaves an earlier run's history, checkpoints
         and W&B alone (ranks > 0 do open their own rank<r>/train.log first)."""
@@ -148,44 +142,20 @@ class Trainer:
         optimizer = build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad], env.device)
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
         stepper = build_stepper(cfg.optimizer, optimizer, model, env.device)
-        info = {
-            **built.info,
-            "parallel": parallel,
-            "optimizer_impl": optimizer_impl(optimizer),
-            "compile": compiled,
-            "optimizer_step": stepper.info(),
-            "cuda_alloc_conf": alloc_conf,
-        }
+        info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
+                "optimizer_step": stepper.info(), "cuda_alloc_conf": alloc_conf}
 
         throughput = Throughput.build(model, env.device, measure=env.is_main)
-        trainer = cls(
-            cfg,
-            run_dir,
-            env,
-            tokenizer,
-            data,
-            stream,
-            model,
-            info,
-            optimizer,
-            stepper,
-            scheduler,
-            Logger(),
-            None,
-            throughput,
-            identity,
-            stop=stop or StopSignals(),
-            runtime=built.runtime,
-            objective=objective,
-        )
+        trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler,
+                      Logger(), None, throughput, identity, stop=stop or StopSignals(), runtime=built.runtime,
+                      objective=objective)
         objective.bind(model, trainer.forward, resuming=bool(resume))
         info["loss"] = objective.describe()["loss"]
         if resume:
             trainer.restore(resume)
         name = cfg.name or run_dir.name
-        trainer.open_records(
-            wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {}, resuming=bool(resume))
-        )
+        trainer.open_records(wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {},
+                                               resuming=bool(resume)))
         return trainer
 
     # ------------------------------------------------------------------------------- checkpoints
@@ -197,24 +167,12 @@ class Trainer:
     def save_checkpoint(self, reason: str) -> Path:
         self.stepper.sync()  # the last step's parameters and moments may still be written on a side stream
         self.check_parameters(f"the {reason} checkpoint was not written")
-        meta = {
-            "reason": reason,
-            "identity": self.identity,
-            "state": self.state.to_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "optimizer_impl": self.model_info["optimizer_impl"],
-            "objective": self.objective.state_dict(),
-        }
-        path = save_checkpoint(
-            self.checkpoint_root,
-            self.state.step,
-            self.model,
-            self.optimizer,
-            self.env,
-            meta,
-            {"stream": self.stream.state_dict(), "objective": self.objective.rank_state_dict()},
-            self.cfg.trainer.keep_last,
-        )
+        meta = {"reason": reason, "identity": self.identity, "state": self.state.to_dict(),
+                "scheduler": self.scheduler.state_dict(), "optimizer_impl": self.model_info["optimizer_impl"],
+                "objective": self.objective.state_dict()}
+        path = save_checkpoint(self.checkpoint_root, self.state.step, self.model, self.optimizer, self.env, meta,
+                               {"stream": self.stream.state_dict(), "objective": self.objective.rank_state_dict()},
+                               self.cfg.trainer.keep_last)
         log.info("checkpoint %s (%s)", path, reason)
         return path
 
@@ -232,12 +190,8 @@ class Trainer:
             skipped.append({"path": str(path), "why": why})
         else:
             key = "trainer.resume_from" if self.cfg.trainer.resume_from else "trainer.resume"
-            raise ConfigError(
-                key,
-                "no checkpoint loads: "
-                + "; ".join(f"{s['path']}: {s['why']}" for s in skipped)
-                + " (move them aside, or set trainer.resume=never to start afresh)",
-            )
+            raise ConfigError(key, "no checkpoint loads: " + "; ".join(f"{s['path']}: {s['why']}" for s in skipped)
+                              + " (move them aside, or set trainer.resume=never to start afresh)")
         newer = [{"path": str(p), "why": why} for s, p, why in broken(self.checkpoint_root) if s > self.state.step]
         skipped = newer + skipped
         for s in newer:
@@ -286,18 +240,12 @@ class Trainer:
         as its own config reads back, device and world, autocast, the data's provenance, the sampler's
         epoch-0 plan and the objective's own record."""
         fast = getattr(self.autocast(), "fast_dtype", None)
-        return {
-            "model": {**self.model_info, **resolved_backends(self.model, FAMILIES[self.cfg.model.family].is_moe)},
-            "device": self.env.device,
-            "world_size": self.env.world,
-            "autocast_dtype": str(fast).removeprefix("torch.") if fast is not None else None,
-            "data": {
-                "stats": dict(getattr(self.data, "stats", {}) or {}),
-                "meta": dict(getattr(self.data, "meta", None) or {}),
-            },
-            "sampler_stats": sampler_stats(self.stream),
-            "objective": self.objective.describe(),
-        }
+        return {"model": {**self.model_info, **resolved_backends(self.model, FAMILIES[self.cfg.model.family].is_moe)},
+                "device": self.env.device, "world_size": self.env.world,
+                "autocast_dtype": str(fast).removeprefix("torch.") if fast is not None else None,
+                "data": {"stats": dict(getattr(self.data, "stats", {}) or {}),
+                         "meta": dict(getattr(self.data, "meta", None) or {})},
+                "sampler_stats": sampler_stats(self.stream), "objective": self.objective.describe()}
 
     def check_masks(self) -> dict[str, Any]:
         """The mask gate before step 1 (align/probes/mask.py): raises ConfigError on a wrong band."""
@@ -352,9 +300,8 @@ class Trainer:
             export_model(self.model, self.tokenizer, self.run_dir / "export", self.env)
         return self.finish(EXIT_OK)
 
-    def forward(
-        self, inputs: dict[str, Any], hidden_only: bool = False, module: Optional[torch.nn.Module] = None
-    ) -> torch.Tensor:
+    def forward(self, inputs: dict[str, Any], hidden_only: bool = False,
+                module: Optional[torch.nn.Module] = None) -> torch.Tensor:
         """The forward of the policy (or `module`, e.g. a frozen reference) under the run's autocast:
         logits, or (`hidden_only`, for a chunked loss that applies the head itself) the final hidden states."""
         module = self.model if module is None else module
@@ -396,14 +343,8 @@ class Trainer:
             max_norm = self.cfg.optimizer.max_grad_norm
             grad_norm = clip_grad_norm_(self.model.parameters(), max_norm, self.optimizer, self.stepper.norms_of)
             # The one boundary collective: stop flags, non-finite flags and the logged sums, all ranks.
-            v = agree(
-                self.env,
-                self.stop.requested,
-                float(loss_sum / grad_scale),
-                grad_norm,
-                sum(b.tokens for b in window),
-                sum(b.real_tokens for b in window),
-            )
+            v = agree(self.env, self.stop.requested, float(loss_sum / grad_scale), grad_norm,
+                      sum(b.tokens for b in window), sum(b.real_tokens for b in window))
             # Step time runs from boundary to boundary (each waits for this step's loss and norm on the
             # device): it holds the previous step's optimizer kernels, which run after the host has moved
             # on. Timed from this step's start instead, a step whose optimizer is large reads fast.
@@ -421,25 +362,13 @@ class Trainer:
         s.skips.record(skip)
         clipped = skip is None and max_norm > 0 and grad_norm > max_norm
         s.clipped_steps += int(clipped)
-        s.tokens, s.real_tokens, s.loss_tokens = (
-            s.tokens + v.tokens,
-            s.real_tokens + v.real_tokens,
-            s.loss_tokens + loss_tokens,
-        )
+        s.tokens, s.real_tokens = s.tokens + v.tokens, s.real_tokens + v.real_tokens
+        s.loss_tokens += loss_tokens
         with record_function("align.metrics"):
             return self.step_metrics(window, v, skip, grad_norm, clipped, lr, loss_tokens, dt), v
 
-    def step_metrics(
-        self,
-        window: list[Batch],
-        v: Verdict,
-        skip: Optional[str],
-        grad_norm: float,
-        clipped: bool,
-        lr: float,
-        loss_tokens: int,
-        dt: float,
-    ) -> dict[str, Any]:
+    def step_metrics(self, window: list[Batch], v: Verdict, skip: Optional[str], grad_norm: float, clipped: bool,
+                     lr: float, loss_tokens: int, dt: float) -> dict[str, Any]:
         s = self.state
         return {
             "step": s.step,
@@ -494,17 +423,10 @@ class Trainer:
 
     def summary(self) -> dict[str, Any]:
         s = self.state
-        return {
-            "steps": s.step,
-            "tokens": s.tokens,
-            "real_tokens": s.real_tokens,
-            "loss_tokens": s.loss_tokens,
-            "clipped_steps": s.clipped_steps,
-            "skipped_steps": s.skips.total,
-            **self.model_info,
-            **self.throughput.summary(),
-            **self.stream.stats.summary(),
-        }
+        return {"steps": s.step, "tokens": s.tokens, "real_tokens": s.real_tokens, "loss_tokens": s.loss_tokens,
+                "clipped_steps": s.clipped_steps, "skipped_steps": s.skips.total, **self.model_info,
+                **self.throughput.summary(),
+                **self.stream.stats.summary()}
 
 
 # ------------------------------------------------------------------------------------ build helpers
@@ -541,10 +463,8 @@ def memory_metrics(device: torch.device) -> dict[str, Any]:
     if device.type != "cuda":
         return {"mem_peak_gib": None, "mem_alloc_retries": None}
     stats = torch.cuda.memory_stats(device)
-    return {
-        "mem_peak_gib": stats.get("allocated_bytes.all.peak", 0) / 2**30,
-        "mem_alloc_retries": int(stats.get("num_alloc_retries", 0)),
-    }
+    return {"mem_peak_gib": stats.get("allocated_bytes.all.peak", 0) / 2**30,
+            "mem_alloc_retries": int(stats.get("num_alloc_retries", 0))}
 
 
 def check_token_ids(data: EncodedDataset, model: torch.nn.Module) -> None:
@@ -553,8 +473,5 @@ def check_token_ids(data: EncodedDataset, model: torch.nn.Module) -> None:
     top = int(data.tokens.max()) if len(data.tokens) else -1
     for what, vocab in token_id_tables(model).items():
         if top >= vocab:
-            raise ConfigError(
-                "data",
-                f"token id {top} is out of the model's vocabulary (size {vocab}, {what}); "
-                "set the model's vocabulary to match or use matching data",
-            )
+            raise ConfigError("data", f"token id {top} is out of the model's vocabulary (size {vocab}, {what}); "
+                              "set the model's vocabulary to match or use matching data")

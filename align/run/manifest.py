@@ -43,10 +43,8 @@ SCHEMA: dict[str, Any] = {
         "pid": "process id of rank 0",
         "start_time": "UTC ISO time the manifest was started",
         "end_time": "UTC ISO time the run ended",
-        "exit_code": (
-            "process exit code: 0 done, 2 config/preflight refused, 81 non-finite, 143 signal "
-            "(docs/architecture.md#exit-codes)"
-        ),
+        "exit_code": ("process exit code: 0 done, 2 config/preflight refused, 81 non-finite, 143 signal "
+                      "(docs/architecture.md#exit-codes)"),
         "exit_reason": "one line: why the run ended",
     },
     "config": {
@@ -63,22 +61,9 @@ SCHEMA: dict[str, Any] = {
         "allow_dirty": "whether the run was allowed to start dirty",
     },
     "versions": {
-        "python": "",
-        "align": "",
-        "torch": "",
-        "cuda": "CUDA runtime torch was built with",
-        "cudnn": "",
-        "transformers": "",
-        "hydra": "",
-        "omegaconf": "",
-        "bitsandbytes": "",
-        "torchao": "",
-        "peft": "",
-        "wandb": "",
-        "safetensors": "",
-        "tokenizers": "",
-        "numpy": "",
-        "huggingface_hub": "",
+        "python": "", "align": "", "torch": "", "cuda": "CUDA runtime torch was built with", "cudnn": "",
+        "transformers": "", "hydra": "", "omegaconf": "", "bitsandbytes": "", "torchao": "", "peft": "",
+        "wandb": "", "safetensors": "", "tokenizers": "", "numpy": "", "huggingface_hub": "",
     },
     "device": {
         "type": "cpu or cuda",
@@ -91,24 +76,18 @@ SCHEMA: dict[str, Any] = {
         "world_size": "processes in the job",
     },
     "model": {
-        "family": "",
-        "class": "transformers class built",
-        "preset": "",
-        "pretrained": "local checkpoint dir",
+        "family": "", "class": "transformers class built", "preset": "", "pretrained": "local checkpoint dir",
         "attn_implementation_requested": "what the config asked for",
         "attn_implementation_resolved": "model.config._attn_implementation after build",
         "experts_implementation_requested": "",
         "experts_implementation_resolved": "model.config._experts_implementation",
         "sdpa_kernel_family": "flash, efficient, cudnn or math: from profiler kernel names of one forward (GPU)",
         "sdpa_kernels": "attention kernel symbols seen by the profiler (their sm suffix is the generation)",
-        "dtype": "parameter dtype",
-        "autocast_dtype": "compute dtype under autocast (null: none)",
-        "params_total": "",
-        "extra": "other fields the model build reported (BuiltModel.info)",
+        "dtype": "parameter dtype", "autocast_dtype": "compute dtype under autocast (null: none)",
+        "params_total": "", "extra": "other fields the model build reported (BuiltModel.info)",
     },
     "data": {
-        "source": "",
-        "path": "data file read",
+        "source": "", "path": "data file read",
         "sha256": "sha256 of the data file content",
         "aux_files": "{path: sha256} of every auxiliary file that shapes the data (content, not path)",
         "tokenizer_sha256": "sha256 over the tokenizer files' content",
@@ -178,7 +157,6 @@ def _set(m: dict[str, Any], path: str, value: Any) -> None:
 
 def skeleton() -> dict[str, Any]:
     """A manifest with every key present and null, each null marked pending."""
-
     def empty(schema: Mapping[str, Any]) -> dict[str, Any]:
         return {k: empty(v) if isinstance(v, dict) else None for k, v in schema.items()}
 
@@ -269,17 +247,8 @@ def config_hash(resolved: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(resolved).encode()).hexdigest()
 
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json")
 
 
 def tokenizer_hashes(tok_dir: Path) -> tuple[Optional[str], Optional[str], dict[str, str]]:
@@ -300,20 +269,10 @@ def tokenizer_hashes(tok_dir: Path) -> tuple[Optional[str], Optional[str], dict[
 
 # ------------------------------------------------------------------------------------ versions
 
-_DISTS = {
-    "align": "align",
-    "transformers": "transformers",
-    "hydra": "hydra-core",
-    "omegaconf": "omegaconf",
-    "bitsandbytes": "bitsandbytes",
-    "torchao": "torchao",
-    "peft": "peft",
-    "wandb": "wandb",
-    "safetensors": "safetensors",
-    "tokenizers": "tokenizers",
-    "numpy": "numpy",
-    "huggingface_hub": "huggingface_hub",
-}
+_DISTS = {"align": "align", "transformers": "transformers", "hydra": "hydra-core", "omegaconf": "omegaconf",
+          "bitsandbytes": "bitsandbytes", "torchao": "torchao", "peft": "peft", "wandb": "wandb",
+          "safetensors": "safetensors", "tokenizers": "tokenizers", "numpy": "numpy",
+          "huggingface_hub": "huggingface_hub"}
 
 
 def versions() -> tuple[dict[str, Any], dict[str, str]]:
@@ -344,17 +303,11 @@ def device_info(device: Any) -> tuple[dict[str, Any], dict[str, str]]:
 
     if getattr(device, "type", str(device)) == "cuda":
         idx = device.index or 0
-        return {
-            "type": "cuda",
-            "name": torch.cuda.get_device_name(idx),
-            "capability": list(torch.cuda.get_device_capability(idx)),
-            "count": torch.cuda.device_count(),
-        }, {}
+        return {"type": "cuda", "name": torch.cuda.get_device_name(idx),
+                "capability": list(torch.cuda.get_device_capability(idx)), "count": torch.cuda.device_count()}, {}
     name = _cpu_name()
-    return (
-        {"type": "cpu", "name": name, "capability": None, "count": os.cpu_count()},
-        {"device.capability": "CPU: a compute capability is a CUDA notion"},
-    )
+    return ({"type": "cpu", "name": name, "capability": None, "count": os.cpu_count()},
+            {"device.capability": "CPU: a compute capability is a CUDA notion"})
 
 
 def _cpu_name() -> str:
@@ -386,13 +339,8 @@ def dynamo_counters() -> tuple[Optional[dict[str, Any]], Optional[str]]:
             "recompiles": None,
             # A frame past dynamo's recompile limit runs eager from then on, silently but for a log line:
             # compiled blocks whose caches had filled ran as eager ones (docs/pitfalls.md#8).
-            "recompile_limit_hits": int(
-                sum(
-                    v
-                    for k, v in counters.get("unimplemented", {}).items()
-                    if str(k).startswith("Dynamo recompile limit exceeded")
-                )
-            ),
+            "recompile_limit_hits": int(sum(v for k, v in counters.get("unimplemented", {}).items()
+                                            if str(k).startswith("Dynamo recompile limit exceeded"))),
         }
         try:  # per-frame compile counts: compiles beyond the first of a frame are recompiles
             from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
@@ -443,9 +391,8 @@ class Manifest:
     # files
     def write(self, status: str) -> None:
         if self.closed:
-            raise RuntimeError(
-                f"{self.path} is complete and read-only; annotate it instead (python -m align.tools.annotate)"
-            )
+            raise RuntimeError(f"{self.path} is complete and read-only; annotate it instead "
+                               "(python -m align.tools.annotate)")
         self.data["status"] = status
         self.data["null_reasons"].pop("status", None)
         if not self.enabled:
@@ -455,34 +402,15 @@ class Manifest:
         tmp.write_text(json.dumps(self.data, indent=2, default=str, sort_keys=False) + "\n")
         os.replace(tmp, self.path)
 
-    def start(
-        self,
-        name: str,
-        argv: list[str],
-        overrides: list[str],
-        resolved: Mapping[str, Any],
-        git: GitState,
-        allow_dirty: bool,
-        redacted: list[str],
-        env: Mapping[str, str],
-        preflight: list[dict],
-    ) -> None:
-        self.update(
-            {
-                "run.name": name,
-                "run.run_dir": str(self.run_dir.resolve()),
-                "run.argv": argv,
-                "run.hydra_overrides": overrides,
-                "run.host": socket.gethostname(),
-                "run.pid": os.getpid(),
-                "run.start_time": now(),
-                "config.resolved": dict(resolved),
-                "config.hash": config_hash(resolved),
-                "env": dict(env),
-                "redacted": list(redacted),
-                "preflight": preflight,
-            }
-        )
+    def start(self, name: str, argv: list[str], overrides: list[str], resolved: Mapping[str, Any],
+              git: GitState, allow_dirty: bool, redacted: list[str], env: Mapping[str, str],
+              preflight: list[dict]) -> None:
+        self.update({
+            "run.name": name, "run.run_dir": str(self.run_dir.resolve()), "run.argv": argv,
+            "run.hydra_overrides": overrides, "run.host": socket.gethostname(), "run.pid": os.getpid(),
+            "run.start_time": now(), "config.resolved": dict(resolved), "config.hash": config_hash(resolved),
+            "env": dict(env), "redacted": list(redacted), "preflight": preflight,
+        })
         self.record_git(git, allow_dirty)
         for path in ("run.end_time", "run.exit_code", "run.exit_reason"):
             self.null(path, "pending: the run has not ended")
@@ -493,9 +421,8 @@ class Manifest:
         for f in ("root", "commit", "describe", "branch", "dirty", "diff_sha256"):
             value = getattr(git, f)
             if value is None:
-                reason = git.reason or {"branch": "detached HEAD", "diff_sha256": "tree is clean: no diff"}.get(
-                    f, "unknown"
-                )
+                why = {"branch": "detached HEAD", "diff_sha256": "tree is clean: no diff"}.get(f, "unknown")
+                reason = git.reason or why
                 self.null(f"git.{f}", reason)
             else:
                 self.set(f"git.{f}", value)
@@ -512,9 +439,8 @@ class Manifest:
         self.update({"run.end_time": now(), "run.exit_code": int(exit_code), "run.exit_reason": reason})
         for path, why in list(self.data["null_reasons"].items()):
             if why.startswith("pending"):
-                self.data["null_reasons"][path] = (
-                    f"not reached: the run ended (exit {exit_code}) before this was recorded"
-                )
+                self.data["null_reasons"][path] = (f"not reached: the run ended (exit {exit_code}) "
+                                                   "before this was recorded")
         self.write("complete")
         self.closed = True
         if self.enabled:
