@@ -181,9 +181,14 @@ def job_override_lists(argv: Sequence[str]) -> tuple[list[list[str]], bool]:
     args = parse_command_line(argv)
     if not args.multirun:
         return [list(args.overrides)], False
-    axes = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
-            else [o.input_line] for o in OverridesParser.create().parse_overrides(args.overrides)]
-    return [list(job) for job in itertools.product(*axes)], True
+    axes: dict[str, list[str]] = {}  # by key, the last one given winning, in Hydra's basic sweeper's order
+    for o in OverridesParser.create().parse_overrides(args.overrides):
+        key = o.get_key_element()
+        if o.is_sweep_override() and not o.is_discrete_sweep():
+            raise ConfigError(key, "the basic sweeper sweeps lists and ranges only (an interval needs a sweeper plugin)")
+        axes[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                     else [f"{key}={o.get_value_element_as_str()}"])
+    return [list(job) for job in itertools.product(*axes.values())], True
 
 
 def job_key(overrides: Sequence[str]) -> tuple[str, ...]:
