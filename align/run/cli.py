@@ -185,7 +185,7 @@ def job_override_lists(argv: Sequence[str]) -> tuple[list[list[str]], bool]:
     for o in OverridesParser.create().parse_overrides(args.overrides):
         key = o.get_key_element()
         if o.is_sweep_override() and not o.is_discrete_sweep():
-            raise ConfigError(key, "the basic sweeper sweeps lists and ranges only (an interval needs a sweeper plugin)")
+            raise ConfigError(key, "the basic sweeper sweeps lists and ranges only (an interval needs a plugin)")
         axes[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
                      else [f"{key}={o.get_value_element_as_str()}"])
     return [list(job) for job in itertools.product(*axes.values())], True
