@@ -14,14 +14,7 @@ from align.config import to_typed
 from align.control.signals import StopSignals
 from align.errors import AlignError
 from align.parallel.launch import rank_overrides, record_exit
-from align.run.cli import (
-    CONF_DIR,
-    absolute_config_path,
-    die,
-    job_preflight,
-    preflight_command_line,
-    wants_hydra_only,
-)
+from align.run.cli import CONF_DIR, absolute_config_path, die, job_preflight, preflight_command_line, wants_hydra_only
 from align.run.record import STAGED_HYDRA, RunRecord, staging_overrides
 
 
@@ -57,10 +50,11 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    sys.argv[1:] = absolute_config_path(sys.argv[1:])  # a replay's `--config-path <run>/.hydra` (docs/provenance.md)
-    if not wants_hydra_only(sys.argv[1:]):
-        preflight_command_line(sys.argv[1:])  # every job, before Hydra creates a run dir
-    sys.argv += rank_overrides() + staging_overrides(sys.argv[1:])  # ranks > 0: no .hydra/; a used run dir: staged
+    argv = absolute_config_path(sys.argv[1:])  # a replay's `--config-path <run>/.hydra` (docs/provenance.md)
+    if not wants_hydra_only(argv):
+        preflight_command_line(argv)  # every job, before Hydra creates a run dir
+    # Hydra reads sys.argv: one edit. Ranks > 0 write no .hydra/; a used run dir stages this attempt's.
+    sys.argv[1:] = argv + rank_overrides() + staging_overrides(argv)
     _hydra_main()
 
 
