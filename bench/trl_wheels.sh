@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The wheels the TRL reference arms (bench/trl_arm.py) need on the offline GPU machine, beside the
-# project's own (../shared/device/wheels.sh: hydra-core, omegaconf, antlr4, transformers): trl,
+# base set (hydra-core, omegaconf, antlr4, transformers; docs/NOTES.md#measuring-on-the-gpu-machine): trl,
 # datasets and the two datasets needs that the GPU image lacks (dill, multiprocess), at the versions
 # installed here, into ./.whl (git-ignored). pyarrow, pandas, xxhash, fsspec, huggingface-hub and
 # accelerate come with the image (bench/gpu_suite.sh prints their versions first). All four are
 # pure-Python wheels, about 1.8 MB together. Run from the project root, on a machine with the registry:
 #
-#   ../shared/device/wheels.sh && bash bench/trl_wheels.sh
+#   bash bench/trl_wheels.sh          # after the base set (docs/NOTES.md#measuring-on-the-gpu-machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl

@@ -213,7 +213,14 @@ def test_options_are_named_after_the_choice_they_make(compose, tmp_path, group):
         typed: TrainConfig = to_typed(compose([f"{group}={f.stem}", *extra]))
         if group == "data" and typed.data.mixture:
             continue  # a mixture names its sources, not data.source
-        assert getattr(getattr(typed, group), SWITCH[group]).value == f.stem, f
+        value = getattr(getattr(typed, group), SWITCH[group]).value
+        # The messages name `group=<value>`: an option of that name must exist and set that value
+        # (an option may also preset more, as data=gsm8k_prompts does for data.source=gsm8k).
+        assert (CONF_DIR / group / f"{value}.yaml").is_file(), f
+        if f.stem != value:
+            path = [f"data.path={tmp_path / 'x.jsonl'}"] if value in ("jsonl", "parquet", "tokens", "preference") else []
+            named = to_typed(compose([f"{group}={value}", *path]))
+            assert getattr(getattr(named, group), SWITCH[group]).value == value, f
 
 
 # ----------------------------------------------------------------- values checked before heavy work
