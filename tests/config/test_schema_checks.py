@@ -206,7 +206,7 @@ def test_options_are_named_after_the_choice_they_make(compose, tmp_path, group):
     """The messages above name `group=<choice>` as the option to compose: true only while each option
     file is named after the value it gives the group's switch field."""
     for f in sorted((CONF_DIR / group).glob("*.yaml")):
-        reads_a_file = group == "data" and f.stem in ("jsonl", "parquet", "tokens", "preference")
+        reads_a_file = group == "data" and f.stem in ("jsonl", "parquet", "tokens", "preference", "jsonl_prompts")
         extra = [f"data.path={tmp_path / 'x.jsonl'}"] if reads_a_file else []
         if group == "data" and f.stem in ("preference", "gsm8k_pairs"):
             extra.append("objective=dpo")
@@ -218,7 +218,8 @@ def test_options_are_named_after_the_choice_they_make(compose, tmp_path, group):
         # (an option may also preset more, as data=gsm8k_prompts does for data.source=gsm8k).
         assert (CONF_DIR / group / f"{value}.yaml").is_file(), f
         if f.stem != value:
-            path = [f"data.path={tmp_path / 'x.jsonl'}"] if value in ("jsonl", "parquet", "tokens", "preference") else []
+            files = ("jsonl", "parquet", "tokens", "preference")
+            path = [f"data.path={tmp_path / 'x.jsonl'}"] if value in files else []
             named = to_typed(compose([f"{group}={value}", *path]))
             assert getattr(getattr(named, group), SWITCH[group]).value == value, f
 
