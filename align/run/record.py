@@ -218,16 +218,21 @@ class RunRecord:
         m.set("objective", d["objective"])
         m.write("built")
         self._gate("mask_probe", trainer.check_masks)
-        self._gate("objective", trainer.check_objective)
+        failed = {**d["objective"], "gate": {"ran": True, "ok": False}}  # the record, with why the gate refused
+        self._gate("objective", trainer.check_objective, failed)
         m.write("built")
         trainer.logger.summary(flat(m.data))
 
-    def _gate(self, key: str, check: Callable[[], dict[str, Any]]) -> None:
-        """Run a gate; its report goes under `key`, or, when it refuses the run, why."""
+    def _gate(self, key: str, check: Callable[[], dict[str, Any]], failed: Optional[dict[str, Any]] = None) -> None:
+        """Run a gate; its report goes under `key`, or, when it refuses the run, why (inside `failed`'s
+        "gate" entry when given, else as the whole value)."""
         try:
             self.manifest.set(key, check())
         except AlignError as e:
-            self.manifest.set(key, {"ok": False, "error": str(e)})
+            if failed is None:
+                self.manifest.set(key, {"ok": False, "error": str(e)})
+            else:
+                self.manifest.set(key, {**failed, "gate": {**failed["gate"], "error": str(e)}})
             raise
 
     def _record_data(self, data: dict[str, Any], sampler: dict[str, Any]) -> None:
