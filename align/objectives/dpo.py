@@ -18,7 +18,6 @@ The step-0 gate (`gate`), before any update, on the first micro-batch this rank 
 
 from __future__ import annotations
 
-import copy
 import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -26,7 +25,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from align.config import ObjectiveConfig, ReferenceDtype, ReferenceKind, TrainConfig
+from align.config import ObjectiveConfig, ReferenceKind, TrainConfig
 from align.data.collate import Batch
 from align.errors import ConfigError
 from align.objectives.gate import GateError, run_gate  # noqa: F401  (GateError: raised by the gate)
@@ -35,21 +34,18 @@ from align.objectives.preference_losses import PairLogps, preference_loss
 from align.objectives.preference_spec import PreferenceLoss
 from align.objectives.reference import (
     AdaptersOff,
-    FrozenCopy,
     Precomputed,
     cache_key,
-    is_adapter,
     load_table,
     model_config_meaning,
     preference_reference,
+    prepare_reference,
     save_table,
-    weights_sha256,
 )
 from align.parallel.env import DistEnv, autocast_dtype
 
 log = logging.getLogger("align")
 
-_DTYPES = {ReferenceDtype.bf16: torch.bfloat16, ReferenceDtype.fp32: torch.float32}
 
 
 class DPO:
@@ -85,17 +81,11 @@ class DPO:
     def prepare(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """Before placement: the reference's identity from the unsharded starting weights, and for
         reference=model the frozen copy, which the trainer places and shards like the policy."""
-        if self.reference_kind is None:
+        self.reference_sha256, frozen = prepare_reference(model, self.reference_kind, self.cfg.reference_dtype)
+        if frozen is None:
             return []
-        base_only = self.reference_kind == ReferenceKind.adapters_off
-        self.reference_sha256 = weights_sha256(model, skip=is_adapter if base_only else (lambda n: False))
-        if self.reference_kind != ReferenceKind.model:
-            return []
-        ref = copy.deepcopy(model)
-        if self.cfg.reference_dtype in _DTYPES:
-            ref.to(_DTYPES[self.cfg.reference_dtype])
-        self.reference = FrozenCopy(ref)
-        return [ref]
+        self.reference = frozen
+        return [frozen.module]
 
     def bind(self, model: torch.nn.Module, forward: Callable[..., torch.Tensor], resuming: bool = False) -> None:
         self.model, self.forward = model, forward

@@ -24,28 +24,30 @@ generated tokens/s beside the update's tokens/s.
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
 
-from align.config import GenerationDtype, ISCorrection, ObjectiveConfig, ReferenceDtype, ReferenceKind, TrainConfig
+from align.config import GenerationDtype, ISCorrection, ObjectiveConfig, ReferenceKind, TrainConfig
 from align.data.collate import Batch
 from align.errors import AlignError
 from align.objectives.advantages import advantages as group_advantages
 from align.objectives.advantages import zero_variance
 from align.objectives.logps import token_logps
 from align.objectives.policy_loss import Aggregation, LossSpec, RatioLevel, k3, policy_loss
-from align.objectives.reference import AdaptersOff, FrozenCopy, is_adapter, kl_reference, weights_sha256
+from align.objectives.reference import (
+    AdaptersOff,
+    kl_reference,
+    prepare_reference,
+)
 from align.objectives.rollout import Rollout, RolloutBatch
 from align.objectives.rollout_stats import Sums, state_sha256
 from align.objectives.router_flips import RouterRecorder, flips, generation_topk
 from align.parallel.env import DistEnv
 from align.rewards import WeightedReward
 
-_DTYPES = {ReferenceDtype.bf16: torch.bfloat16, ReferenceDtype.fp32: torch.float32}
 _GEN_DTYPES = {GenerationDtype.bf16: torch.bfloat16, GenerationDtype.fp32: torch.float32}
 
 
@@ -88,17 +90,11 @@ class GRPO:
         return self.prompts.data, build_prompt_stream(cfg, self.prompts, tokenizer.pad_token_id, env.rank, env.world)
 
     def prepare(self, model: torch.nn.Module) -> list[torch.nn.Module]:
-        if self.reference_kind is None:
+        self.reference_sha256, frozen = prepare_reference(model, self.reference_kind, self.cfg.reference_dtype)
+        if frozen is None:
             return []
-        base_only = self.reference_kind == ReferenceKind.adapters_off
-        self.reference_sha256 = weights_sha256(model, skip=is_adapter if base_only else (lambda n: False))
-        if self.reference_kind != ReferenceKind.model:
-            return []
-        ref = copy.deepcopy(model)
-        if self.cfg.reference_dtype in _DTYPES:
-            ref.to(_DTYPES[self.cfg.reference_dtype])
-        self.reference = FrozenCopy(ref)
-        return [ref]
+        self.reference = frozen
+        return [frozen.module]
 
     def bind(self, model: torch.nn.Module, forward: Callable[..., torch.Tensor], resuming: bool = False) -> None:
         from align.generation import EngineConfig, HFEngine, build_engine

@@ -14,6 +14,7 @@ reference's weights, read from the unsharded model before any update.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from align.config import ReferenceKind, TrainConfig
+from align.config import ReferenceDtype, ReferenceKind, TrainConfig
 from align.errors import ConfigError
 from align.objectives.preference_spec import needs_reference
 
@@ -144,3 +145,22 @@ def kl_reference(cfg: TrainConfig) -> Optional[ReferenceKind]:
     if o.reference == ReferenceKind.adapters_off and not cfg.model.lora.enabled:
         raise ConfigError("objective.reference", "adapters_off needs model.lora.enabled=true", "adapters_off")
     return o.reference
+
+
+_DTYPES = {ReferenceDtype.bf16: torch.bfloat16, ReferenceDtype.fp32: torch.float32}
+
+
+def prepare_reference(model: torch.nn.Module, kind: Optional[ReferenceKind], dtype: ReferenceDtype
+                      ) -> tuple[Optional[str], Optional[FrozenCopy]]:
+    """Before placement, from the unsharded starting weights: the reference's identity (its weights'
+    sha256; the base's alone for adapters_off) and, for reference=model, the frozen copy, which the
+    trainer places and shards like the policy. (None, None) without a reference."""
+    if kind is None:
+        return None, None
+    sha = weights_sha256(model, skip=is_adapter if kind == ReferenceKind.adapters_off else (lambda n: False))
+    if kind != ReferenceKind.model:
+        return sha, None
+    ref = copy.deepcopy(model)
+    if dtype in _DTYPES:
+        ref.to(_DTYPES[dtype])
+    return sha, FrozenCopy(ref)

@@ -21,9 +21,12 @@ SKIP_PREFIXES = ("align/data/assets/", "tests/unit/probes/fixtures/profile_table
 SKIP_SUFFIXES = (".jsonl", ".json", ".parquet", ".png", ".npy", ".safetensors", ".whl")
 
 FORBIDDEN = {
-    "a document kept outside the repo": re.compile(r"LANDMINES|playbook|/work/shared|\.\./shared/|seeds/",
+    # The patterns are assembled from parts so that this file does not match them itself.
+    "a document kept outside the repo": re.compile("|".join(["LAND" + "MINES", "play" + "book", "/work/" + "shared",
+                                                             r"\.\./" + "shared/", "seed" + "s/"]),
                                                    re.IGNORECASE),
-    "work-session history": re.compile(r"next session|earlier session|\b[Ss]ession \d|\b[Rr]ound \d+"),
+    "work-session history": re.compile("|".join(["next " + "session", "earlier " + "session", r"\b[Ss]" + r"ession \d",
+                                                 r"\b[Rr]" + r"ound \d+"])),
     "a page that does not exist": re.compile(r"exit-codes\.md"),
 }
 
