@@ -109,6 +109,8 @@ SCHEMA: dict[str, Any] = {
     "recompile-limit hits (frames left eager)",
     "throughput": "trainer.summary() at the end: steps, tokens, real tokens, ...",
     "preflight": "the pre-launch checklist as run for this config",
+    "serving": "how the export can be served (align.run.serving): verdict, whether vLLM's class was read (`checked`, "
+    "null fields beside `why`), and the training-memory estimate against the device (`viability`)",
     "env": "recorded environment variables (CUDA_*, NCCL_*, TORCH_*, HF_*, WANDB_*, ...; secret-named redacted)",
     "redacted": "names (never values) of config keys, overrides and env vars that were redacted",
     "null_reasons": "{dotted key: why it is null}; every null leaf has one",

@@ -139,6 +139,9 @@ class RunRecord:
         else:
             m.update({"model.preset": cfg.model.preset.value})
             m.null("model.pretrained", "random init from a preset: no checkpoint")
+        from align.run.serving import serving_path
+
+        m.set("serving", serving_path(cfg))
         self._record_files()
         m.write("started")
 

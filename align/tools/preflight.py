@@ -9,6 +9,7 @@ from align.config import TrainConfig, to_typed
 from align.errors import EXIT_CONFIG
 from align.run.cli import validate_command_line
 from align.run.preflight import collect
+from align.run.serving import lines, serving_path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,6 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(report.render(), flush=True)
         if not report.ok:
             code = EXIT_CONFIG
+            print("serving: not stated: the config failed preflight", flush=True)
+            continue
+        print("\n".join(lines(serving_path(typed))), flush=True)
     return code
 
 
