@@ -76,7 +76,14 @@ def tiny_overrides(typed) -> list[str]:
     the CPU: they drop the experiment's model-shape overrides (a null one stays: Hydra cannot delete a
     null), so the harness's code path runs but nothing is measured."""
     drop = [f"~model.overrides.{k}" for k, v in typed.model.overrides.items() if v is not None]
-    return ["model.preset=tiny", *drop, "trainer.device=cpu"]
+    grpo = TINY_GRPO if typed.objective.kind.value == "grpo" else []
+    return ["model.preset=tiny", *drop, "trainer.device=cpu", *grpo]
+
+
+TINY_GRPO = ["objective.prompts_per_rollout=4", "objective.group_size=4", "objective.max_new_tokens=16",
+             "trainer.grad_accum=2", "objective.generation_batch_size=8"]
+"""A GRPO experiment's tiny rollout: 4 prompts x 4 completions of 16 tokens, two micro-batches, two engine
+calls (align's arms and TRL's read the same preset)."""
 
 
 def experiment_config(experiment: str, tiny: bool = False):
@@ -132,6 +139,31 @@ def measurement(arm: str, seconds: float, steps: int, real_tokens: float, tokens
                 counted_flops=counted_flops, useful_flops=useful_flops, peak_mem_gib=peak_mem_gib, **extra)
 
 
+def grpo_measurement(arm: str, step_s: Sequence[float], generation_s: Sequence[float], rollout_s: Sequence[float],
+                     counts: Sequence[dict[str, int]], peak_mem_gib: Optional[float], **extra: Any) -> dict[str, Any]:
+    """The raw numbers of a GRPO arm over its measured steps (one rollout each): wall seconds per step,
+    generation and rollout-phase (generation, scoring, weight sync, extra log-prob passes) seconds, and
+    per rollout its completions (`samples`), completion and prompt tokens and EOS stops."""
+    total = {k: sum(c[k] for c in counts) for k in ("samples", "completion_tokens", "prompt_tokens", "stopped")}
+    real = total["completion_tokens"] + total["prompt_tokens"]
+    return dict(measurement(arm, float(sum(step_s)), len(step_s), real, real, None, None, peak_mem_gib),
+                generation_s=float(sum(generation_s)), rollout_s=float(sum(rollout_s)), **total,
+                step_ms=[round(s * 1000) for s in step_s], **extra)
+
+
+def grpo_rates(m: dict[str, Any]) -> dict[str, Any]:
+    """samples/s (completions per second of the whole step), the generation share of the step, rollout
+    tokens/s (completion tokens per second of generation), update tokens/s (prompt + completion tokens
+    per second of the step outside the rollout phase), mean completion length and EOS-stop fraction."""
+    sec, update = m["seconds"], m["seconds"] - m["rollout_s"]
+    n = m["samples"]
+    return {"samples_per_s": n / sec, "generation_share": m["generation_s"] / sec,
+            "rollout_tokens_per_s": _ratio(m["completion_tokens"], m["generation_s"]),
+            "update_tokens_per_s": _ratio(m["real_tokens"], update if update > 0 else None),
+            "completion_len_mean": m["completion_tokens"] / n if n else None,
+            "stop_frac": m["stopped"] / n if n else None}
+
+
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
         return None
@@ -142,7 +174,7 @@ def summarise(m: dict[str, Any], ceiling_tflops: Optional[float]) -> dict[str, A
     """Rates (pairs/s too when the measurement counts pairs: a DPO arm), padding waste and both MFUs of a
     measurement, against the command's matmul ceiling."""
     sec = m["seconds"]
-    useful_tflops = m["useful_flops"] / sec / 1e12
+    useful_tflops = m["useful_flops"] / sec / 1e12 if m.get("useful_flops") is not None else None
     counted_tflops = m["counted_flops"] / sec / 1e12 if m.get("counted_flops") is not None else None
     pairs = m.get("pairs")
     return {**m, "real_tokens_per_s": m["real_tokens"] / sec, "tokens_per_s": m["tokens"] / sec,
@@ -150,11 +182,15 @@ def summarise(m: dict[str, Any], ceiling_tflops: Optional[float]) -> dict[str, A
             "tokens_per_step": m["tokens"] / m["steps_measured"],
             "padding_waste": 1 - m["real_tokens"] / m["tokens"] if m["tokens"] else 0.0,
             "useful_tflops": useful_tflops, "useful_mfu": _ratio(useful_tflops, ceiling_tflops),
-            "counted_tflops": counted_tflops, "counted_mfu": _ratio(counted_tflops, ceiling_tflops)}
+            "counted_tflops": counted_tflops, "counted_mfu": _ratio(counted_tflops, ceiling_tflops),
+            **(grpo_rates(m) if m.get("samples") is not None else {})}
 
 
 def rate_key(r: dict[str, Any], base: dict[str, Any]) -> str:
-    """What a ratio of two arms compares: pairs/s when both count pairs (DPO arms), else real tokens/s."""
+    """What a ratio of two arms compares: samples/s when both count completions (GRPO arms), pairs/s when
+    both count pairs (DPO arms), else real tokens/s."""
+    if r.get("samples_per_s") is not None and base.get("samples_per_s") is not None:
+        return "samples_per_s"
     both = r.get("pairs_per_s") is not None and base.get("pairs_per_s") is not None
     return "pairs_per_s" if both else "real_tokens_per_s"
 

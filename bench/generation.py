@@ -175,6 +175,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="rows per engine backend call (default: --prompts, one batch); the plain arm takes one batch")
     ap.add_argument("--warmup", type=int, default=1, help="untimed calls per arm (the compiled arm compiles here)")
     ap.add_argument("--calls", type=int, default=2, help="timed calls per arm")
     ap.add_argument("--tiny", action="store_true", help="the tiny preset on the CPU, 4 x 16 prompts, 8 new tokens")
@@ -184,8 +186,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     bad = [x for x in a.arms if x not in ARMS]
     if bad or not a.arms:
         ap.error(f"--arms {','.join(bad)}: accepted: {', '.join(ARMS)}")
-    if min(a.prompts, a.prompt_tokens, a.new_tokens, a.warmup, a.calls) < 1:
-        ap.error("--prompts, --prompt-tokens, --new-tokens, --warmup and --calls must be >= 1")
+    if min(a.prompts, a.prompt_tokens, a.new_tokens, a.warmup, a.calls, a.batch_size or 1) < 1:
+        ap.error("--prompts, --prompt-tokens, --new-tokens, --batch-size, --warmup and --calls must be >= 1")
     if a.tiny:
         a.prompts, a.prompt_tokens, a.new_tokens = min(a.prompts, 4), min(a.prompt_tokens, 16), min(a.new_tokens, 8)
     return a
@@ -207,7 +209,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     model = build_model(typed.model, typed.attention, tok, device, init_on_device=True).model.to(device).eval()
     prompts = bench_prompts(tok, a.prompts, a.prompt_tokens)
     pad, eos = tok.pad_token_id, [tok.eos_token_id]
-    setup = {"prompts": a.prompts, "prompt_tokens": a.prompt_tokens, "max_new_tokens": a.new_tokens,
+    setup = {"prompts": a.prompts, "batch_size": a.batch_size or a.prompts, "prompt_tokens": a.prompt_tokens,
+             "max_new_tokens": a.new_tokens,
              "warmup": a.warmup, "calls": a.calls, "device": torch.cuda.get_device_name() if device.type == "cuda"
              else "cpu", "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
              "experiment": EXPERIMENT, "torch": torch.__version__}
@@ -217,7 +220,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             results.append({"arm": name, "error": "not run: mode=compiled needs CUDA"})
             continue
         call = plain_generate(model, pad, eos, a.new_tokens) if name == BASELINE else \
-            engine_generate(model, name.removeprefix("engine_"), pad, eos, a.new_tokens, a.prompts)
+            engine_generate(model, name.removeprefix("engine_"), pad, eos, a.new_tokens, a.batch_size or a.prompts)
         results.append(run_arm(name, call, prompts, a.warmup, a.calls, device))
         print(json.dumps({k: v for k, v in results[-1].items() if k != "engine"}), flush=True)
     add_ratios(results)

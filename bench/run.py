@@ -44,7 +44,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench import hf_arm, trl_arm  # noqa: E402
+from bench import grpo_rows, hf_arm, trl_arm, trl_grpo  # noqa: E402
 from bench.common import (  # noqa: E402
     add_ratios,
     bimodal_lengths,
@@ -67,8 +67,9 @@ LAUNCHER = ROOT / "launchers" / "torchrun.sh"
 ROWS_FILE = "rows.jsonl"
 DATA_FILES = (ROWS_FILE, PAIRS_FILE, PAIR_ROWS_FILE)
 """The files the harness writes; an arm's experiment names one of them as its data.path."""
-REFERENCE_MODULES = {**{a: hf_arm for a in hf_arm.REFERENCE_ARMS}, **{a: trl_arm for a in trl_arm.REFERENCE_ARMS}}
-REFERENCE_ARMS = {**hf_arm.REFERENCE_ARMS, **trl_arm.REFERENCE_ARMS}
+REFERENCE_MODULES = {**{a: hf_arm for a in hf_arm.REFERENCE_ARMS}, **{a: trl_arm for a in trl_arm.REFERENCE_ARMS},
+                     **{a: trl_grpo for a in trl_grpo.REFERENCE_ARMS}}
+REFERENCE_ARMS = {**hf_arm.REFERENCE_ARMS, **trl_arm.REFERENCE_ARMS, **trl_grpo.REFERENCE_ARMS}
 """reference arm -> the align experiment whose model it builds."""
 
 
@@ -87,7 +88,7 @@ class Arm:
     vocab: int = 0
     """Rows drawn for this command must stay below every arm's vocabulary."""
     data_file: str = ROWS_FILE
-    """Which of DATA_FILES the arm reads (written under $OUT)."""
+    """Which of DATA_FILES the arm reads (written under $OUT); "" for a bundled source (GRPO's GSM8K prompts)."""
     typed: Any = None
 
 
@@ -117,13 +118,17 @@ def align_overrides(arm: Arm, a: argparse.Namespace, out: Path) -> list[str]:
     wrote, its cache dir, its step count, and with --tiny the CPU-sized preset."""
     experiment = [f"experiment={arm.experiment}"]
     own = _typed_or_die(arm, experiment)
+    tiny = tiny_overrides(own) if a.tiny else []
+    steps = [f"trainer.max_steps={a.steps}"] if a.steps is not None else []
+    if not own.data.path and own.data.source:  # a bundled data set (GRPO's prompts): nothing to write
+        arm.data_file = ""
+        return [*experiment, f"data.cache_dir={out / 'cache'}", "allow_dirty=true", *steps, *tiny]
     arm.data_file = Path(own.data.path or "").name
     if arm.data_file not in DATA_FILES:
         die(f"{arm.name} (experiment={arm.experiment}): data.path={own.data.path} names no file the harness writes; "
-            f"accepted: outputs/bench/<one of {', '.join(DATA_FILES)}>")
-    tiny = tiny_overrides(own) if a.tiny else []
+            f"accepted: outputs/bench/<one of {', '.join(DATA_FILES)}>, or a bundled data.source with no data.path")
     return [*experiment, f"data.path={out / arm.data_file}", f"data.cache_dir={out / 'cache'}", "allow_dirty=true",
-            *([f"trainer.max_steps={a.steps}"] if a.steps is not None else []), *tiny]
+            *steps, *tiny]
 
 
 def _typed_or_die(arm: Arm, overrides: list[str]):
@@ -157,10 +162,11 @@ def plan_reference(arm: Arm, a: argparse.Namespace, out: Path) -> Arm:
     module = REFERENCE_MODULES[arm.name]
     arm.typed = experiment_config(REFERENCE_ARMS[arm.name], a.tiny)
     arm.run_dir = out / "runs" / arm.name
-    arm.data_file = module.DATA_FILE
+    arm.data_file = module.DATA_FILE or ""
+    data = [module.DATA_FLAG, str(out / arm.data_file)] if module.DATA_FILE else []
     arm.cmd = [sys.executable, str(Path(module.__file__).resolve()), "--arm", arm.name, "--steps", str(a.hf_steps),
-               "--warmup", str(a.hf_warmup), module.DATA_FLAG, str(out / arm.data_file),
-               "--out", str(arm.run_dir / "measurement.json"), *(["--tiny"] if a.tiny else [])]
+               "--warmup", str(a.hf_warmup), *data, "--out", str(arm.run_dir / "measurement.json"),
+               *(["--tiny"] if a.tiny else [])]
     arm.vocab = hf_config(arm.typed).vocab_size
     return arm
 
@@ -287,6 +293,8 @@ def run_arm(arm: Arm, a: argparse.Namespace, out: Path, env: dict, data: Data,
         return {"arm": arm.name, "error": f"exit {rc}: {last_words(log)} (log: {log})"}
     if arm.experiment is None:
         return json.loads((arm.run_dir / "measurement.json").read_text())
+    if grpo_rows.is_grpo(arm.typed):
+        return grpo_rows.read_grpo_run(arm.name, arm.run_dir, a.warmup, arm.gpus)
     return read_align_run(arm, a.warmup, useful_flops_per_token(model_flops(arm.typed), data.lengths[arm.data_file]))
 
 
@@ -295,9 +303,16 @@ def notes(r: dict[str, Any]) -> str:
         return r["error"]
     parts = [f"{k}={r[k]}" for k in ("reference", "attn", "experts", "optimizer_step") if r.get(k)]
     trl = r.get("trl") or {}
-    if trl:
+    if trl.get("generation_batch_size") is not None:  # GRPOTrainer's rollout shape and generation backend
+        parts.append(f"TRL {trl.get('version')}, {trl['generation_batch_size']} completions per step in "
+                     f"{trl.get('gradient_accumulation_steps')} x {trl.get('per_device_train_batch_size')}, "
+                     f"use_vllm={trl.get('use_vllm')}, gradient_checkpointing={trl.get('gradient_checkpointing')}")
+    elif trl:
         parts.append(f"TRL {trl.get('version')}, precompute_ref_log_probs={trl.get('precompute_ref_log_probs')}, "
                      f"gradient_checkpointing={trl.get('gradient_checkpointing')}")
+    engine = r.get("engine") or {}
+    if engine.get("mode"):
+        parts.append(f"engine mode={engine['mode']}, batch {engine.get('batch_size')}")
     dyn = r.get("dynamo") or {}
     if dyn:
         parts.append(f"recompiles={dyn.get('recompiles')}, graph_breaks={dyn.get('graph_breaks')}")
@@ -313,6 +328,16 @@ def _fmt(v: Optional[float], spec: str) -> str:
 
 
 def table(results: list[dict[str, Any]], ceiling: Optional[float], baselines: Sequence[str]) -> str:
+    """The command's table; GRPO arms (they count completions) in a table of their own below it."""
+    grpo = [r for r in results if r.get("samples_per_s") is not None or r.get("grpo")]
+    rest = [r for r in results if r not in grpo]
+    parts = [_table(rest, ceiling, baselines)] if rest or not grpo else []
+    if grpo:
+        parts.append(grpo_rows.table(grpo, baselines, notes))
+    return "\n\n".join(parts)
+
+
+def _table(results: list[dict[str, Any]], ceiling: Optional[float], baselines: Sequence[str]) -> str:
     pairs = any(r.get("pairs_per_s") is not None for r in results)
     head = ["arm", *(["pairs/s"] if pairs else []), "real tok/s", "tok/s", "padding waste", "tokens/step",
             "useful MFU", "counted MFU", "peak GiB", *[f"vs {b}" for b in baselines], "notes"]
@@ -366,6 +391,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds from the command's start: no arm starts after it, a running arm is killed at it "
                          "(both recorded as errors); the table is written either way")
+    ap.add_argument("--engine-eval", action="store_true",
+                    help="after the arms, measure the generation engine's eval throughput (bench/generation.py) at "
+                         "each align GRPO arm's rollout shape, for its `vs engine eval` column")
     ap.add_argument("--tiny", action="store_true", help="every arm's tiny preset on the CPU: checks the harness, "
                                                         "measures nothing")
     a = ap.parse_args(argv)
@@ -389,7 +417,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         die("name at least one arm (python bench/run.py --list)")
     out = Path(os.environ.get("OUT", "outputs/bench")).resolve()
     arms = plan(a.arms, a, out)
-    if any(x.data_file != ROWS_FILE for x in arms):
+    if any(x.data_file in (PAIRS_FILE, PAIR_ROWS_FILE) for x in arms):
         try:
             check_count(a.pairs, len(gsm8k_triples()))
         except ValueError as e:
@@ -421,6 +449,8 @@ def measure(arm: Arm, a: argparse.Namespace, out: Path, env: dict, data: Data, c
     except (RuntimeError, OSError, KeyError, ValueError) as e:  # one arm's unreadable output, not the command's
         m = {"arm": arm.name, "error": f"{type(e).__name__}: {e}"}
     r = m if "error" in m else summarise(m, ceiling)
+    if grpo_rows.is_grpo(arm.typed):
+        r["grpo"] = True  # its row goes to the GRPO table, measured or not
     r.update(command=shlex.join(arm.cmd), wall_s=round(time.time() - t0, 1))
     return r
 
@@ -428,9 +458,24 @@ def measure(arm: Arm, a: argparse.Namespace, out: Path, env: dict, data: Data, c
 def progress(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{r['arm']}: {r['error']}"
+    if r.get("samples_per_s") is not None:
+        return (f"{r['arm']}: {r['samples_per_s']:,.1f} samples/s, generation {r['generation_share']:.0%} of the "
+                f"step, peak {_fmt(r['peak_mem_gib'], '.1f')} GiB ({r['wall_s']:.0f}s)")
     pairs = f"{r['pairs_per_s']:,.1f} pairs/s, " if r.get("pairs_per_s") is not None else ""
     return (f"{r['arm']}: {pairs}{r['real_tokens_per_s']:,.0f} real tok/s, waste {r['padding_waste']:.1%}, "
             f"peak {_fmt(r['peak_mem_gib'], '.1f')} GiB ({r['wall_s']:.0f}s)")
+
+
+def engine_evals(arms: list[Arm], results: list[dict[str, Any]], a: argparse.Namespace, out: Path, env: dict) -> None:
+    """The engine's eval throughput at each align GRPO arm's rollout shape, once per shape, inside the deadline."""
+    shapes = grpo_rows.engine_shapes(arms)
+    done: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for shape in dict.fromkeys(shapes.values()):
+        left = remaining(a)
+        done[shape] = ({"error": f"not run: --deadline {a.deadline:.0f}s had passed"} if left is not None and left <= 0
+                       else grpo_rows.engine_eval(shape, out, a.tiny, env, left, run_logged))
+        print(f"engine eval {shape}: {done[shape]}", flush=True)
+    grpo_rows.add_engine_ratios(results, {name: done[shape] for name, shape in shapes.items()})
 
 
 def execute(arms: list[Arm], a: argparse.Namespace, out: Path) -> int:
@@ -448,6 +493,8 @@ def execute(arms: list[Arm], a: argparse.Namespace, out: Path) -> int:
         (out / f"{arm.name}.json").write_text(json.dumps(_clean(r), indent=1))
         print(progress(r), flush=True)
     add_ratios(results, a.baseline)
+    if a.engine_eval:
+        engine_evals(arms, results, a, out, env)
     md = table(results, ceiling, a.baseline)
     print(md)
     (out / "bench.md").write_text(md + "\n")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The wheels the TRL reference arms (bench/trl_arm.py) need on the offline GPU machine, beside the
+# The wheels the TRL reference arms (bench/trl_arm.py; bench/trl_grpo.py imports nothing more) need on the
+# offline GPU machine, beside the
 # base set (hydra-core, omegaconf, antlr4, transformers; docs/NOTES.md#measuring-on-the-gpu-machine): trl,
 # datasets and the two datasets needs that the GPU image lacks (dill, multiprocess), at the versions
 # installed here, into ./.whl (git-ignored). pyarrow, pandas, xxhash, fsspec, huggingface-hub and
