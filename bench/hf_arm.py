@@ -105,7 +105,7 @@ def right_pad(features, pad_id=0):
 
 def trainer_arm(arm: str, typed, rows_file: Path, steps: int, warmup: int) -> dict:
     """HF Trainer over the bench rows (or ceiling rows), fp32 weights under bf16 autocast, fused AdamW,
-    clip 1.0, constant lr: the dense experiment's optimizer settings."""
+    clip 1.0, constant lr (align's arms decay it on a cosine; a schedule does not change step time)."""
     from transformers import DataCollatorWithFlattening, Trainer, TrainerCallback, TrainingArguments
 
     from align.run.signatures import check_kwargs
