@@ -135,7 +135,9 @@ class Trainer:
         check_token_ids(data, model)
         compiled = compile_blocks(model, cfg.trainer.compile_dynamic) if cfg.trainer.compile else None
         parallel = parallelize(model, cfg.parallel, env)
-        for module in extra:
+        for module in extra:  # a frozen reference runs the policy's forward, so it compiles alike
+            if cfg.trainer.compile:
+                compile_blocks(module, cfg.trainer.compile_dynamic)
             parallelize(module.to(env.device), cfg.parallel, env)
         model.train()
 

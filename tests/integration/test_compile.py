@@ -131,3 +131,22 @@ def test_token_ids_outside_a_per_layer_embedding_vocabulary_are_refused(tmp_path
     with pytest.raises(ConfigError, match="embed_tokens_per_layer"):
         build_trainer(tmp_path, "model=gemma4", "data=tokens", f"data.path={rows}", f"data.cache_dir={tmp_path / 'c'}",
                       "+model.overrides.vocab_size=1024", "+model.overrides.vocab_size_per_layer_input=512")
+
+
+def test_a_frozen_reference_compiles_like_the_policy(tmp_path, monkeypatch):
+    """DPO's frozen copy runs the same blocks as the policy on the same rows: left eager under
+    trainer.compile it was a second, uncompiled forward of every step."""
+    import functools
+
+    import torch._dynamo
+
+    import align.parallel.compile as comp
+    import align.trainer
+
+    monkeypatch.setattr(align.trainer, "compile_blocks", functools.partial(comp.compile_blocks, backend="eager"))
+    torch._dynamo.reset()
+    t = build_trainer(tmp_path, "objective=dpo", "data=gsm8k_pairs", "objective.reference=model",
+                      "trainer.compile=true", "trainer.max_steps=2", "trainer.export=false", "data.max_records=16")
+    frozen = t.objective.reference.module
+    assert all(getattr(b, "_compiled_call_impl", None) is not None for b in frozen.model.layers)
+    assert t.fit() == 0
