@@ -24,7 +24,15 @@ from typing import Any, Optional
 
 import torch
 
-from align.config import ModelConfig, OptimizerName, TrainConfig
+from align.config import (
+    ModelConfig,
+    ObjectiveKind,
+    OptimizerName,
+    ReferenceDtype,
+    ReferenceKind,
+    SamplerKind,
+    TrainConfig,
+)
 from align.models.registry import FAMILIES, MoEShape, ParamCount, count_params
 
 GiB = 1024**3
@@ -60,6 +68,13 @@ def meta_model(cfg: ModelConfig):
 
 @dataclass
 class MemoryEstimate:
+    """Bytes of a training step's peak. `activations`: what the decoder layers keep for backward;
+    `logits`: the LM head's output and the loss's fp32 copies (one chunk under a chunked loss);
+    `reference`: a frozen reference copy. Gradients are freed at every optimizer step
+    (`zero_grad(set_to_none=True)`), so with one micro-batch per step they are allocated in backward
+    as the activations are freed and the peak holds the larger of the two; under accumulation the
+    gradients of the earlier micro-batches are held through the later ones' forward."""
+
     params: ParamCount
     tokens_per_micro_batch: int
     weights: int
@@ -68,10 +83,15 @@ class MemoryEstimate:
     activations: int
     device: str
     device_bytes: Optional[int]
+    logits: int = 0
+    reference: int = 0
+    grads_accumulate: bool = False
 
     @property
     def total(self) -> int:
-        return self.weights + self.grads + self.optimizer + self.activations
+        working = self.activations + self.logits
+        held = working + self.grads if self.grads_accumulate else max(working, self.grads)
+        return self.weights + self.optimizer + self.reference + held
 
     @property
     def fits(self) -> Optional[bool]:
@@ -84,10 +104,12 @@ class MemoryEstimate:
         p = self.params
         act = f", {p.active / 1e9:.3f}B active" if p.active != p.total else ""
         dev = "unknown" if self.device_bytes is None else f"{self.device_bytes / GiB:.1f} GiB"
+        ref = f", reference {self.reference / GiB:.1f}" if self.reference else ""
         return (f"params {p.total / 1e9:.3f}B{act}, {p.trainable / 1e9:.3f}B trainable; training memory ~"
-                f"{self.total / GiB:.1f} GiB (weights {self.weights / GiB:.1f}, grads {self.grads / GiB:.1f}, "
-                f"optimizer {self.optimizer / GiB:.1f}, activations {self.activations / GiB:.1f} at "
-                f"{self.tokens_per_micro_batch} tokens) vs {self.device} {dev}")
+                f"{self.total / GiB:.1f} GiB at peak (weights {self.weights / GiB:.1f}, grads {self.grads / GiB:.1f}, "
+                f"optimizer {self.optimizer / GiB:.1f}{ref}, activations {self.activations / GiB:.1f} and logits "
+                f"{self.logits / GiB:.1f} at {self.tokens_per_micro_batch} tokens per micro-batch) "
+                f"vs {self.device} {dev}")
 
 
 def _nbytes(dtype: Optional[str]) -> int:
@@ -130,18 +152,92 @@ def device_memory(device: torch.device) -> Optional[int]:
     return None
 
 
-def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1) -> MemoryEstimate:
-    """`shards`: how many ranks share weights, grads and optimizer state (FSDP); 1 = replicated."""
-    from align.models.lora import discover_targets
+def tokens_per_micro_batch(cfg: TrainConfig) -> int:
+    """The most tokens (padding included) one forward of the run holds, as its batching cuts them.
+    sft and dpo go through the sampler: under sampler=budget `max_tokens` bounds rows x padded width (a
+    dpo pair counts both its sides); shuffle and bucket take `micro_batch_size` rows (dpo: pairs, two
+    sequences each) at `data.max_seq_len`, the worst case. grpo forwards its rollout's completions,
+    cut into `updates_per_rollout x trainer.grad_accum` micro-batches, each at most `data.max_seq_len`."""
+    o = cfg.objective
+    if o.kind == ObjectiveKind.grpo:
+        seqs = -(-o.prompts_per_rollout * o.group_size // (o.updates_per_rollout * cfg.trainer.grad_accum))
+        return seqs * cfg.data.max_seq_len
+    if cfg.sampler.kind == SamplerKind.budget and cfg.sampler.max_tokens is not None:
+        return cfg.sampler.max_tokens
+    rows = cfg.sampler.micro_batch_size * (2 if o.kind == ObjectiveKind.dpo else 1)
+    return rows * cfg.data.max_seq_len
 
+
+def logits_bytes(cfg: TrainConfig, tokens: int, vocab: int, softcap: Optional[float], compute_bytes: int) -> int:
+    """The LM head's output in the compute dtype plus the loss's fp32 upcast, log-softmax and gradient
+    (and, under a final logit soft-cap, its division and tanh: two fp32 copies more), over the tokens
+    one loss call holds: all of them, or under `trainer.loss_chunk_tokens > 0` one chunk (the chunked
+    loss recomputes each chunk's logits in backward instead of keeping them)."""
+    chunk = cfg.trainer.loss_chunk_tokens
+    held = min(tokens, chunk) if chunk > 0 else tokens
+    return held * vocab * (compute_bytes + 3 * 4 + (2 * 4 if softcap else 0))
+
+
+def layer_activation_bytes(cfg: TrainConfig, model: torch.nn.Module, config: Any, moe: Optional[MoEShape],
+                           tokens: int, compute_bytes: int) -> int:
+    """What the decoder layers keep for backward at `tokens`: every layer's saved tensors, or under
+    activation checkpointing only the inputs of the checkpointed blocks (the fraction the config asks)
+    plus the full activations of the one block being recomputed."""
+    layers = max(config.num_hidden_layers, 1)
+    all_layers = activation_elements_per_token(model, moe) * compute_bytes * tokens
+    if not cfg.parallel.activation_checkpointing:
+        return all_layers
+    from align.parallel.wrap import checkpointed_indices
+
+    per_layer = all_layers // layers
+    k = len(checkpointed_indices(layers, cfg.parallel.activation_checkpointing_fraction))
+    return k * config.hidden_size * compute_bytes * tokens + (layers - k) * per_layer + per_layer
+
+
+def reference_bytes(cfg: TrainConfig, params: int, wbytes: int) -> int:
+    """A frozen copy of the policy (dpo, grpo with `objective.reference=model`) in its dtype; the other
+    references (the LoRA base with adapters off, precomputed log-probs, none) hold no second copy."""
+    from align.objectives.reference import kl_reference, preference_reference
+
+    o = cfg.objective
+    if o.kind == ObjectiveKind.sft:
+        return 0
+    kind = preference_reference(cfg) if o.kind == ObjectiveKind.dpo else kl_reference(cfg)
+    if kind != ReferenceKind.model:
+        return 0
+    return params * {ReferenceDtype.bf16: 2, ReferenceDtype.fp32: 4}.get(o.reference_dtype, wbytes)
+
+
+def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1) -> MemoryEstimate:
+    """`shards`: how many ranks share weights, grads and optimizer state (FSDP); 1 = replicated.
+    Works from the config alone: the model is built on the meta device."""
     spec = FAMILIES[cfg.model.family]
     model, config = meta_model(cfg.model)
     moe = spec.moe_shape(config)
     wbytes = _nbytes(cfg.model.dtype)
+    counts, weights, grads, optimizer = _states(cfg, model, moe, wbytes)
+    tokens = tokens_per_micro_batch(cfg)
+    compute_bytes = 2 if (device.type == "cuda" and cfg.trainer.precision.value != "fp32") else wbytes
+    acts = layer_activation_bytes(cfg, model, config, moe, tokens, compute_bytes)
+    logits = logits_bytes(cfg, tokens, config.vocab_size, getattr(config, "final_logit_softcapping", None),
+                          compute_bytes)
+    ref = reference_bytes(cfg, counts.total, wbytes)
+    s = max(1, shards)
+    return MemoryEstimate(counts, tokens, weights // s, grads // s, optimizer // s, acts, str(device),
+                          device_memory(device), logits=logits, reference=ref // s,
+                          grads_accumulate=cfg.trainer.grad_accum > 1)
+
+
+def _states(cfg: TrainConfig, model: torch.nn.Module, moe: Optional[MoEShape], wbytes: int
+            ) -> tuple[ParamCount, int, int, int]:
+    """Parameter counts and the bytes of weights, grads and optimizer state. Under LoRA the base is
+    frozen in `model.dtype` (4-bit NF4 linears for QLoRA) and only the adapters, fp32 under a bf16
+    base as peft makes them, have grads and AdamW state."""
+    from align.models.lora import discover_targets
+
     lora = cfg.model.lora
     if lora.enabled:
-        targets = discover_targets(model)
-        trainable = targets.lora_params(lora.r)
+        trainable = discover_targets(model).lora_params(lora.r)
         counts = count_params(model, moe, trainable=trainable)
         if lora.qlora:
             linear = sum(m.weight.numel() for n, m in model.named_modules()
@@ -156,20 +252,4 @@ def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1) -> 
         weights = counts.total * wbytes
         grads, state_bytes = trainable * wbytes, wbytes
     optimizer = trainable * (2 if cfg.optimizer.name == OptimizerName.adamw8bit else 2 * state_bytes)
-
-    tokens = cfg.sampler.micro_batch_size * cfg.data.max_seq_len
-    compute_bytes = 2 if (device.type == "cuda" and cfg.trainer.precision.value != "fp32") else wbytes
-    layers = config.num_hidden_layers
-    all_layers = activation_elements_per_token(model, moe) * compute_bytes * tokens
-    if cfg.parallel.activation_checkpointing:  # recomputed blocks keep their inputs, one is recomputed at a time
-        from align.parallel.wrap import checkpointed_indices
-
-        per_layer = all_layers // max(layers, 1)
-        k = len(checkpointed_indices(layers, cfg.parallel.activation_checkpointing_fraction))
-        acts = k * config.hidden_size * compute_bytes * tokens + (layers - k) * per_layer + per_layer
-    else:
-        acts = all_layers
-    acts += tokens * config.vocab_size * (compute_bytes + 4 + 4 + 4)  # logits, fp32 copy, softmax, grad
-    s = max(1, shards)
-    return MemoryEstimate(counts, tokens, weights // s, grads // s, optimizer // s, acts, str(device),
-                          device_memory(device))
+    return counts, weights, grads, optimizer

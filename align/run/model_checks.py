@@ -79,8 +79,9 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
     est = estimate_memory(cfg, device, shards=shards)
     if est.fits is False and not m.allow_over_memory:
         yield Check("config", "params and memory", Status.failed,
-                    f"the training-memory estimate does not fit: {est.line()}; shrink the micro-batch/sequence, enable "
-                    "activation checkpointing, use LoRA, or set model.allow_over_memory=true",
+                    f"the training-memory estimate does not fit: {est.line()}; shrink sampler.max_tokens or the "
+                    "micro-batch/sequence, enable activation checkpointing or trainer.loss_chunk_tokens, use LoRA, "
+                    "or set model.allow_over_memory=true",
                     "model.allow_over_memory")
     elif est.fits is False:
         yield Check("config", "params and memory", Status.warned, est.line() + " (allowed by model.allow_over_memory)")

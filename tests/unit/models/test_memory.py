@@ -71,3 +71,41 @@ def test_preflight_refuses_a_config_that_cannot_fit_unless_allowed(compose, monk
                               "sampler.micro_batch_size=1"))
     line = [c for c in fits if c.name == "params and memory"][0].detail
     assert "6.919B" in line and "1.28" in line and "active" in line
+
+
+def test_tokens_per_micro_batch_follow_the_batching_that_runs(compose):
+    from align.models.memory import tokens_per_micro_batch
+
+    def tokens(*ov):
+        return tokens_per_micro_batch(_cfg(compose, "data.max_seq_len=512", *ov))
+
+    assert tokens("sampler.micro_batch_size=4") == 4 * 512  # shuffle / bucket: the padded worst case
+    assert tokens("sampler=budget", "sampler.max_tokens=3000") == 3000  # rows x padded width <= the budget
+    assert tokens("objective=dpo", "sampler.micro_batch_size=4") == 2 * 4 * 512  # pairs: both sides
+    assert tokens("objective=dpo", "sampler=budget", "sampler.max_tokens=3000") == 3000  # a pair unit holds both
+    # grpo: 16 x 16 completions cut into 2 updates x 4 micro-batches -> 32 sequences of at most max_seq_len
+    assert tokens("objective=grpo", "objective.updates_per_rollout=2", "trainer.grad_accum=4") == 32 * 512
+
+
+def test_accumulated_grads_and_a_frozen_reference_copy_add_to_the_peak(compose):
+    cpu = torch.device("cpu")
+    one = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full"), cpu)
+    four = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "trainer.grad_accum=4"), cpu)
+    assert one.total == one.weights + one.optimizer + max(one.activations + one.logits, one.grads)
+    assert four.total == one.total - max(one.activations + one.logits, one.grads) + one.activations + one.logits \
+        + one.grads  # the earlier micro-batches' grads are held through the later forwards
+    dpo = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "objective=dpo",
+                               "objective.reference=model", "objective.reference_dtype=bf16"), cpu)
+    assert dpo.reference == one.params.total * 2
+    off = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "objective=dpo",
+                               "model.lora.enabled=true"), cpu)
+    assert off.reference == 0  # adapters off: the base is the reference, no second copy
+
+
+def test_a_chunked_loss_holds_one_chunk_of_logits(compose):
+    cpu = torch.device("cpu")
+    full = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "sampler.micro_batch_size=2"), cpu)
+    chunk = estimate_memory(_cfg(compose, "model=mistral", "model.preset=full", "sampler.micro_batch_size=2",
+                                 "trainer.loss_chunk_tokens=1024"), cpu)
+    assert chunk.logits * full.tokens_per_micro_batch == full.logits * 1024
+    assert chunk.activations == full.activations

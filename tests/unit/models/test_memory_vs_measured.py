@@ -1,0 +1,102 @@
+"""The training-memory estimate held against peaks measured on the GPU: every row composes a documented
+config, estimates it on the CPU from the config alone (the model is built on the meta device, nothing at
+full size) and must land within +-25% of the measured `torch.cuda.max_memory_allocated`. A config that
+fits is then not refused, and one that does not is refused by preflight before anything is loaded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from align.config import to_typed
+from align.errors import ConfigError
+from align.models import memory
+from align.models.memory import GiB, estimate_memory
+
+GEMMA4_26B_LORA = ["model=gemma4_moe", "model.preset=full", "model.dtype=bfloat16", "model.init_on_device=true",
+                   "model.lora.enabled=true", "parallel.activation_checkpointing=true",
+                   "trainer.loss_chunk_tokens=4096", "sampler=budget", "sampler.max_tokens=8192",
+                   "sampler.mask_padding=false", "sampler.bucket_size=100000", "data=tokens", "data.path=rows.jsonl",
+                   "data.max_seq_len=4096", "trainer.export=false"]
+
+# Measured peaks (GiB, torch.cuda.max_memory_allocated), one NVIDIA H200, torch 2.11.0+cu130, transformers 5.24.0.
+# Source: docs/performance.md, each row's section and the commit of the command that measured it; the
+# estimate-vs-measured table there (section "The memory estimate against measured peaks") lists the same rows.
+MEASURED = [
+    # "The table (2026-11-30, one command, code at commit dcf697f)": the dense bench
+    ("dense_best", ["experiment=bench/dense_best"], 46.6),
+    ("dense_eager", ["experiment=bench/dense_eager"], 62.8),
+    ("dense_shuffle", ["experiment=bench/dense_shuffle"], 85.8),
+    ("dense_bucket", ["experiment=bench/dense_bucket"], 65.1),
+    # same section, the command at d964e04
+    ("dense_best_32k", ["experiment=bench/dense_best_32k"], 58.3),
+    # "MoE: OLMoE-1B-7B at full size": "Compiled blocks (2026-11-30)" at dcf697f
+    ("moe_step_fill", ["experiment=bench/moe_step_fill"], 72.5),
+    ("moe_fast", ["experiment=bench/moe_fast"], 65.9),
+    ("moe_ac_32k_quarter", ["experiment=bench/moe_ac_32k_quarter"], 120.0),
+    ("moe_ac_32k_fast", ["experiment=bench/moe_ac_32k_fast"], 102.0),
+    # same table at d65fc09
+    ("moe_ac_32k_half_fast", ["experiment=bench/moe_ac_32k_half_fast"], 83.6),
+    # "Optimizer levers, eager blocks (2026-11-30)" at d2efc11
+    ("moe_compiled_accum4", ["experiment=bench/moe_compiled_accum4"], 85.9),
+    ("moe_ac_32k", ["experiment=bench/moe_ac_32k"], 60.3),
+    # "The first MoE table (2026-11-30)" at 6617ac1 / 6512622
+    ("moe_step_8k", ["experiment=bench/moe_step_8k"], 69.3),
+    # "Large vocabularies (2026-11-30, code at b29b5cb)": Gemma-4 small, 262,144-token vocabulary
+    ("vocab_full_logits", ["experiment=bench/vocab_full_logits"], 84.9),
+    ("vocab_chunked", ["experiment=bench/vocab_chunked"], 30.4),
+    # "The memory estimate against measured peaks": Gemma-4 26B-A4B LoRA SFT, 2026-12-01
+    ("gemma4_26b_lora_budget8k", GEMMA4_26B_LORA, 65.0),
+]
+H200_BYTES = 143_771 * 1024**2  # the device's total memory as docs/performance.md records it
+
+
+def _cfg(compose, *ov: str):
+    return to_typed(compose(["allow_dirty=true", *ov]))
+
+
+@pytest.mark.parametrize("name,overrides,peak_gib", MEASURED, ids=[r[0] for r in MEASURED])
+def test_estimate_is_within_25_percent_of_the_measured_peak(compose, name, overrides, peak_gib):
+    cfg = _cfg(compose, *overrides)
+    est = estimate_memory(cfg, torch.device("cuda"))  # arithmetic only: no CUDA needed
+    ratio = est.total / GiB / peak_gib
+    assert 0.75 <= ratio <= 1.25, f"{name}: estimate {est.total / GiB:.1f} GiB vs measured {peak_gib} GiB " \
+                                  f"({ratio:.2f}x): {est.line()}"
+    # it ran on an H200, so preflight must let it start there without the override
+    assert not cfg.model.allow_over_memory and est.total <= H200_BYTES, est.line()
+
+
+def _gemma(rows, max_tokens: int) -> list[str]:
+    swap = {"sampler.max_tokens": f"sampler.max_tokens={max_tokens}", "data.path": f"data.path={rows}"}
+    return [swap.get(o.split("=")[0], o) for o in GEMMA4_26B_LORA]
+
+
+@pytest.fixture
+def rows(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"input_ids": [1, 2, 3]}\n')
+    return path
+
+
+def test_the_gemma4_26b_lora_config_fits_an_h200_without_the_override(compose, monkeypatch, rows):
+    from align.run.preflight import run_preflight
+
+    monkeypatch.setattr(memory, "device_memory", lambda device: H200_BYTES)
+    cfg = _cfg(compose, *_gemma(rows, 8192))
+    assert not cfg.model.allow_over_memory
+    line = [c for c in run_preflight(cfg) if c.name == "params and memory"][0].detail
+    assert "8192 tokens per micro-batch" in line and "allowed by" not in line, line
+
+
+def test_a_config_that_cannot_fit_is_refused_before_load_in_one_line(compose, monkeypatch, capsys, rows):
+    from align.run.cli import preflight_command_line
+    from align.run.preflight import run_preflight
+
+    monkeypatch.setattr(memory, "device_memory", lambda device: H200_BYTES)
+    big = _gemma(rows, 262144)
+    with pytest.raises(ConfigError, match=r"model.allow_over_memory: the training-memory estimate does not fit"):
+        run_preflight(_cfg(compose, *big))
+    with pytest.raises(SystemExit) as e:  # what `python -m align.train` runs before Hydra makes a run dir
+        preflight_command_line(["allow_dirty=true", *big])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "model.allow_over_memory" in err, err
