@@ -194,3 +194,56 @@ def test_non_finite_losses_halt_a_grpo_run_with_exit_81(tmp_path):
     assert halt["step"] == 3
     rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     assert [r["skipped"] for r in rows] == [True, True, True] and all("reward/mean" in r for r in rows)
+
+
+# ------------------------------------------------------------------------ sampler=budget over ranks
+# Rank 0's completions end after one token, rank 1's run to max_new_tokens: the budget cuts rank 0's shorter
+# sequences into fewer micro-batches, and every rank must still run as many forwards (FSDP's are collective).
+
+BUDGET = ["objective=grpo", "logger=none", "trainer.device=cpu", "trainer.export=false", "parallel=fsdp",
+          "objective.group_size=4", "objective.prompts_per_rollout=4", "trainer.max_steps=2", "data.max_records=200",
+          "parallel.pg_timeout_s=60", "sampler=budget", "sampler.max_tokens=64"]
+
+
+def record_cuts(trainer, rank: int) -> None:
+    stop_at_once_on_rank0(trainer, rank)
+    obj, log = trainer.objective, []
+    out = Path(trainer.run_dir) / f"rank{rank}" / "cuts.json"
+    agree, next_window = obj._agree_counts, obj.next_window
+
+    def spy_agree(counts):
+        agreed = agree(counts)
+        log.append({"local": list(counts), "agreed": list(agreed)})
+        return agreed
+
+    def spy_window(batches, n, device):
+        window = next_window(batches, n, device)
+        log.append({"window": len(window), "sizes": [b.n_seq for b in window]})
+        out.write_text(json.dumps(log))
+        return window
+
+    obj._agree_counts, obj.next_window = spy_agree, spy_window
+
+
+def fit_budget(rank: int, world: int, run_dir: str, overrides: list[str]) -> int:
+    from tests.integration.distributed import fit
+
+    return fit(rank, world, run_dir, overrides, hook=record_cuts)
+
+
+def test_fsdp_ranks_agree_on_the_budget_micro_batch_count(tmp_path):
+    from tests.integration.distributed import history, run
+
+    codes = run(fit_budget, 2, str(tmp_path), BUDGET, timeout=300)
+    assert codes == [0, 0]
+    logs = [json.loads((tmp_path / f"rank{r}" / "cuts.json").read_text()) for r in range(2)]
+    cuts = [[e for e in log if "agreed" in e] for log in logs]
+    windows = [[e for e in log if "window" in e] for log in logs]
+    assert len(cuts[0]) == len(cuts[1]) == 2 and len(windows[0]) == len(windows[1]) == 2
+    for a, b in zip(*cuts):
+        assert a["agreed"] == b["agreed"] == [max(x, y) for x, y in zip(a["local"], b["local"])]
+    assert any(a["local"] != b["local"] for a, b in zip(*cuts)), cuts  # the evening-out was exercised
+    for log_w, log_c in zip(windows, cuts):
+        assert [w["window"] for w in log_w] == [c["agreed"][0] for c in log_c]
+        assert all(min(w["sizes"]) >= 1 and sum(w["sizes"]) == 16 for w in log_w)
+    assert len(history(tmp_path)) == 2
