@@ -17,12 +17,15 @@ def _mean(xs):
 
 
 @pytest.mark.slow
-def test_the_embedded_default_learns_the_addition_task(tmp_path):
+@pytest.mark.parametrize("sampler", [[], ["sampler=budget", "sampler.max_tokens=512", "sampler.packed=true"]],
+                         ids=["shuffle", "budget"])
+def test_the_embedded_default_learns_the_addition_task(tmp_path, sampler):
     """`python -m align.train objective=grpo` as typed: the tiny random-init model's mean reward rises
     clearly from its first steps (where almost no completion scores) within the default run. A flipped
-    advantage sign (the policy pushed away from what scored) fails this test."""
+    advantage sign (the policy pushed away from what scored) fails this test. sampler=budget: the same,
+    each step's completions packed into several micro-batches of at most 512 tokens."""
     run_dir = tmp_path / "run"
-    p = run_cli("align.train", "objective=grpo", f"hydra.run.dir={run_dir}", "allow_dirty=true")
+    p = run_cli("align.train", "objective=grpo", f"hydra.run.dir={run_dir}", "allow_dirty=true", *sampler)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 41))
@@ -37,6 +40,26 @@ def test_the_embedded_default_learns_the_addition_task(tmp_path):
     loss = manifest["model"]["extra"]["loss"]
     assert loss["kind"] == "grpo" and loss["is_correction"] == "none" and manifest["data"]["source"] == "add"
     assert (run_dir / "export" / "model.safetensors").is_file()
+
+
+def test_a_budget_run_completes_and_records_its_micro_batches(tmp_path):
+    """sampler=budget under objective=grpo through the CLI: several budget micro-batches per step, two
+    updates per rollout, exit 0; trainer.grad_accum set beside it is one line, exit 2, before any work."""
+    run_dir = tmp_path / "run"
+    common = ["objective=grpo", "objective.group_size=4", "objective.prompts_per_rollout=4", "trainer.export=false",
+              "logger=none", "allow_dirty=true", "sampler=budget", "sampler.max_tokens=64"]
+    p = run_cli("align.train", *common, "objective.updates_per_rollout=2", "trainer.max_steps=3",
+                f"hydra.run.dir={run_dir}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["real_tokens"] > 64 for r in rows)  # a step holds more than one budget: it was cut
+    p = run_cli("align.train", *common, "trainer.grad_accum=2", f"hydra.run.dir={tmp_path / 'refused'}")
+    assert p.returncode == 2
+    errors = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("align: error: trainer.grad_accum: ignored by objective=grpo "
+                                                     "with sampler=budget"), errors
+    assert not (tmp_path / "refused").exists()
 
 
 def test_a_reference_the_reward_cannot_read_exits_2_naming_file_and_line(tmp_path):
