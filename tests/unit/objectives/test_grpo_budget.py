@@ -181,3 +181,11 @@ def test_the_engine_generates_under_the_trainers_autocast(tmp_path):
             with ctx():
                 on = torch.is_autocast_enabled("cpu")
                 assert on == (want is not None) and (not on or torch.get_autocast_dtype("cpu") == want), precision
+
+
+def test_a_budget_cut_survives_the_buffers_checkpoint_round_trip():
+    r = _rollout([3, 9, 4, 12, 5, 7, 6, 8])
+    r.cut_budget(2, _budget(24), agree=lambda counts: [c + 1 for c in counts])
+    back = Rollout.from_state_dict(r.state_dict())
+    assert [[p.tolist() for p in s] for s in back.parts] == [[p.tolist() for p in s] for s in r.parts]
+    assert back.misfit(back.parts[0], 1, _budget(24)) is None
