@@ -123,14 +123,24 @@ class TrainConfig:
             f"{self.parallel.kind.value}): sharded weights generate in place",
             self.objective.generation_dtype.value,
         )
+        budget = self.sampler.kind == SamplerKind.budget
         _require(
-            self.sampler.kind == SamplerKind.shuffle,
+            self.sampler.kind == SamplerKind.shuffle or budget,
             "sampler.kind",
-            "objective=grpo cuts each step's completions into trainer.grad_accum micro-batches itself: "
-            "the sampler's kind does not apply; leave sampler=shuffle",
+            "objective=grpo cuts each step's completions itself: sampler=shuffle (trainer.grad_accum "
+            "micro-batches) or sampler=budget (micro-batches within sampler.max_tokens)",
             self.sampler.kind.value,
         )
-        need = self.trainer.grad_accum * self.objective.updates_per_rollout
+        if budget:
+            longest = -(-self.data.max_seq_len // self.sampler.pad_to_multiple_of) * self.sampler.pad_to_multiple_of
+            _require(
+                self.sampler.max_tokens >= longest,
+                "sampler.max_tokens",
+                f"must hold the longest prompt + completion under objective=grpo: data.max_seq_len "
+                f"({longest} tokens after padding to a multiple of {self.sampler.pad_to_multiple_of})",
+                self.sampler.max_tokens,
+            )
+        need = (1 if budget else self.trainer.grad_accum) * self.objective.updates_per_rollout
         sequences = self.objective.prompts_per_rollout * self.objective.group_size
         _require(
             sequences >= need,
@@ -148,6 +158,11 @@ class TrainConfig:
                 "ignored by sampler=budget (rows per micro-batch follow "
                 "sampler.max_tokens); it is read by sampler=shuffle, sampler=bucket"
             )
+        if self.sampler.kind == SamplerKind.budget and self.objective.kind == ObjectiveKind.grpo:
+            why = "ignored by objective=grpo with sampler=budget"
+            out["trainer.grad_accum"] = (f"{why} (micro-batches per step follow sampler.max_tokens); "
+                                         "it is read by sampler=shuffle")
+            out["sampler.bucket_size"] = f"{why} (a step's completions are sorted by length as one bucket)"
         if self.parallel.kind == ParallelKind.ep and not self.model.pretrained:
             out["model.init_on_device"] = "ignored by parallel=ep; it is read by parallel=single, parallel=fsdp"
         return out

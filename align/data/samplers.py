@@ -225,16 +225,25 @@ class BudgetSampler(BucketSampler):
         return {"bucket_size": self.bucket_size, "max_tokens": self.max_tokens}
 
     def cut(self, rows: np.ndarray) -> list[np.ndarray]:
-        plen = padded_len(self.lengths[rows], self.pad_to_multiple_of).tolist()
-        cuts: list[int] = []
-        n_rows, width, total = 0, 0, 0
-        for i, n in enumerate(plen):
-            w, t = max(width, n), total + n
-            if n_rows and (t if self.packed else w * (n_rows + 1)) > self.max_tokens:
-                cuts.append(i)
-                n_rows, w, t = 0, n, n
-            n_rows, width, total = n_rows + 1, w, t
-        return np.split(rows, cuts) if len(rows) else []
+        return budget_cut(rows, self.lengths, self.max_tokens, self.pad_to_multiple_of, self.packed)
+
+
+def budget_cut(rows: np.ndarray, lengths: np.ndarray, max_tokens: int, pad_to_multiple_of: int = 1,
+               packed: bool = False) -> list[np.ndarray]:
+    """`rows` in their order, cut into runs of neighbours that each take rows while rows x padded length
+    (packed: the sum of the padded row lengths) stays <= `max_tokens`; a row longer than the budget
+    alone is a micro-batch of its own (callers refuse such a budget first). Shared by the budget
+    sampler and GRPO's rollout micro-batches (align/objectives/rollout.py)."""
+    plen = padded_len(np.asarray(lengths)[rows], pad_to_multiple_of).tolist()
+    cuts: list[int] = []
+    n_rows, width, total = 0, 0, 0
+    for i, n in enumerate(plen):
+        w, t = max(width, n), total + n
+        if n_rows and (t if packed else w * (n_rows + 1)) > max_tokens:
+            cuts.append(i)
+            n_rows, w, t = 0, n, n
+        n_rows, width, total = n_rows + 1, w, t
+    return np.split(rows, cuts) if len(rows) else []
 
 
 def build_sampler(cfg: SamplerConfig, lengths: np.ndarray, seed: int, rank: int = 0, world: int = 1,

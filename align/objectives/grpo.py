@@ -4,7 +4,8 @@ Through the objective seam, without a loop of its own: `next_window`, asked for 
 micro-batches, generates a rollout when the last one is used up (the next batch of prompts from the
 resumable prompt stream, `group_size` completions each from the engine, scored by the reward
 registry, advantages per group), then serves it part by part: `updates_per_rollout` optimizer steps,
-each `trainer.grad_accum` micro-batches of whole completions. `micro_loss` is the policy loss summed
+each `trainer.grad_accum` micro-batches of whole completions (sampler=budget: length-sorted micro-batches
+within `sampler.max_tokens`, as many on every rank). `micro_loss` is the policy loss summed
 over its units (align/objectives/policy_loss.py), `weight` the unit count.
 
 Rollouts that cannot lie: before the first update of a rollout the trainer's log-probs of its tokens
@@ -30,7 +31,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from align.config import GenerationDtype, ISCorrection, ObjectiveConfig, ReferenceKind, TrainConfig
+from align.config import GenerationDtype, ISCorrection, ObjectiveConfig, ReferenceKind, SamplerKind, TrainConfig
 from align.data.collate import Batch
 from align.errors import AlignError
 from align.objectives.advantages import advantages as group_advantages
@@ -45,7 +46,7 @@ from align.objectives.reference import (
 from align.objectives.rollout import Rollout, RolloutBatch
 from align.objectives.rollout_stats import Sums, state_sha256
 from align.objectives.router_flips import RouterRecorder, flips, generation_topk
-from align.parallel.env import DistEnv
+from align.parallel.env import DistEnv, autocast_dtype
 from align.rewards import WeightedReward
 
 _GEN_DTYPES = {GenerationDtype.bf16: torch.bfloat16, GenerationDtype.fp32: torch.float32}
@@ -101,9 +102,11 @@ class GRPO:
 
         self.model, self.forward = model, forward
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.device = next(model.parameters()).device
         # The engine generates under the trainer's autocast, so both sides compute in the same precision.
-        owner = getattr(forward, "__self__", None)
-        self.autocast: Callable[[], Any] = getattr(owner, "autocast", contextlib.nullcontext)
+        dtype, kind = autocast_dtype(self.train_cfg.trainer.precision, self.device.type), self.device.type
+        self.autocast: Callable[[], Any] = (contextlib.nullcontext if dtype is None
+                                            else lambda: torch.autocast(kind, dtype=dtype))
         if self.reference_kind == ReferenceKind.adapters_off:
             self.reference = AdaptersOff(model)
         # Sharded weights make every decode step collective: ranks decode until all have finished.
@@ -113,7 +116,6 @@ class GRPO:
             self.engine = build_engine(ecfg, model, **kw)
         else:
             self.engine = HFEngine.copy_of(model, ecfg, dtype=_GEN_DTYPES[self.cfg.generation_dtype], **kw)
-        self.device = next(model.parameters()).device
         from align.models.registry import FAMILIES
 
         taps = FAMILIES[self.train_cfg.model.family].router_taps
@@ -197,6 +199,12 @@ class GRPO:
             return flag
         return bool(self.env.all_reduce_sum(torch.tensor([float(flag)], device=self.device)).item() > 0)
 
+    def _agree_counts(self, counts: list[int]) -> list[int]:
+        """Micro-batches per part that every rank runs: the max over ranks."""
+        if self.env is None or not self.env.distributed:
+            return counts
+        return [int(c) for c in self.env.all_reduce_max(torch.tensor(counts, device=self.device)).tolist()]
+
     def _groups(self, batches: Iterator[Batch]) -> tuple[list[dict[str, Any]], dict[str, float]]:
         """The rollout's groups (one dict per prompt), replacing zero-variance ones by later rounds' groups
         when `dynamic_sampling` (every rank runs the same number of rounds: generation is collective under FSDP)."""
@@ -246,7 +254,10 @@ class GRPO:
             stopped=np.array([o.finish_reason.value == "stop" for *_, o in seqs]))
         if self.router_gen is not None and all(g["topk"] is not None for g in groups):
             r.router_topk = torch.cat([t for g in groups for t in g["topk"]], dim=1)
-        r.cut(self.cfg.updates_per_rollout, micro)
+        if self.train_cfg.sampler.kind == SamplerKind.budget:
+            r.cut_budget(self.cfg.updates_per_rollout, self.train_cfg.sampler, self._agree_counts)
+        else:
+            r.cut(self.cfg.updates_per_rollout, micro)
         r.meta = {"weights_sha256": weights, "groups": len(groups),
                   "zero_variance_groups": int(zero_variance(rewards).sum()), **stats}
         self.rollout, self.rollouts = r, self.rollouts + 1
@@ -331,9 +342,9 @@ class GRPO:
             self._new_rollout(batches, n)
         r = self.rollout
         part = r.parts[r.served]
-        if len(part) != n:
-            raise AlignError(f"rollout {r.index} was cut into {len(part)} micro-batches per step, the trainer asks "
-                             f"for {n}: trainer.grad_accum changed mid-rollout")
+        why = r.misfit(part, n, self.train_cfg.sampler)
+        if why:
+            raise AlignError(f"rollout {r.index}'s step {r.served + 1} {why}")
         r.served += 1
         return [self._batch(seqs, with_old=r.old_logps is not None).to(device) for seqs in part]
 

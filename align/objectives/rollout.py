@@ -2,6 +2,10 @@
 the micro-batches of the optimizer steps that replay it.
 
 Sequence s of a rollout is prompt `rows[s]` (a row of the prompt data) followed by its completion.
+Each optimizer step replays a part of it: `cut` makes `trainer.grad_accum` micro-batches of about as many
+sequences (sampler=shuffle), `cut_budget` micro-batches of length-sorted neighbours within
+`sampler.max_tokens` (sampler=budget), as many on every rank. The loss is a sum over whole sequences per
+micro-batch divided by the step's global unit count, so no cut changes the step's gradient.
 The micro-batches are collated by align/data/collate.py from an `EncodedDataset` of the rollout whose
 loss tokens are the completion tokens, so packing (`sampler.packed`: one row, positions restart per
 sequence, no mask, no cache) and padding behave exactly as for SFT and never attend across sequences.
@@ -17,13 +21,15 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
+from align.config import SamplerConfig, SamplerKind
 from align.data.collate import IGNORE, Batch, collate
 from align.data.encode import EncodedDataset
+from align.data.samplers import batch_shapes, budget_cut
 
 
 @dataclass
@@ -71,6 +77,23 @@ def _b64(a: np.ndarray) -> dict[str, Any]:
 
 def _unb64(d: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(base64.b64decode(d["data"]), dtype=np.dtype(d["dtype"])).copy()
+
+
+def split_to(batches: list[np.ndarray], count: int, lengths: np.ndarray, pad_to_multiple_of: int = 1,
+             packed: bool = False) -> list[np.ndarray]:
+    """`batches` as `count` micro-batches: the one computing the most tokens (of those holding more than
+    one row) is halved, in order, until there are `count`. Halves of a budget micro-batch fit the
+    budget; no micro-batch comes out empty (a count above the rows is refused)."""
+    out = list(batches)
+    if count > sum(len(b) for b in out):
+        raise ValueError(f"{count} micro-batches cannot be cut from {sum(len(b) for b in out)} rows")
+    while len(out) < count:
+        computed, _ = batch_shapes(out, lengths, pad_to_multiple_of, packed)
+        computed[[len(b) < 2 for b in out]] = -1
+        i = int(np.argmax(computed))
+        half = (len(out[i]) + 1) // 2
+        out[i:i + 1] = [out[i][:half], out[i][half:]]
+    return out
 
 
 @dataclass
@@ -135,6 +158,35 @@ class Rollout:
         order = np.arange(self.size)
         steps = np.array_split(order, updates)
         self.parts = [np.array_split(step, micro) for step in steps]
+
+    def cut_budget(self, updates: int, sampler: SamplerConfig,
+                   agree: Callable[[list[int]], list[int]] = lambda counts: counts) -> None:
+        """Split the rollout into `updates` parts in sequence order (as `cut`), then each part, sorted by
+        length so that neighbours share a padded length, into micro-batches within `sampler.max_tokens`
+        (the budget sampler's own cut). `agree` maps this rank's micro-batch count per part to the count
+        every rank runs (the max over ranks: under FSDP every forward is collective); a part with fewer
+        is evened out by halving its largest micro-batches."""
+        lengths = np.diff(self.offsets)
+        mult, packed = sampler.pad_to_multiple_of, sampler.packed
+        parts = []
+        for step in np.array_split(np.arange(self.size), updates):
+            ordered = step[np.argsort(lengths[step], kind="stable")]
+            parts.append(budget_cut(ordered, lengths, sampler.max_tokens, mult, packed))
+        counts = agree([len(p) for p in parts])
+        self.parts = [split_to(p, int(c), lengths, mult, packed) for p, c in zip(parts, counts)]
+
+    def misfit(self, part: list[np.ndarray], micro: int, sampler: SamplerConfig) -> Optional[str]:
+        """Why the trainer cannot take `part` as cut (a config changed mid-rollout), or None."""
+        if sampler.kind != SamplerKind.budget:
+            if len(part) == micro:
+                return None
+            return (f"cut into {len(part)} micro-batches per step, the trainer asks for {micro}: "
+                    "trainer.grad_accum changed mid-rollout")
+        computed, _ = batch_shapes(part, np.diff(self.offsets), sampler.pad_to_multiple_of, sampler.packed)
+        if computed.max() <= sampler.max_tokens:
+            return None
+        return (f"has a micro-batch of {int(computed.max())} tokens, over sampler.max_tokens={sampler.max_tokens}: "
+                "the sampler changed mid-rollout")
 
     def batch(self, seqs: np.ndarray, pad_id: int, pad_to_multiple_of: int, packed: bool, mask_padding: bool,
               with_old: bool, data: Optional[EncodedDataset] = None) -> RolloutBatch:

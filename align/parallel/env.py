@@ -38,6 +38,12 @@ class DistEnv:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
+    def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
+        """The elementwise max of `t` over ranks, in place (a no-op in one process)."""
+        if self.distributed:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t
+
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()

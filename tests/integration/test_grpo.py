@@ -17,12 +17,15 @@ def _mean(xs):
 
 
 @pytest.mark.slow
-def test_the_embedded_default_learns_the_addition_task(tmp_path):
+@pytest.mark.parametrize("sampler", [[], ["sampler=budget", "sampler.max_tokens=512", "sampler.packed=true"]],
+                         ids=["shuffle", "budget"])
+def test_the_embedded_default_learns_the_addition_task(tmp_path, sampler):
     """`python -m align.train objective=grpo` as typed: the tiny random-init model's mean reward rises
     clearly from its first steps (where almost no completion scores) within the default run. A flipped
-    advantage sign (the policy pushed away from what scored) fails this test."""
+    advantage sign (the policy pushed away from what scored) fails this test. sampler=budget: the same,
+    each step's completions packed into several micro-batches of at most 512 tokens."""
     run_dir = tmp_path / "run"
-    p = run_cli("align.train", "objective=grpo", f"hydra.run.dir={run_dir}", "allow_dirty=true")
+    p = run_cli("align.train", "objective=grpo", f"hydra.run.dir={run_dir}", "allow_dirty=true", *sampler)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 41))
@@ -37,6 +40,26 @@ def test_the_embedded_default_learns_the_addition_task(tmp_path):
     loss = manifest["model"]["extra"]["loss"]
     assert loss["kind"] == "grpo" and loss["is_correction"] == "none" and manifest["data"]["source"] == "add"
     assert (run_dir / "export" / "model.safetensors").is_file()
+
+
+def test_a_budget_run_completes_and_records_its_micro_batches(tmp_path):
+    """sampler=budget under objective=grpo through the CLI: several budget micro-batches per step, two
+    updates per rollout, exit 0; trainer.grad_accum set beside it is one line, exit 2, before any work."""
+    run_dir = tmp_path / "run"
+    common = ["objective=grpo", "objective.group_size=4", "objective.prompts_per_rollout=4", "trainer.export=false",
+              "logger=none", "allow_dirty=true", "sampler=budget", "sampler.max_tokens=64"]
+    p = run_cli("align.train", *common, "objective.updates_per_rollout=2", "trainer.max_steps=3",
+                f"hydra.run.dir={run_dir}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["real_tokens"] > 64 for r in rows)  # a step holds more than one budget: it was cut
+    p = run_cli("align.train", *common, "trainer.grad_accum=2", f"hydra.run.dir={tmp_path / 'refused'}")
+    assert p.returncode == 2
+    errors = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("align: error: trainer.grad_accum: ignored by objective=grpo "
+                                                     "with sampler=budget"), errors
+    assert not (tmp_path / "refused").exists()
 
 
 def test_a_reference_the_reward_cannot_read_exits_2_naming_file_and_line(tmp_path):
@@ -194,3 +217,56 @@ def test_non_finite_losses_halt_a_grpo_run_with_exit_81(tmp_path):
     assert halt["step"] == 3
     rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     assert [r["skipped"] for r in rows] == [True, True, True] and all("reward/mean" in r for r in rows)
+
+
+# ------------------------------------------------------------------------ sampler=budget over ranks
+# Rank 0's completions end after one token, rank 1's run to max_new_tokens: the budget cuts rank 0's shorter
+# sequences into fewer micro-batches, and every rank must still run as many forwards (FSDP's are collective).
+
+BUDGET = ["objective=grpo", "logger=none", "trainer.device=cpu", "trainer.export=false", "parallel=fsdp",
+          "objective.group_size=4", "objective.prompts_per_rollout=4", "trainer.max_steps=2", "data.max_records=200",
+          "parallel.pg_timeout_s=60", "sampler=budget", "sampler.max_tokens=64"]
+
+
+def record_cuts(trainer, rank: int) -> None:
+    stop_at_once_on_rank0(trainer, rank)
+    obj, log = trainer.objective, []
+    out = Path(trainer.run_dir) / f"rank{rank}" / "cuts.json"
+    agree, next_window = obj._agree_counts, obj.next_window
+
+    def spy_agree(counts):
+        agreed = agree(counts)
+        log.append({"local": list(counts), "agreed": list(agreed)})
+        return agreed
+
+    def spy_window(batches, n, device):
+        window = next_window(batches, n, device)
+        log.append({"window": len(window), "sizes": [b.n_seq for b in window]})
+        out.write_text(json.dumps(log))
+        return window
+
+    obj._agree_counts, obj.next_window = spy_agree, spy_window
+
+
+def fit_budget(rank: int, world: int, run_dir: str, overrides: list[str]) -> int:
+    from tests.integration.distributed import fit
+
+    return fit(rank, world, run_dir, overrides, hook=record_cuts)
+
+
+def test_fsdp_ranks_agree_on_the_budget_micro_batch_count(tmp_path):
+    from tests.integration.distributed import history, run
+
+    codes = run(fit_budget, 2, str(tmp_path), BUDGET, timeout=300)
+    assert codes == [0, 0]
+    logs = [json.loads((tmp_path / f"rank{r}" / "cuts.json").read_text()) for r in range(2)]
+    cuts = [[e for e in log if "agreed" in e] for log in logs]
+    windows = [[e for e in log if "window" in e] for log in logs]
+    assert len(cuts[0]) == len(cuts[1]) == 2 and len(windows[0]) == len(windows[1]) == 2
+    for a, b in zip(*cuts):
+        assert a["agreed"] == b["agreed"] == [max(x, y) for x, y in zip(a["local"], b["local"])]
+    assert any(a["local"] != b["local"] for a, b in zip(*cuts)), cuts  # the evening-out was exercised
+    for log_w, log_c in zip(windows, cuts):
+        assert [w["window"] for w in log_w] == [c["agreed"][0] for c in log_c]
+        assert all(min(w["sizes"]) >= 1 and sum(w["sizes"]) == 16 for w in log_w)
+    assert len(history(tmp_path)) == 2

@@ -77,11 +77,23 @@ BAD = [
     (["objective.kl_coef=0.1", "objective.reference=none"], "objective.reference", "needs a reference"),
     (["reward=none"], "reward.weights", "needs a reward"),
     (["data.truncation=truncate"], "data.truncation", "refuses to cut prompts"),
-    (["sampler=bucket"], "sampler.kind", "leave sampler=shuffle"),
+    (["sampler=bucket"], "sampler.kind", "sampler=shuffle (trainer.grad_accum micro-batches) or sampler=budget"),
+    (["sampler=budget", "sampler.max_tokens=63"], "sampler.max_tokens", "data.max_seq_len (64 tokens"),
+    (["sampler=budget", "sampler.max_tokens=64", "sampler.pad_to_multiple_of=48"], "sampler.max_tokens",
+     "(96 tokens after padding"),
+    (["sampler=budget", "trainer.grad_accum=2"], "trainer.grad_accum", "ignored by objective=grpo with sampler=budget"),
+    (["sampler=budget", "sampler.bucket_size=8"], "sampler.bucket_size", "sorted by length as one bucket"),
     (["objective.prompts_per_rollout=1", "objective.group_size=2", "trainer.grad_accum=4"],
      "objective.prompts_per_rollout", "must fill"),
     (["data.max_seq_len=8", "objective.max_new_tokens=8"], "data.max_seq_len", "must exceed"),
 ]
+
+
+def test_sampler_budget_composes_under_grpo_and_needs_no_grad_accum(compose):
+    cfg = to_typed(compose(["objective=grpo", "sampler=budget", "sampler.max_tokens=64", "sampler.packed=true",
+                            "objective.prompts_per_rollout=1", "objective.group_size=2",
+                            "objective.updates_per_rollout=2"]))
+    assert cfg.sampler.kind.value == "budget" and cfg.trainer.grad_accum == 1
 
 
 @pytest.mark.parametrize("overrides,key,what", BAD, ids=[b[1] + ":" + b[0][0] for b in BAD])
