@@ -30,6 +30,7 @@ from align.data.loader import BatchStream
 from align.data.stats import sampler_stats
 from align.data.tokenizer import load_tokenizer
 from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, ConfigError, NonFiniteHalt, StopRequested
+from align.evaluation.schedule import TrainingEval
 from align.models import build_model
 from align.models.attention import sdpa_priority
 from align.models.build import resolved_backends, token_id_tables
@@ -106,6 +107,8 @@ class Trainer:
     """perf_counter() when fit() started: history's `elapsed_s` counts from here."""
     t_boundary: Optional[float] = None
     """perf_counter() at the last step boundary; None: the next step times from its own start."""
+    evals: Optional[TrainingEval] = None
+    """The in-training eval (`eval=... trainer.eval_every=N`, align/evaluation/schedule.py); None: none."""
 
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None,
@@ -153,6 +156,7 @@ class Trainer:
                       objective=objective)
         objective.bind(model, trainer.forward, resuming=bool(resume))
         info["loss"] = objective.describe()["loss"]
+        trainer.evals = TrainingEval.build(cfg, env, tokenizer)
         if resume:
             trainer.restore(resume)
         name = cfg.name or run_dir.name
@@ -285,6 +289,8 @@ class Trainer:
         with self.stop, contextlib.closing(progress):  # a signal only flags a stop; the boundary acts on it
             while self.state.step < cfg.max_steps:
                 metrics, verdict = self.train_step(batches)
+                if self.evals is not None and not verdict.stop and self.evals.due(self.state.step):
+                    metrics.update(self.evaluate())  # into this step's row; a stop skips it (time is short)
                 with record_function("align.log"):  # phases name the host's work in a profile (align.probes.gaps)
                     self.log(metrics)
                     progress.update(metrics["step"], metrics["loss"], metrics["tokens_per_s"])
@@ -301,6 +307,14 @@ class Trainer:
         if cfg.export:
             export_model(self.model, self.tokenizer, self.run_dir / "export", self.env)
         return self.finish(EXIT_OK)
+
+    def evaluate(self) -> dict[str, Any]:
+        """The in-training eval on every rank (collective); its time is not the next step's."""
+        self.stepper.sync()  # the step's parameters may still be written on a side stream
+        with record_function("align.eval"):
+            out = self.evals.run(self.model, self.autocast)
+        self.t_boundary = None
+        return out
 
     def forward(self, inputs: dict[str, Any], hidden_only: bool = False,
                 module: Optional[torch.nn.Module] = None) -> torch.Tensor:
@@ -427,8 +441,8 @@ class Trainer:
         s = self.state
         return {"steps": s.step, "tokens": s.tokens, "real_tokens": s.real_tokens, "loss_tokens": s.loss_tokens,
                 "clipped_steps": s.clipped_steps, "skipped_steps": s.skips.total, **self.model_info,
-                **self.throughput.summary(),
-                **self.stream.stats.summary()}
+                **self.throughput.summary(), **self.stream.stats.summary(),
+                **(self.evals.summary(time.perf_counter() - self.t_start) if self.evals is not None else {})}
 
 
 # ------------------------------------------------------------------------------------ build helpers

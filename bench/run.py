@@ -256,7 +256,19 @@ def read_align_run(arm: Arm, warmup: int, useful_per_token: float) -> dict[str, 
         alloc_retries=rows[-1].get("mem_alloc_retries"), attn=model.get("attn_implementation_resolved"),
         experts=model.get("experts_implementation_resolved"), optimizer=extra.get("optimizer_impl"),
         optimizer_step=(extra.get("optimizer_step") or {}).get("kind"), dynamo=prov.get("dynamo"),
+        **eval_cost(prov, rows),
         **({"pairs": sum(pairs) / arm.gpus, "reference": reference} if None not in pairs else {}))
+
+
+def eval_cost(prov: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """An arm with the in-training eval: its total seconds, share of the run's wall time, and its rate
+    (every eval step's samples/s); nothing for an arm without one."""
+    ev = (prov.get("throughput") or {}).get("eval")
+    if not ev:
+        return {}
+    rates = [r["eval/samples_per_s"] for r in rows if r.get("eval/samples_per_s") is not None]
+    return {"eval_seconds": ev["seconds"], "eval_count": ev["count"], "eval_share": ev["eval_share"],
+            "eval_samples_per_s": rates}
 
 
 def run_logged(cmd: list[str], log: Path, env: dict, timeout: Optional[float]) -> Optional[int]:

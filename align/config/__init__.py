@@ -22,13 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 from align.config.base import _choices, _only, _plain, _read, _require  # noqa: F401
 from align.config.checks import check_composed, check_ignored, schema_fields, unknown_key  # noqa: F401
 from align.config.data import *  # noqa: F403
+from align.config.eval import EvalConfig, EvalTask  # noqa: F401
 from align.config.model import *  # noqa: F403
 from align.config.probe import *  # noqa: F403
 from align.config.root import GROUP_SCHEMAS, TrainConfig, register  # noqa: F401
 from align.config.train import *  # noqa: F403
 
 SCHEMA_MODULES = ("align.config.model", "align.config.data", "align.config.train", "align.config.probe",
-                  "align.config.root")
+                  "align.config.eval", "align.config.root")
 """The modules that hold the schema dataclasses (the docs generator and the docstring test read them)."""
 
 

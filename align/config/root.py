@@ -9,6 +9,7 @@ from hydra.core.config_store import ConfigStore
 
 from align.config.base import _require
 from align.config.data import DataConfig, SamplerConfig, SamplerKind, Truncation
+from align.config.eval import EvalConfig
 from align.config.model import AttentionConfig, ModelConfig
 from align.config.probe import ProbeConfig
 from align.config.train import (
@@ -24,6 +25,7 @@ from align.config.train import (
     RewardConfig,
     TrainerConfig,
 )
+from align.generation.engine import EngineConfig
 
 # ------------------------------------------------------------------------------------------ root
 
@@ -46,6 +48,12 @@ class TrainConfig:
     """Run name for W&B and the manifest; null: the run dir's name."""
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     """Probe options, composed only by `conf/probe.yaml` (`python -m align.tools.probe probe=<name>`)."""
+    eval: Optional[EvalConfig] = None
+    """The in-training eval: `eval=gsm8k` composes the same conf/eval/<name>.yaml as `python -m align.eval`,
+    run on the model being trained every `trainer.eval_every` steps (docs/evaluation.md); null: none."""
+    eval_generation: EngineConfig = field(default_factory=EngineConfig)
+    """The generation engine of the in-training eval (align/generation: backend, mode, batch size). Its
+    `lockstep` is the trainer's to set: on whenever the run has several ranks (sharded weights)."""
 
     def __post_init__(self) -> None:
         if self.optimizer.overlap:  # FSDP2 runs its own streams; a compiled block would trace the waits
@@ -93,6 +101,18 @@ class TrainConfig:
                 "(leave the reward group at none)",
                 dict(self.reward.weights),
             )
+
+        self._check_eval()
+
+    def _check_eval(self) -> None:
+        every = self.trainer.eval_every
+        _require(every == 0 or self.eval is not None, "trainer.eval_every",
+                 "needs an eval to run: add eval=gsm8k (or another conf/eval option), or leave eval_every at 0", every)
+        # An unread group, like an unread key (`ignored`), is refused; here so the line names the option,
+        # not the whole group's value.
+        _require(self.eval is None or every > 0, "eval", "is read only when trainer.eval_every > 0 (an eval "
+                 "every N steps): set trainer.eval_every, or drop the eval group",
+                 f"eval.task={self.eval.task.value}" if self.eval is not None else None)
 
     def _check_grpo(self) -> None:
         _require(
@@ -165,7 +185,16 @@ class TrainConfig:
             out["sampler.bucket_size"] = f"{why} (a step's completions are sorted by length as one bucket)"
         if self.parallel.kind == ParallelKind.ep and not self.model.pretrained:
             out["model.init_on_device"] = "ignored by parallel=ep; it is read by parallel=single, parallel=fsdp"
-        return out
+        return {**out, **self._eval_ignored()}
+
+    def _eval_ignored(self) -> dict[str, str]:
+        if self.eval is None or self.trainer.eval_every == 0:
+            return {"eval_generation": "is read only by the in-training eval (eval=gsm8k trainer.eval_every=N)"}
+        job = "belongs to `python -m align.eval`: the in-training eval scores the weights being trained"
+        return {"eval.oracle": f"{job}, not references", "eval.oracle_shuffle": f"{job}, not references",
+                "eval.compare_to": f"{job}, no second model", "eval.cache": f"{job}, which change every call",
+                "eval.cache_dir": f"{job}, which change every call (nothing is cached)",
+                "eval_generation.lockstep": "is set by the trainer: on when the run has several ranks"}
 
 
 # The one table: config group -> schema. conf/<group>/*.yaml files are validated against these.
@@ -181,6 +210,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "objective": ObjectiveConfig,
     "reward": RewardConfig,
     "probe": ProbeConfig,
+    "eval": EvalConfig,
 }
 
 

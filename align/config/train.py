@@ -236,6 +236,9 @@ class TrainerConfig:
     loss_chunk_tokens: int = 0
     """> 0: compute the LM head and cross-entropy over this many target tokens at a time (recomputed
     in backward), so logits memory stays bounded for large vocabularies; 0: all logits at once."""
+    eval_every: int = 0
+    """Run the `eval` group's eval on the model being trained every N optimizer steps and at the last
+    step (docs/evaluation.md); 0: never. > 0 needs an eval (`eval=gsm8k`)."""
     max_consecutive_skipped_steps: int = 3
     """Optimizer steps with a non-finite loss or gradient norm (on any rank) are skipped on all
     ranks; more than this many in a row halt the run (exit 81, HALT.json)."""
@@ -243,6 +246,7 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, "trainer.max_steps", "must be >= 1", self.max_steps)
         _require(self.save_every >= 0, "trainer.save_every", "must be >= 0", self.save_every)
+        _require(self.eval_every >= 0, "trainer.eval_every", "must be >= 0 (0: never)", self.eval_every)
         _require(self.keep_last >= 0, "trainer.keep_last", "must be >= 0", self.keep_last)
         _require(self.max_consecutive_skipped_steps >= 0, "trainer.max_consecutive_skipped_steps", "must be >= 0",
                  self.max_consecutive_skipped_steps)

@@ -105,30 +105,61 @@ class ArmRun:
 
 def generate_arm(engine: Any, tokenizer: Any, data: EvalData, cfg: EvalConfig, scorer: Scorer, per_call: int,
                  progress: bool = True, label: str = "eval") -> ArmRun:
+    shard = generate_shard(engine, tokenizer, data, cfg, scorer, per_call, progress, label)
+    return finish_arm(data, [shard], scorer, engine.describe())
+
+
+def shard_order(prompts: Sequence[Sequence[int]], rank: int, world: int) -> tuple[list[int], int]:
+    """The prompts rank `rank` of `world` generates: longest first (a function of the data), every
+    world-th one, padded with the longest prompt to the same count on every rank so each makes the same
+    number of backend calls (lockstep decoding needs that). Returns (the rank's prompts, how many of
+    them are its own): the padding's completions are dropped."""
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # stable
+    mine = order[rank::world]
+    return mine + order[:1] * (-(-len(order) // world) - len(mine)), len(mine)
+
+
+def generate_shard(engine: Any, tokenizer: Any, data: EvalData, cfg: EvalConfig, scorer: Scorer, per_call: int,
+                   progress: bool = True, label: str = "eval", rank: int = 0, world: int = 1) -> dict[str, Any]:
+    """Generate and score this rank's share of the prompts (all of them when world=1). Call c of rank
+    r samples with seed derive_seed(eval.seed, c), or derive_seed(eval.seed, r, c) when world > 1."""
     prompts = render(tokenizer, data.items, cfg.template)
     spec = sampling_spec(cfg)
-    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # stable: a function of the data
-    texts: list[list[Any]] = [[] for _ in prompts]
-    bar = SampleProgress(len(prompts) * spec.n, label, progress)
+    order, real = shard_order(prompts, rank, world)
+    texts: dict[int, list[Any]] = {i: [] for i in order[:real]}
+    bar = SampleProgress(len(order) * spec.n, label, progress)
     t0, new_tokens, at_length = time.perf_counter(), 0, 0
     try:
         for call, start in enumerate(range(0, len(order), per_call)):
             idx = order[start:start + per_call]
-            for c in engine.generate([prompts[i] for i in idx], replace(spec, seed=derive_seed(spec.seed, call))):
-                texts[idx[c.prompt_index]].append(c)
-                new_tokens += c.num_tokens
-                at_length += c.finish_reason.value == "length"
+            seed = derive_seed(spec.seed, *((rank,) if world > 1 else ()), call)
+            for c in engine.generate([prompts[i] for i in idx], replace(spec, seed=seed)):
+                if start + c.prompt_index < real:
+                    texts[idx[c.prompt_index]].append(c)
+                    new_tokens += c.num_tokens
+                    at_length += c.finish_reason.value == "length"
             bar.update(len(idx) * spec.n)
     finally:
         bar.close()
-    seconds = time.perf_counter() - t0
-    samples = [[_sample(item, c, tokenizer, scorer) for c in texts[item.index]] for item in data.items]
-    metrics = {**scorer.metrics(samples), "finished_at_length": at_length / (len(prompts) * spec.n),
-               "mean_new_tokens": new_tokens / (len(prompts) * spec.n)}
-    timing = {"generation_seconds": seconds, "samples": len(prompts) * spec.n,
-              "samples_per_s": len(prompts) * spec.n / max(seconds, 1e-9),
+    items = {it.index: it for it in data.items}
+    return {"samples": {i: [_sample(items[i], c, tokenizer, scorer) for c in cs] for i, cs in texts.items()},
+            "seconds": time.perf_counter() - t0, "new_tokens": new_tokens, "at_length": at_length}
+
+
+def finish_arm(data: EvalData, shards: Sequence[dict[str, Any]], scorer: Scorer,
+               engine: Optional[dict[str, Any]]) -> ArmRun:
+    """The arm from every rank's shard (`generate_shard`): samples in record order, metrics, timing
+    (generation seconds: the slowest rank's, the wall time of the whole arm)."""
+    by_index = {i: per for shard in shards for i, per in shard["samples"].items()}
+    samples = [by_index[item.index] for item in data.items]
+    total = sum(len(per) for per in samples)
+    seconds = max(shard["seconds"] for shard in shards)
+    new_tokens = sum(shard["new_tokens"] for shard in shards)
+    metrics = {**scorer.metrics(samples), "finished_at_length": sum(s["at_length"] for s in shards) / total,
+               "mean_new_tokens": new_tokens / total}
+    timing = {"generation_seconds": seconds, "samples": total, "samples_per_s": total / max(seconds, 1e-9),
               "new_tokens": new_tokens, "new_tokens_per_s": new_tokens / max(seconds, 1e-9)}
-    return ArmRun(samples=samples, metrics=metrics, engine=engine.describe(), timing=timing)
+    return ArmRun(samples=samples, metrics=metrics, engine=engine, timing=timing)
 
 
 def _sample(item: Item, c: Any, tokenizer: Any, scorer: Scorer) -> dict[str, Any]:

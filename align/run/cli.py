@@ -96,6 +96,9 @@ def describe(exc: BaseException, root: Optional[type] = None) -> str:
         return f"{key}: {msg}"
     if isinstance(exc, ConfigCompositionException):
         return one_line(exc)
+    if isinstance(exc, AssertionError) and "root: NoneType" in str(exc):  # omegaconf, a key under a null group
+        return ("a key of a group that is not composed was set (e.g. eval.limit without eval=gsm8k): choose the "
+                "group's option first")
     return f"{type(exc).__name__}: {one_line(exc)}"
 
 

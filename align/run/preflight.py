@@ -79,6 +79,7 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
             m if ok else f"no such file: {m}",
             "data.mask_files",
         )
+    yield from _eval_records(cfg)
     if cfg.model.pretrained:
         d = Path(cfg.model.pretrained)
         problem = checkpoint_problem(d)
@@ -89,6 +90,22 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
             problem or f"{d} (config.json parses; every safetensors file as long as its header says)",
             "model.pretrained",
         )
+
+
+def _eval_records(cfg: TrainConfig) -> Iterable[Check]:
+    """The in-training eval's records load and every reference is readable (no torch, no tokenizer)."""
+    if cfg.eval is None or cfg.trainer.eval_every == 0:
+        return
+    from align.evaluation.datasets import load_data
+    from align.evaluation.scoring import build_scorer
+
+    try:
+        data = load_data(cfg.eval, getattr(build_scorer(cfg.eval), "verifier", None))
+    except AlignError as e:
+        key = getattr(e, "key", "eval.prompts")
+        yield Check("config", "eval records", Status.failed, str(e).removeprefix(f"{key}: "), key)
+        return
+    yield Check("config", "eval records", Status.passed, f"{len(data.items)} records, sha256 {data.sha256[:12]}")
 
 
 def checkpoint_problem(d: Path) -> Optional[str]:

@@ -7,6 +7,7 @@ file differs from what this writes.
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 
 import align.config as config_module
@@ -36,8 +37,6 @@ def _fields(cls_name: str, tree: ast.Module) -> list[tuple[str, str, str, str]]:
 
 def schema_tree() -> ast.Module:
     """The schema modules of align/config/ as one syntax tree (the classes the reference documents)."""
-    import importlib
-
     body = [n for m in config_module.SCHEMA_MODULES
             for n in ast.parse(inspect.getsource(importlib.import_module(m))).body]
     return ast.Module(body=body, type_ignores=[])
@@ -67,6 +66,13 @@ def render() -> str:
         listed = ', '.join(f'`{o}`' for o in options) or '(set by keys only)'
         lines.extend([f"## `{group}`", "", f"Options: {listed}", ""])
         table(group, schema.__name__)
+    engine = ast.parse(inspect.getsource(importlib.import_module("align.generation.engine")))
+    for name, ann, _, doc in _fields("TrainConfig", tree):
+        if ann.endswith("Config") and name not in GROUP_SCHEMAS:  # a nested node that is no group
+            lines.extend([f"## `{name}`", "", doc, "", "| key | type | default | meaning |",
+                          "| --- | --- | --- | --- |"])
+            lines.extend(f"| `{name}.{k}` | `{a}` | `{d}` | {m} |" for k, a, d, m in _fields(ann, engine))
+            lines.append("")
     lines.extend(["## top level", ""])
     lines.extend(["| key | type | default | meaning |", "| --- | --- | --- | --- |"])
     for name, ann, default, doc in _fields("TrainConfig", tree):
@@ -81,10 +87,12 @@ def render() -> str:
 
 def _eval_reference() -> list[str]:
     """conf/eval.yaml (`python -m align.eval`): its own root, the `eval` group and the engine's settings."""
+    import align.config.eval as group_module
     import align.evaluation.config as eval_module
     import align.generation.engine as engine_module
 
     trees = [ast.parse(inspect.getsource(m)) for m in (eval_module, engine_module)]
+    trees[0].body.extend(ast.parse(inspect.getsource(group_module)).body)
     lines = ["# `python -m align.eval` (conf/eval.yaml)", "", "`logger` as above (default `none`).", ""]
     options = sorted(p.stem for p in (CONF_DIR / "eval").glob("*.yaml"))
     for title, cls, tree in (("`eval`", "EvalConfig", trees[0]), ("`generation`", "EngineConfig", trees[1]),

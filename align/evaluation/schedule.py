@@ -1,0 +1,98 @@
+"""The in-training eval: `eval=gsm8k trainer.eval_every=N` runs the `eval` group's eval on the model
+being trained every N optimizer steps and at the last step, with the code of `python -m align.eval`
+(align/evaluation/runner.py), and reports it as `eval/<metric>` keys of that step's history row.
+
+Ranks. Under parallel=fsdp/ep every forward is collective (the weights are sharded), so rank 0 cannot
+generate alone while the others wait: every rank generates its share of the prompts with lockstep
+decoding (`EngineConfig.lockstep`), the shares are gathered and every rank scores the whole set, so
+all ranks hold the same metrics.
+
+What the eval must not change. Training's RNG streams: the engine seeds each call from `eval.seed`
+inside `fork_rng`, and the whole eval runs inside one more `fork_rng`, so what it draws leaves the
+training draws where they were. The model's train/eval mode: the engine puts the model in eval mode
+and restores it. The step timing: the trainer times the next step from its own start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import replace
+from typing import Any, Callable, Optional
+
+import torch
+
+from align.config import TrainConfig
+from align.evaluation.datasets import load_data
+from align.evaluation.runner import finish_arm, generate_shard, prompts_per_call, stop_ids
+from align.evaluation.scoring import build_scorer
+from align.generation import build_engine
+from align.parallel.env import DistEnv
+
+PREFIX = "eval/"
+
+
+class TrainingEval:
+    """Built once per run (the records are loaded and checked then); `run` at each due step."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, tokenizer: Any) -> None:
+        assert cfg.eval is not None
+        self.cfg, self.env, self.tokenizer = cfg.eval, env, tokenizer
+        self.every, self.last_step = cfg.trainer.eval_every, cfg.trainer.max_steps
+        self.engine_cfg = replace(cfg.eval_generation, lockstep=env.distributed)
+        self.scorer = build_scorer(self.cfg)
+        self.data = load_data(self.cfg, getattr(self.scorer, "verifier", None))
+        self.seconds, self.count = 0.0, 0
+        self.described: Optional[dict[str, Any]] = None
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, env: DistEnv, tokenizer: Any) -> Optional["TrainingEval"]:
+        return cls(cfg, env, tokenizer) if cfg.eval is not None and cfg.trainer.eval_every > 0 else None
+
+    def due(self, step: int) -> bool:
+        """A function of the step alone, so a resumed run keeps the cadence of the run it continues."""
+        return step % self.every == 0 or step == self.last_step
+
+    def run(self, model: torch.nn.Module, autocast: Callable[[], contextlib.AbstractContextManager] =
+            contextlib.nullcontext) -> dict[str, Any]:
+        """Collective: every rank calls it at the same step. Returns the row's `eval/` keys."""
+        t0 = time.perf_counter()
+        device = next(model.parameters()).device
+        cuda = device.type == "cuda"
+        index = (torch.cuda.current_device() if device.index is None else device.index) if cuda else None
+        with torch.random.fork_rng(devices=[index] if cuda else [], device_type="cuda" if cuda else None):
+            engine = build_engine(self.engine_cfg, model, pad_token_id=self.tokenizer.pad_token_id,
+                                  eos_token_ids=stop_ids(self.tokenizer, model))
+            with torch.no_grad(), autocast():
+                shard = generate_shard(engine, self.tokenizer, self.data, self.cfg, self.scorer,
+                                       prompts_per_call(self.engine_cfg, self.cfg.samples), progress=False,
+                                       rank=self.env.rank, world=self.env.world)
+        shards = [shard]
+        if self.env.distributed:
+            shards = [None] * self.env.world
+            torch.distributed.all_gather_object(shards, shard)
+        arm = finish_arm(self.data, shards, self.scorer, engine.describe())
+        seconds = time.perf_counter() - t0
+        self.seconds, self.count = self.seconds + seconds, self.count + 1
+        if self.described is None:
+            self.described = {"engine": arm.engine, "data": self.data.meaning(self.cfg), "ranks": self.env.world,
+                              "every": self.every, "scorer": self.scorer.identity()}
+        return {**{PREFIX + k: v for k, v in flat(arm.metrics).items()}, f"{PREFIX}seconds": seconds,
+                **{PREFIX + k: arm.timing[k] for k in ("samples", "samples_per_s", "new_tokens_per_s")}}
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        """The run's eval cost: total seconds, their share of the wall time since fit() started, and
+        what the eval resolved to (engine, data hash, scorer), once."""
+        return {"eval": {"seconds": self.seconds, "count": self.count, "eval_share": self.seconds / max(wall_s, 1e-9),
+                         "resolved": self.described}}
+
+
+def flat(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested metrics (refusal counts) as `a/b` keys: a history row holds scalars."""
+    out: dict[str, Any] = {}
+    for k, v in metrics.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
