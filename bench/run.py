@@ -120,13 +120,13 @@ def align_overrides(arm: Arm, a: argparse.Namespace, out: Path) -> list[str]:
     own = _typed_or_die(arm, experiment)
     tiny = tiny_overrides(own) if a.tiny else []
     steps = [f"trainer.max_steps={a.steps}"] if a.steps is not None else []
-    if not own.data.path and own.data.source:  # a bundled data set (GRPO's prompts): nothing to write
+    if own.objective.kind.value == "grpo" and not own.data.path:  # GRPO's bundled prompts: nothing to write
         arm.data_file = ""
         return [*experiment, f"data.cache_dir={out / 'cache'}", "allow_dirty=true", *steps, *tiny]
     arm.data_file = Path(own.data.path or "").name
     if arm.data_file not in DATA_FILES:
         die(f"{arm.name} (experiment={arm.experiment}): data.path={own.data.path} names no file the harness writes; "
-            f"accepted: outputs/bench/<one of {', '.join(DATA_FILES)}>, or a bundled data.source with no data.path")
+            f"accepted: outputs/bench/<one of {', '.join(DATA_FILES)}> (objective=grpo: its bundled prompts, no data.path)")
     return [*experiment, f"data.path={out / arm.data_file}", f"data.cache_dir={out / 'cache'}", "allow_dirty=true",
             *steps, *tiny]
 

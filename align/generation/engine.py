@@ -183,5 +183,6 @@ class Engine(Protocol):
         ...
 
     def weights_hash(self) -> str:
-        """sha256 of the weights the engine generates with now (names, shapes, dtypes and bytes)."""
+        """A fingerprint of the weights the engine generates with now: sha256 over names, shapes, dtypes
+        and per-tensor checksums computed on the weights' device (align/generation/fingerprint.py)."""
         ...

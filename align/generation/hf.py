@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
@@ -221,12 +220,9 @@ class HFEngine:
         self.model.load_state_dict(model.state_dict())
 
     def weights_hash(self) -> str:
-        h = hashlib.sha256()
-        for name, t in self.model.state_dict().items():
-            t = t.detach().contiguous()
-            h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
-            h.update(t.view(-1).view(torch.uint8).cpu().numpy().tobytes())
-        return h.hexdigest()
+        from align.generation.fingerprint import fingerprint
+
+        return fingerprint(self.model.state_dict().items())
 
     # -------------------------------------------------------------------------------- provenance
 

@@ -3,7 +3,6 @@ proves the generation copy holds the training weights (align/objectives/grpo.py 
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Optional
 
 import torch
@@ -12,16 +11,11 @@ from align.parallel.env import DistEnv
 
 
 def state_sha256(model: torch.nn.Module, dtype: Optional[torch.dtype] = None) -> str:
-    """sha256 of `model.state_dict()` (cast to `dtype`) in the scheme of `Engine.weights_hash`."""
-    h = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        t = t.detach()
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        t = t.contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
-        h.update(t.view(-1).view(torch.uint8).cpu().numpy().tobytes())
-    return h.hexdigest()
+    """The fingerprint of `model.state_dict()` (cast to `dtype`) in the scheme of `Engine.weights_hash`
+    (align/generation/fingerprint.py)."""
+    from align.generation.fingerprint import fingerprint
+
+    return fingerprint(model.state_dict().items(), dtype)
 
 
 class Sums:
