@@ -141,7 +141,8 @@ def test_the_default_arms_carry_no_performance_override(default, family):
     """dense_default / moe_default are the runs a user types: every performance knob at its default."""
     from bench.common import compose_typed, experiment_config
 
-    arm, plain = experiment_config(f"bench/{default}"), compose_typed([f"model={family}", "data=tokens", "data.path=rows.jsonl"])
+    arm = experiment_config(f"bench/{default}")
+    plain = compose_typed([f"model={family}", "data=tokens", "data.path=rows.jsonl"])
     for group in ("sampler", "attention", "parallel"):
         assert getattr(arm, group) == getattr(plain, group), group
     assert (arm.trainer.compile, arm.optimizer.compile) == ("auto", "auto")
