@@ -136,6 +136,7 @@ def test_token_ids_outside_a_per_layer_embedding_vocabulary_are_refused(tmp_path
 def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_first_step_cost(tmp_path):
     """The default (auto) resolves off on a CPU, and the manifest says so and why; time to the first step
     and the compile share are in the throughput summary, present whatever compiled."""
+    import torch._dynamo
     from omegaconf import OmegaConf
 
     import align.trainer
@@ -143,8 +144,6 @@ def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_fir
     from align.run.cli import compose
     from align.run.manifest import load
     from align.run.record import RunRecord
-
-    import torch._dynamo
 
     torch._dynamo.reset()  # dynamo's per-frame counts are per process: earlier tests' frames do not count
     ov = ["logger=none", "allow_dirty=true", "data.max_records=16", "trainer.max_steps=2", "trainer.export=false"]
