@@ -156,6 +156,9 @@ def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_fir
         record.built(t)
         record.finished(t, t.fit())
     m = load(run_dir)
+    from tests.integration.test_truthful_run import assert_present_and_null
+
+    assert_present_and_null(m)
     assert m["config"]["resolved"]["trainer"]["compile"] == "auto"
     assert m["compile"]["trainer"]["requested"] == "auto" and m["compile"]["trainer"]["resolved"] is False
     assert "device cpu" in m["compile"]["trainer"]["why"] and "device cpu" in m["compile"]["optimizer"]["why"]
