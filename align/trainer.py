@@ -40,7 +40,7 @@ from align.objectives import Objective, build_objective
 from align.objectives.ce import bypass_lm_head
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
-from align.parallel.compile import compile_blocks
+from align.parallel.compile import compile_blocks, expected_compiles_per_frame, plan_compile
 from align.parallel.env import DistEnv, autocast_dtype, init_distributed
 from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
@@ -118,6 +118,7 @@ class Trainer:
         and W&B alone (ranks > 0 do open their own rank<r>/train.log first)."""
         alloc_conf = apply_cuda_alloc_conf(cfg.trainer.cuda_alloc_conf)
         env = init_distributed(cfg.parallel, cfg.trainer.device, run_dir)
+        cfg, compiling = plan_compile(cfg, env.device.type)  # trainer/optimizer.compile=auto: bools from here on
         log_rank_to_file(env, run_dir)
         torch.manual_seed(cfg.trainer.seed)
         if cfg.trainer.deterministic:
@@ -148,7 +149,9 @@ class Trainer:
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
         stepper = build_stepper(cfg.optimizer, optimizer, model, env.device)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
-                "optimizer_step": stepper.info(), "cuda_alloc_conf": alloc_conf}
+                "optimizer_step": stepper.info(), "cuda_alloc_conf": alloc_conf, "compile_choice": {
+                    **compiling, "expected_compiles_per_frame": expected_compiles_per_frame(
+                        cfg.trainer.compile, cfg.trainer.compile_dynamic, stepper.info().get("recompile_limit"))}}
 
         throughput = Throughput.build(model, env.device, measure=env.is_main)
         trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler,
@@ -293,7 +296,7 @@ class Trainer:
                     metrics.update(self.evaluate())  # into this step's row; a stop skips it (time is short)
                 with record_function("align.log"):  # phases name the host's work in a profile (align.probes.gaps)
                     self.log(metrics)
-                    progress.update(metrics["step"], metrics["loss"], metrics["tokens_per_s"])
+                    progress.update(metrics["step"], metrics["loss"], metrics["tokens_per_s"], metrics["step_time_s"])
                 if self.state.skips.over(cfg.max_consecutive_skipped_steps):
                     self.halt()
                 if verdict.stop or (cfg.save_every and self.state.step % cfg.save_every == 0):

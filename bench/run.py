@@ -1,6 +1,7 @@
 """One benchmark harness: align arms are experiment configs (conf/experiment/bench/<name>.yaml, run as
 `python -m align.train experiment=bench/<name>`), reference arms are code (bench/hf_arm.py: HF Trainer
-and transformers' model; bench/trl_arm.py: TRL's DPOTrainer). One command runs the arms it is given,
+and transformers' model; bench/trl_arm.py: TRL's DPOTrainer; bench/handwritten_arm.py: a hand-written
+loop on uniform rows). One command runs the arms it is given,
 one after another, each in its own process (clean allocator, honest peak memory), on data it writes
 once, and prints and writes one table.
 
@@ -44,7 +45,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+<<<<<<< HEAD
 from bench import grpo_rows, hf_arm, trl_arm, trl_grpo  # noqa: E402
+=======
+from bench import handwritten_arm, hf_arm, trl_arm  # noqa: E402
+>>>>>>> x-fastdefault
 from bench.common import (  # noqa: E402
     add_ratios,
     bimodal_lengths,
@@ -67,9 +72,14 @@ LAUNCHER = ROOT / "launchers" / "torchrun.sh"
 ROWS_FILE = "rows.jsonl"
 DATA_FILES = (ROWS_FILE, PAIRS_FILE, PAIR_ROWS_FILE)
 """The files the harness writes; an arm's experiment names one of them as its data.path."""
+<<<<<<< HEAD
 REFERENCE_MODULES = {**{a: hf_arm for a in hf_arm.REFERENCE_ARMS}, **{a: trl_arm for a in trl_arm.REFERENCE_ARMS},
                      **{a: trl_grpo for a in trl_grpo.REFERENCE_ARMS}}
 REFERENCE_ARMS = {**hf_arm.REFERENCE_ARMS, **trl_arm.REFERENCE_ARMS, **trl_grpo.REFERENCE_ARMS}
+=======
+REFERENCE_MODULES = {a: m for m in (hf_arm, trl_arm, handwritten_arm) for a in m.REFERENCE_ARMS}
+REFERENCE_ARMS = {**hf_arm.REFERENCE_ARMS, **trl_arm.REFERENCE_ARMS, **handwritten_arm.REFERENCE_ARMS}
+>>>>>>> x-fastdefault
 """reference arm -> the align experiment whose model it builds."""
 
 
@@ -423,6 +433,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.list:
         print("reference arms (bench/hf_arm.py):", " ".join(sorted(hf_arm.REFERENCE_ARMS)))
         print("reference arms (bench/trl_arm.py):", " ".join(sorted(trl_arm.REFERENCE_ARMS)))
+        print("reference arms (bench/handwritten_arm.py):", " ".join(sorted(handwritten_arm.REFERENCE_ARMS)))
         print("align arms (conf/experiment/bench/):", " ".join(experiment_names()))
         return 0
     if not a.arms:

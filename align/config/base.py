@@ -42,3 +42,14 @@ def _plain(value: Any) -> Any:
 
 def _read(rules: dict[str, Optional[str]]) -> dict[str, str]:
     return {k: why for k, why in rules.items() if why}
+
+
+AUTO = "auto"
+
+
+def _switch(key: str, value: Any) -> Any:
+    """A true/false/auto switch: bools as given, "auto" kept for the trainer to resolve where the
+    device is known (align.parallel.compile.resolve_compile)."""
+    if isinstance(value, bool) or value == AUTO:
+        return value
+    raise ConfigError(key, "must be true, false or auto", value)

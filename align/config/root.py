@@ -63,7 +63,8 @@ class TrainConfig:
                 f"needs parallel=single (got parallel={self.parallel.kind.value})",
                 True,
             )
-            _require(not self.trainer.compile, "optimizer.overlap", "needs trainer.compile=false", True)
+            # auto resolves off beside overlap (align.parallel.compile): only an explicit true is refused
+            _require(self.trainer.compile is not True, "optimizer.overlap", "needs trainer.compile=false", True)
         if self.logger.log_model:
             _require(
                 self.logger.kind == LoggerKind.wandb and self.trainer.export,
@@ -71,7 +72,7 @@ class TrainConfig:
                 "needs logger=wandb and trainer.export=true (the artifact is the export)",
                 True,
             )
-        if self.optimizer.compile:
+        if self.optimizer.compile is True:  # auto resolves off with another optimizer
             _require(
                 self.optimizer.name == OptimizerName.adamw,
                 "optimizer.compile",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Optional
+from typing import Any, Optional
 
-from align.config.base import _only, _read, _require
+from align.config.base import AUTO, _only, _read, _require, _switch
 from align.errors import ConfigError
 
 # ------------------------------------------------------------------------------------- optimizer
@@ -37,8 +37,10 @@ class OptimizerConfig:
     so it survives a change of run length (docs/pitfalls.md#7)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still logged)."""
-    compile: bool = False
-    """torch.compile torch's own AdamW step (foreach, capturable; the learning rate is handed in as a
+    compile: Any = AUTO
+    """true, false or auto. auto: on where the device is CUDA with optimizer=adamw and parallel=single
+    (the tested combinations), else off; the manifest's `compile.optimizer` says what it resolved to
+    and why. true: torch.compile torch's own AdamW step (foreach, capturable; the learning rate is handed in as a
     device tensor so a schedule does not recompile, and the clip scale is applied inside the compiled
     step) instead of the fused kernel; its speed against fused AdamW is in docs/performance.md. The
     first step compiles. CUDA and optimizer=adamw only; on a CPU it resolves to off and the
@@ -58,6 +60,7 @@ class OptimizerConfig:
         # torch's AdamW checks these only when the optimizer is built, after the tokenizer, the encode and the model.
         _require(all(0 <= b < 1 for b in self.betas), "optimizer.betas", "each beta must be in [0, 1)", self.betas)
         _require(self.eps > 0, "optimizer.eps", "must be > 0", self.eps)
+        self.compile = _switch("optimizer.compile", self.compile)
         _require(self.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0", self.weight_decay)
 
 
@@ -221,8 +224,11 @@ class TrainerConfig:
     resume_despite_mismatch: bool = False
     """Resume even though world size, dataset fingerprint, sampler or model shape differ from the
     checkpoint's (refused by default, with the reason)."""
-    compile: bool = False
-    """torch.compile each decoder block (inductor fuses the elementwise kernels around the GEMMs; what
+    compile: Any = AUTO
+    """true, false or auto. auto: on where the device is CUDA and the configuration is one the tests
+    cover (mistral or olmoe, sdpa attention, parallel single or fsdp, no LoRA, no optimizer.overlap,
+    not grpo), else off; the manifest's `compile.trainer` says what it resolved to and why. true:
+    torch.compile each decoder block (inductor fuses the elementwise kernels around the GEMMs; what
     it was worth per model is in docs/performance.md). The first steps compile; inductor's disk cache
     shortens later runs. Recompiles, graph breaks and recompile-limit hits are in the manifest's
     dynamo counters."""
@@ -245,6 +251,7 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, "trainer.max_steps", "must be >= 1", self.max_steps)
+        self.compile = _switch("trainer.compile", self.compile)
         _require(self.save_every >= 0, "trainer.save_every", "must be >= 0", self.save_every)
         _require(self.eval_every >= 0, "trainer.eval_every", "must be >= 0 (0: never)", self.eval_every)
         _require(self.keep_last >= 0, "trainer.keep_last", "must be >= 0", self.keep_last)
@@ -256,7 +263,8 @@ class TrainerConfig:
 
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`)."""
-        return {} if self.compile else {"compile_dynamic": f"ignored unless {key}.compile=true"}
+        read = self.compile is not False
+        return {} if read else {"compile_dynamic": f"ignored unless {key}.compile=true or auto"}
 
 
 # ------------------------------------------------------------------------------------- objective

@@ -42,7 +42,7 @@ def optimizer_kwargs(cfg: OptimizerConfig, device_type: str) -> dict[str, Any]:
     if cfg.name == OptimizerName.adamw and device_type == "cuda":
         # optimizer.compile: torch.compile steps the foreach implementation (align.optim.step.CompiledStep);
         # capturable keeps its step counts on the device, which a tensor learning rate needs
-        kw.update({"foreach": True, "capturable": True} if cfg.compile else {"fused": True})
+        kw.update({"foreach": True, "capturable": True} if cfg.compile is True else {"fused": True})
     return kw
 
 

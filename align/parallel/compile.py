@@ -6,7 +6,12 @@ runs before any heavy import (align.run.kwargs_sites)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Any, Optional
+
+from align.config.base import AUTO
 
 COMPILE = "torch:compile"
 """The callable `nn.Module.compile` hands its kwargs to: the name preflight checks them against."""
@@ -27,3 +32,133 @@ def compile_blocks(model, dynamic: Optional[bool], backend: str = "inductor") ->
     for block in blocks:
         block.compile(backend=backend, **kwargs)
     return {"blocks": len(blocks), "block_class": type(blocks[0]).__name__, "granularity": "decoder block", **kwargs}
+
+
+# ------------------------------------------------------------------------------------ auto
+
+COMPILED_FAMILIES = ("mistral", "olmoe")
+"""Families whose compiled decoder blocks the GPU bench and tests have run (docs/performance.md)."""
+
+
+def resolve_trainer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
+    """What `trainer.compile=auto` means on `device_type` for the TrainConfig `cfg`: on where the
+    device is CUDA and the configuration is one the tests cover, with why. Pure: no torch."""
+    t, why = cfg.trainer, []
+    if device_type != "cuda":
+        why.append(f"device {device_type}: compiling a CPU run costs more than it gives (auto compiles on CUDA)")
+    if cfg.optimizer.overlap:
+        why.append("optimizer.overlap=true steps on side streams a compiled block would trace")
+    if cfg.parallel.kind.value not in ("single", "fsdp"):
+        why.append(f"parallel={cfg.parallel.kind.value}: compiled blocks are tested under single and fsdp only")
+    if cfg.model.family.value not in COMPILED_FAMILIES:
+        why.append(f"model={cfg.model.family.value}: compiled blocks were run on the GPU for "
+                   f"{', '.join(COMPILED_FAMILIES)} only")
+    if cfg.attention.implementation.value != "sdpa":
+        why.append(f"attention={cfg.attention.implementation.value}: compiled blocks are tested with sdpa only")
+    if cfg.model.lora.enabled:
+        why.append("model.lora.enabled=true: compiled LoRA blocks are not tested")
+    if cfg.objective.kind.value == "grpo":
+        why.append("objective=grpo generates through the policy's blocks: shapes no dynamic graph covers")
+    return _verdict("trainer.compile", t.compile, why)
+
+
+def resolve_optimizer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
+    """What `optimizer.compile=auto` means: on for torch's AdamW on one CUDA device (the tested case)."""
+    why = []
+    if device_type != "cuda":
+        why.append(f"device {device_type}: the compiled step is capturable, a CUDA feature")
+    if cfg.optimizer.name.value != "adamw":
+        why.append(f"optimizer={cfg.optimizer.name.value}: only torch's AdamW has a compiled step")
+    if cfg.parallel.kind.value != "single":
+        why.append(f"parallel={cfg.parallel.kind.value}: the compiled step is tested on plain tensors only")
+    return _verdict("optimizer.compile", cfg.optimizer.compile, why)
+
+
+def _verdict(key: str, requested: Any, why_off: list[str]) -> tuple[bool, str]:
+    if requested != AUTO:
+        return bool(requested), f"{key}={str(requested).lower()} as configured"
+    if why_off:
+        return False, f"{key}=auto resolved off: " + "; ".join(why_off)
+    return True, f"{key}=auto resolved on: CUDA and a tested configuration"
+
+
+def resolve_compile(cfg: Any, device_type: str) -> tuple[Any, dict[str, Any]]:
+    """`cfg` with both compile switches resolved to bools for `device_type`, and the record of it (the
+    manifest's `compile.trainer` / `compile.optimizer`: requested, resolved, why)."""
+    import dataclasses
+
+    blocks, blocks_why = resolve_trainer_compile(cfg, device_type)
+    step, step_why = resolve_optimizer_compile(cfg, device_type)
+    record = {
+        "trainer": {"requested": cfg.trainer.compile, "resolved": blocks, "why": blocks_why},
+        "optimizer": {"requested": cfg.optimizer.compile, "resolved": step, "why": step_why},
+    }
+    resolved = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, compile=blocks),
+                                   optimizer=dataclasses.replace(cfg.optimizer, compile=step))
+    return resolved, record
+
+
+def plan_compile(cfg: Any, device_type: str) -> tuple[Any, dict[str, Any]]:
+    """`resolve_compile`, and where anything compiles, the persistent inductor cache (`apply_cache_dir`)."""
+    cfg, record = resolve_compile(cfg, device_type)
+    compiling = cfg.trainer.compile or cfg.optimizer.compile
+    record["inductor_cache"] = apply_cache_dir() if compiling else None
+    return cfg, record
+
+
+# ------------------------------------------------------------------------------ cost, cache
+
+
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "align" / "inductor"
+
+
+def apply_cache_dir() -> dict[str, str]:
+    """Point inductor's on-disk caches (FX graphs, generated kernels, autotune results, and Triton's
+    under it) at a directory that outlives the run, unless the environment names one (the user's
+    wins): torch's own default lives under /tmp, which a reboot or a fresh container empties."""
+    if os.environ.get(CACHE_ENV):
+        return {"dir": os.environ[CACHE_ENV], "source": f"${CACHE_ENV} from the environment"}
+    path = default_cache_dir()
+    os.environ[CACHE_ENV] = str(path)
+    return {"dir": str(path), "source": "align's default (XDG_CACHE_HOME or ~/.cache, then align/inductor)"}
+
+
+def compile_seconds() -> float:
+    """Seconds dynamo and its backend spent compiling in this process so far (forward and backward
+    graphs); 0 when nothing was compiled."""
+    if "torch._dynamo" not in sys.modules:
+        return 0.0
+    try:
+        from torch._dynamo.utils import calculate_time_spent
+
+        return float(calculate_time_spent().get("total_wall_time", 0.0))
+    except Exception:  # an internal that may move between torch releases: the cost is then unknown
+        return 0.0
+
+
+def expected_compiles_per_frame(trainer_compile: bool, dynamic: Optional[bool],
+                                recompile_limit: Optional[int]) -> Optional[int]:
+    """How many graphs one frame may compile before it is worth a warning: a dynamic block compiles once,
+    plus once for a one-row batch (dynamo specialises sizes 0 and 1); `dynamic=null` adds the compile
+    that turns it dynamic. `dynamic=false` compiles a graph per shape: no count to expect (None). The
+    overlapped compiled optimizer compiles up to its raised `recompile_limit` graphs in one frame."""
+    if trainer_compile and dynamic is False:
+        return None
+    blocks = (2 if dynamic else 3) if trainer_compile else 1
+    return max(blocks, recompile_limit or 0)
+
+
+def frames_over(expected: Optional[int]) -> list[int]:
+    """Compile counts of the frames that compiled more than `expected` graphs (dynamo's per-frame counter)."""
+    if expected is None or "torch._dynamo" not in sys.modules:
+        return []
+    try:
+        from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
+
+        return sorted(int(n) for n in FRAME_COMPILE_COUNTER.values() if n > expected)
+    except Exception:  # an internal that may move between torch releases
+        return []

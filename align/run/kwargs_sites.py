@@ -153,7 +153,7 @@ def activation_checkpointing(cfg: TrainConfig) -> Optional[KwargsSite]:
 
 
 def compile_blocks(cfg: TrainConfig) -> Optional[KwargsSite]:
-    if not cfg.trainer.compile:
+    if cfg.trainer.compile is False:  # auto may resolve on once the device is known: check its kwargs too
         return None
     from align.parallel.compile import COMPILE, compile_kwargs
 

@@ -105,6 +105,13 @@ SCHEMA: dict[str, Any] = {
     "objective": "what the objective resolved to: kind, loss, reference strategy and identity (weights sha256, "
     "cache key and hit), the step-0 gate's report (null with a reason where it cannot apply)",
     "mask_probe": "per layer type: mask None (fast path) or tensor, padded vs unpadded, band check result",
+    "compile": {
+        "trainer": "trainer.compile: requested (true, false, auto), resolved (bool) and why",
+        "optimizer": "optimizer.compile: requested, resolved and why",
+        "inductor_cache": "the inductor/autotune cache directory this run used and where that came from",
+        "expected_compiles_per_frame": "graphs one frame may compile before the run warns (null: no bound)",
+        "frames_over_expected": "compile counts of the frames that compiled more graphs than expected",
+    },
     "dynamo": "torch._dynamo counters at the end: frames, unique graphs, graph breaks, recompiles, "
     "recompile-limit hits (frames left eager)",
     "throughput": "trainer.summary() at the end: steps, tokens, real tokens, ...",

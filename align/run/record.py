@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from align.config import TrainConfig
 from align.errors import EXIT_CONFIG, EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
+from align.parallel.compile import frames_over
 from align.run.manifest import MANIFEST, Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
 from align.run.redaction import REDACTED, recorded_env, redact, redact_argv
 
@@ -207,8 +208,10 @@ class RunRecord:
             "pretrained",
             "attn_implementation_requested",
             "experts_implementation_requested",
+            "compile_choice",
         }
         m.set("model.extra", {k: v for k, v in info.items() if k not in known})
+        self._record_compile(info.get("compile_choice") or {})
         dev, reasons = device_info(d["device"])
         m.update({f"device.{k}": v for k, v in dev.items()}, reasons)
         m.set("parallel.world_size", d["world_size"])
@@ -237,6 +240,13 @@ class RunRecord:
             else:
                 self.manifest.set(key, {**failed, "gate": {**failed["gate"], "error": str(e)}})
             raise
+
+    def _record_compile(self, choice: dict[str, Any]) -> None:
+        m = self.manifest
+        for key in ("trainer", "optimizer", "expected_compiles_per_frame"):
+            m.set(f"compile.{key}", choice.get(key), "dynamic=false compiles a graph per shape: no count to expect")
+        m.set("compile.inductor_cache", choice.get("inductor_cache"), "nothing compiles in this run")
+        m.null("compile.frames_over_expected", "pending: read at the end of the run")
 
     def _record_data(self, data: dict[str, Any], sampler: dict[str, Any]) -> None:
         m = self.manifest
@@ -295,6 +305,7 @@ class RunRecord:
                 counters["recompile_limit_hits"],
             )
         if self.trainer is not None:
+            self._check_recompiles()
             try:
                 m.set("throughput", self.trainer.summary())
             except Exception as e:  # bookkeeping never masks the run's own outcome
@@ -304,6 +315,19 @@ class RunRecord:
         if m.data["run"]["start_time"] is None:  # failed before start(): still a complete, honest manifest
             m.update({"run.argv": self.argv, "run.run_dir": str(self.run_dir.resolve())})
         m.complete(code, reason)
+
+    def _check_recompiles(self) -> None:
+        """More graphs in a frame than the run's compile settings explain: a guard that keeps failing
+        (a Python value, a new dtype), which costs a compile each time and, at dynamo's limit, the frame."""
+        expected = self.manifest.data["compile"]["expected_compiles_per_frame"]
+        if expected is None:
+            self.manifest.null("compile.frames_over_expected", "no count to expect (or the trainer was not built)")
+            return
+        over = frames_over(expected)
+        self.manifest.set("compile.frames_over_expected", over)
+        if over:
+            log.warning("%d frame(s) compiled more graphs than the %d expected (%s): a guard keeps failing; "
+                        "TORCH_LOGS=recompiles says which (provenance.json compile)", len(over), expected, over)
 
 
 def is_moe(cfg: TrainConfig) -> bool:

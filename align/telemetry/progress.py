@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Optional
 
 from tqdm import tqdm
+
+from align.parallel.compile import compile_seconds
 
 
 class Progress:
@@ -19,7 +22,9 @@ class Progress:
         self.start_step = initial
         self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True, disable=not self.tty, unit="step")
 
-    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+    def update(self, step: int, loss: float, tokens_per_s: float, step_time_s: Optional[float] = None) -> None:
+        if step == self.start_step + 1 and step_time_s is not None:
+            self.first_step(step_time_s)
         if self.tty:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
@@ -27,8 +32,22 @@ class Progress:
             done = step - self.start_step
             rate = done / max(time.perf_counter() - self.t0, 1e-9)
             eta = (self.total - step) / rate if rate > 0 else float("inf")
-            print(f"step {step}/{self.total} loss {loss:.4f} tok/s {tokens_per_s:,.0f} eta {eta:,.0f}s",
-                  file=sys.stderr, flush=True)
+            print(f"step {step}/{self.total} loss {loss:.4f} tok/s {tokens_per_s:,.0f} eta {eta:,.0f}s"
+                  + self.compile_share(), file=sys.stderr, flush=True)
+
+    def first_step(self, seconds: float) -> None:
+        """The first step pays the compiles and the autotuning: say how long it took and how much of it
+        was compiling, so a slow start reads as what it is."""
+        spent = compile_seconds()
+        line = f"first step {seconds:,.1f}s" + (f" (compiling {spent:,.1f}s so far)" if spent else "")
+        if self.tty:
+            self.bar.write(line, file=sys.stderr)
+        elif self.enabled:
+            print(line, file=sys.stderr, flush=True)
+
+    def compile_share(self) -> str:
+        spent = compile_seconds()
+        return f" compile {spent / max(time.perf_counter() - self.t0, 1e-9):.0%} of the wall" if spent else ""
 
     def close(self) -> None:
         self.bar.close()

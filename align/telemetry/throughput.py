@@ -36,6 +36,8 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from align.parallel.compile import compile_seconds
+
 CONVENTION = (
     "model FLOPs/token = 4*N_active + 2*N_active_trainable + 12*sum_layers(d_attn*ctx); "
     "N_active = >=2-dim params except input-embedding lookups, MoE experts x top_k/num_experts; "
@@ -284,6 +286,9 @@ class Throughput:
     skip_first: int = 1
     """Steps left out of the summary: the first one carries allocator and kernel-selection warm-up."""
     _steps: int = field(default=0, init=False)
+    _first_s: Optional[float] = field(default=None, init=False)
+    """The first step of this process: where the compiled graphs and the autotuning are paid."""
+    _all_s: float = field(default=0.0, init=False)
     _totals: dict[str, float] = field(init=False, default_factory=lambda: dict(
         tokens=0, real_tokens=0, loss_tokens=0, flops=0.0, seconds=0.0))
 
@@ -314,6 +319,8 @@ class Throughput:
         loss = sum(b.loss_tokens for b in window)
         flops = self.batch_flops(window)
         self._steps += 1
+        self._first_s = seconds if self._first_s is None else self._first_s
+        self._all_s += seconds
         if self._steps > self.skip_first:
             for k, v in dict(tokens=tokens, real_tokens=real, loss_tokens=loss, flops=flops, seconds=seconds).items():
                 self._totals[k] += v
@@ -346,7 +353,15 @@ class Throughput:
             "throughput/ceiling_label": self.ceiling.label if self.ceiling else None,
             "throughput/datasheet_tflops": self.datasheet_tflops,
             "throughput/datasheet_source": self.datasheet_source,
+            **self.compile_cost(),
         }
+
+    def compile_cost(self) -> dict[str, Optional[float]]:
+        """Time to the first step, and the share of all step time that dynamo and inductor spent
+        compiling (null until a step ran)."""
+        spent = compile_seconds()
+        return {"throughput/first_step_s": self._first_s, "throughput/compile_s": spent if self._steps else None,
+                "throughput/compile_share": min(spent / self._all_s, 1.0) if self._all_s > 0 else None}
 
     def describe(self) -> dict[str, Any]:
         return {"flops": asdict(self.flops), "ceiling": asdict(self.ceiling) if self.ceiling else None,

@@ -122,3 +122,28 @@ def test_ratios_and_the_table_read_the_same_command(tmp_path):
     assert results[1]["vs_hf_padded"] == pytest.approx(7.0) and results[2]["vs_hf_padded"] is None
     md = harness.table(results, None, ["hf_padded"])
     assert "| (2) dense_best | 700 |" in md and "| 7.00x |" in md and "exit 1: boom" in md
+
+
+def test_the_handwritten_arm_steps_on_uniform_unpadded_rows_at_dense_bests_budget():
+    from bench.common import experiment_config
+    from bench.handwritten_arm import handwritten_arm, shape
+
+    rows, width = shape(tiny=True)
+    assert rows * 2048 <= experiment_config("bench/dense_best").sampler.max_tokens < (rows + 1) * 2048
+    m = handwritten_arm("handwritten", experiment_config("bench/base_dense", tiny=True), 3, 1, tiny=True)
+    assert m["steps_measured"] == 2 and m["real_tokens"] == m["tokens"] == 2 * rows * width
+    assert m["useful_flops"] == pytest.approx(m["counted_flops"])  # no padding: every FLOP is useful
+    assert m["seconds"] > 0 and m["final_loss"] == m["final_loss"]
+
+
+@pytest.mark.parametrize("default, family", [("dense_default", "mistral"), ("moe_default", "olmoe")])
+def test_the_default_arms_carry_no_performance_override(default, family):
+    """dense_default / moe_default are the runs a user types: every performance knob at its default."""
+    from bench.common import compose_typed, experiment_config
+
+    arm = experiment_config(f"bench/{default}")
+    plain = compose_typed([f"model={family}", "data=tokens", "data.path=rows.jsonl"])
+    for group in ("sampler", "attention", "parallel"):
+        assert getattr(arm, group) == getattr(plain, group), group
+    assert (arm.trainer.compile, arm.optimizer.compile) == ("auto", "auto")
+    assert (arm.trainer.loss_chunk_tokens, arm.trainer.grad_accum) == (0, 1)

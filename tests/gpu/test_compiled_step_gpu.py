@@ -16,7 +16,8 @@ from tests.conftest import build_trainer
 pytestmark = pytest.mark.gpu
 
 ARGS = ("trainer.device=cuda", "model.preset=tiny", "trainer.max_steps=8", "optimizer.lr=1e-2",
-        "optimizer.max_grad_norm=0.5", "optimizer.warmup_ratio=0.5", "allow_dirty=true")
+        "optimizer.max_grad_norm=0.5", "optimizer.warmup_ratio=0.5", "allow_dirty=true",
+        "trainer.compile=false", "optimizer.compile=false")  # the fused baseline; the compiled run turns one on
 
 
 def test_the_compiled_step_trains_like_the_fused_step_and_a_schedule_recompiles_nothing(tmp_path):

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 def train(tmp_path, *overrides):
     t = build_trainer(tmp_path, "trainer.device=cuda", "model.preset=tiny", "trainer.max_steps=6", "optimizer.lr=1e-2",
                       "optimizer.max_grad_norm=0.5", "optimizer.warmup_ratio=0.3", "allow_dirty=true",
-                      "trainer.deterministic=true", *overrides)
+                      "trainer.deterministic=true", "trainer.compile=false", "optimizer.compile=false", *overrides)
     assert t.fit() == 0
     rows = [json.loads(x) for x in (t.run_dir / "history.jsonl").read_text().splitlines()]
     params = {n: p.detach().clone() for n, p in t.model.named_parameters()}

@@ -68,6 +68,10 @@ def test_gpu_manifest_records_device_and_sdpa_kernel_family(tmp_path, overrides)
     if m["model"]["sdpa_kernel_family"] != "math":
         assert m["model"]["sdpa_kernels"]
     assert m["mask_probe"]["ok"]
+    # the default (auto) on CUDA: compiled blocks for the families run compiled on the GPU, the compiled step
+    compiled = overrides != ("model=gemma4",)
+    assert m["compile"]["trainer"]["resolved"] is compiled and m["compile"]["optimizer"]["resolved"] is True
+    assert m["compile"]["inductor_cache"]["dir"] and m["throughput"]["throughput/first_step_s"] > 0
 
 
 def test_gpu_mask_probe_gemma4_bf16(tmp_path):

@@ -150,3 +150,39 @@ def test_a_frozen_reference_compiles_like_the_policy(tmp_path, monkeypatch):
     frozen = t.objective.reference.module
     assert all(getattr(b, "_compiled_call_impl", None) is not None for b in frozen.model.layers)
     assert t.fit() == 0
+
+
+def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_first_step_cost(tmp_path):
+    """The default (auto) resolves off on a CPU, and the manifest says so and why; time to the first step
+    and the compile share are in the throughput summary, present whatever compiled."""
+    import torch._dynamo
+    from omegaconf import OmegaConf
+
+    import align.trainer
+    from align.config import to_typed
+    from align.run.cli import compose
+    from align.run.manifest import load
+    from align.run.record import RunRecord
+
+    torch._dynamo.reset()  # dynamo's per-frame counts are per process: earlier tests' frames do not count
+    ov = ["logger=none", "allow_dirty=true", "data.max_records=16", "trainer.max_steps=2", "trainer.export=false"]
+    cfg = compose(ov)
+    typed, run_dir = to_typed(cfg), tmp_path / "run"
+    record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, ov, ov)
+    with record:
+        record.start([])
+        t = align.trainer.Trainer.build(typed, run_dir)
+        record.built(t)
+        record.finished(t, t.fit())
+    m = load(run_dir)
+    from tests.integration.test_truthful_run import assert_present_and_null
+
+    assert_present_and_null(m)
+    assert m["config"]["resolved"]["trainer"]["compile"] == "auto"
+    assert m["compile"]["trainer"]["requested"] == "auto" and m["compile"]["trainer"]["resolved"] is False
+    assert "device cpu" in m["compile"]["trainer"]["why"] and "device cpu" in m["compile"]["optimizer"]["why"]
+    assert m["compile"]["inductor_cache"] is None and "compile.inductor_cache" in m["null_reasons"]
+    assert m["compile"]["frames_over_expected"] == []
+    assert t.model_info["compile"] is None and t.model_info["optimizer_step"]["kind"] == "plain"
+    assert m["throughput"]["throughput/first_step_s"] > 0
+    assert 0 <= m["throughput"]["throughput/compile_share"] <= 1

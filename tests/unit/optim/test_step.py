@@ -195,7 +195,7 @@ def test_sync_orders_every_queued_chunk_before_a_checkpoint_reads_parameters():
 def test_overlap_and_compile_resolve_off_on_a_cpu_and_say_why():
     model = tiny_mistral()
     cpu = torch.device("cpu")
-    s = build_stepper(OptimizerConfig(overlap=True), adamw(model), model, cpu)
+    s = build_stepper(OptimizerConfig(overlap=True, compile=False), adamw(model), model, cpu)
     assert s.info() == {"kind": "plain", "overlap": False, "compiled": False,
                         "reason": "optimizer.overlap: device cpu: side streams are a CUDA feature"}
     s = build_stepper(OptimizerConfig(compile=True), adamw(model), model, cpu)
@@ -204,8 +204,16 @@ def test_overlap_and_compile_resolve_off_on_a_cpu_and_say_why():
     assert s.info()["kind"] == "plain" and s.info()["reason"] == (
         "optimizer.compile: device cpu: the compiled step is capturable, a CUDA feature; "
         "optimizer.overlap: device cpu: side streams are a CUDA feature")
-    assert build_stepper(OptimizerConfig(), adamw(model), model, cpu).info()["reason"] == \
+    assert build_stepper(OptimizerConfig(compile=False), adamw(model), model, cpu).info()["reason"] == \
         "optimizer.overlap=false, optimizer.compile=false"
+
+
+def test_an_unresolved_auto_never_reaches_the_stepper():
+    """optimizer.compile=auto is the trainer's to resolve (align.parallel.compile): "auto" is truthy, and
+    read as is it would build a compiled step over a fused optimizer."""
+    model = tiny_mistral()
+    with pytest.raises(ValueError, match="unresolved"):
+        build_stepper(OptimizerConfig(), adamw(model), model, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("option, bad, accepted", [
