@@ -3,7 +3,7 @@ its own device, and on the host a sha256 over the names, shapes, dtypes and chec
 
 The rollout check compares the generation copy with the training weights before every rollout;
 hashing every byte on the host meant copying the whole model to the CPU twice per rollout, which on
-a GPU took longer than the update it guarded (docs/grpo.md#weight-hand-off). The checksum reads each
+a GPU took longer than the update it guarded (docs/grpo.md#rollouts-that-cannot-lie). The checksum reads each
 tensor as 16-bit words w_i (bytes for 1-byte dtypes) and sums (w_i * c_i) mod P with P = 2^31 - 1 and
 position coefficients c_i in [1, P - 1]: a change of one word (|delta| < 2^16 < P) always changes
 it, and several changes cancel with probability about 1 / P per tensor."""
