@@ -45,11 +45,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-<<<<<<< HEAD
-from bench import grpo_rows, hf_arm, trl_arm, trl_grpo  # noqa: E402
-=======
-from bench import handwritten_arm, hf_arm, trl_arm  # noqa: E402
->>>>>>> x-fastdefault
+from bench import grpo_rows, handwritten_arm, hf_arm, trl_arm, trl_grpo  # noqa: E402
 from bench.common import (  # noqa: E402
     add_ratios,
     bimodal_lengths,
@@ -72,14 +68,8 @@ LAUNCHER = ROOT / "launchers" / "torchrun.sh"
 ROWS_FILE = "rows.jsonl"
 DATA_FILES = (ROWS_FILE, PAIRS_FILE, PAIR_ROWS_FILE)
 """The files the harness writes; an arm's experiment names one of them as its data.path."""
-<<<<<<< HEAD
-REFERENCE_MODULES = {**{a: hf_arm for a in hf_arm.REFERENCE_ARMS}, **{a: trl_arm for a in trl_arm.REFERENCE_ARMS},
-                     **{a: trl_grpo for a in trl_grpo.REFERENCE_ARMS}}
-REFERENCE_ARMS = {**hf_arm.REFERENCE_ARMS, **trl_arm.REFERENCE_ARMS, **trl_grpo.REFERENCE_ARMS}
-=======
-REFERENCE_MODULES = {a: m for m in (hf_arm, trl_arm, handwritten_arm) for a in m.REFERENCE_ARMS}
-REFERENCE_ARMS = {**hf_arm.REFERENCE_ARMS, **trl_arm.REFERENCE_ARMS, **handwritten_arm.REFERENCE_ARMS}
->>>>>>> x-fastdefault
+REFERENCE_MODULES = {a: m for m in (hf_arm, trl_arm, trl_grpo, handwritten_arm) for a in m.REFERENCE_ARMS}
+REFERENCE_ARMS = {a: e for m in (hf_arm, trl_arm, trl_grpo, handwritten_arm) for a, e in m.REFERENCE_ARMS.items()}
 """reference arm -> the align experiment whose model it builds."""
 
 
@@ -136,7 +126,7 @@ def align_overrides(arm: Arm, a: argparse.Namespace, out: Path) -> list[str]:
     arm.data_file = Path(own.data.path or "").name
     if arm.data_file not in DATA_FILES:
         die(f"{arm.name} (experiment={arm.experiment}): data.path={own.data.path} names no file the harness writes; "
-            f"accepted: outputs/bench/<one of {', '.join(DATA_FILES)}> (objective=grpo: its bundled prompts, no data.path)")
+            f"accepted: outputs/bench/<one of {', '.join(DATA_FILES)}> (grpo: bundled prompts, no data.path)")
     return [*experiment, f"data.path={out / arm.data_file}", f"data.cache_dir={out / 'cache'}", "allow_dirty=true",
             *steps, *tiny]
 
