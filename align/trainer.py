@@ -315,7 +315,7 @@ class Trainer:
         """The in-training eval on every rank (collective); its time is not the next step's."""
         self.stepper.sync()  # the step's parameters may still be written on a side stream
         with record_function("align.eval"):
-            out = self.evals.run(self.model, self.autocast)
+            out = self.evals.run(self.model, self.autocast, compiled=self.model_info["compile"] is not None)
         self.t_boundary = None
         return out
 

@@ -10,7 +10,12 @@ all ranks hold the same metrics.
 What the eval must not change. Training's RNG streams: the engine seeds each call from `eval.seed`
 inside `fork_rng`, and the whole eval runs inside one more `fork_rng`, so what it draws leaves the
 training draws where they were. The model's train/eval mode: the engine puts the model in eval mode
-and restores it. The step timing: the trainer times the next step from its own start.
+and restores it. The step timing: the trainer times the next step from its own start. Compiled
+training blocks (`trainer.compile`): generating through them (new shapes, no grad, a KV cache) made
+dynamo recompile them until its limit sent the training blocks to eager, so on one process the eval
+generates with its own copy of the model (deep copies carry no compile), synced and fingerprint-checked
+before every eval; under fsdp/ep (sharded weights, no copy) the shared model generates with
+compilation suspended (`torch.compiler.set_stance("force_eager")`) and a static, uncompiled cache.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from typing import Any, Callable, Optional
 import torch
 
 from align.config import TrainConfig
+from align.errors import AlignError
 from align.evaluation.datasets import load_data
 from align.evaluation.runner import finish_arm, generate_shard, prompts_per_call, stop_ids
 from align.evaluation.scoring import build_scorer
-from align.generation import build_engine
+from align.generation import GenerateMode, HFEngine, build_engine
+from align.objectives.rollout_stats import state_sha256
 from align.parallel.env import DistEnv
 
 PREFIX = "eval/"
@@ -44,6 +51,8 @@ class TrainingEval:
         self.data = load_data(self.cfg, getattr(self.scorer, "verifier", None))
         self.seconds, self.count = 0.0, 0
         self.described: Optional[dict[str, Any]] = None
+        self.copy: Optional[HFEngine] = None
+        """The eval's own copy of a compiled model (one process), kept across evals."""
 
     @classmethod
     def build(cls, cfg: TrainConfig, env: DistEnv, tokenizer: Any) -> Optional["TrainingEval"]:
@@ -53,17 +62,35 @@ class TrainingEval:
         """A function of the step alone, so a resumed run keeps the cadence of the run it continues."""
         return step % self.every == 0 or step == self.last_step
 
+    def _engine(self, model: torch.nn.Module, compiled: bool) -> tuple[Any, contextlib.AbstractContextManager]:
+        """The engine of this eval and the context it generates in (see the module docstring)."""
+        kw = dict(pad_token_id=self.tokenizer.pad_token_id, eos_token_ids=stop_ids(self.tokenizer, model))
+        if not compiled:
+            return build_engine(self.engine_cfg, model, **kw), contextlib.nullcontext()
+        if self.env.distributed:
+            cfg = self.engine_cfg
+            if cfg.mode in (GenerateMode.auto, GenerateMode.compiled):
+                cfg = replace(cfg, mode=GenerateMode.static)
+            return build_engine(cfg, model, **kw), torch.compiler.set_stance("force_eager")
+        if self.copy is None:
+            self.copy = HFEngine.copy_of(model, self.engine_cfg, **kw)
+        else:
+            self.copy.sync_from(model)
+        if self.copy.weights_hash() != state_sha256(model):
+            raise AlignError("the eval copy does not hold the training weights after its sync")
+        return self.copy, contextlib.nullcontext()
+
     def run(self, model: torch.nn.Module, autocast: Callable[[], contextlib.AbstractContextManager] =
-            contextlib.nullcontext) -> dict[str, Any]:
-        """Collective: every rank calls it at the same step. Returns the row's `eval/` keys."""
+            contextlib.nullcontext, compiled: bool = False) -> dict[str, Any]:
+        """Collective: every rank calls it at the same step. Returns the row's `eval/` keys. `compiled`:
+        the training model's blocks are compiled (they must not see the eval's shapes)."""
         t0 = time.perf_counter()
         device = next(model.parameters()).device
         cuda = device.type == "cuda"
         index = (torch.cuda.current_device() if device.index is None else device.index) if cuda else None
         with torch.random.fork_rng(devices=[index] if cuda else [], device_type="cuda" if cuda else None):
-            engine = build_engine(self.engine_cfg, model, pad_token_id=self.tokenizer.pad_token_id,
-                                  eos_token_ids=stop_ids(self.tokenizer, model))
-            with torch.no_grad(), autocast():
+            engine, stance = self._engine(model, compiled)
+            with torch.no_grad(), autocast(), stance:
                 shard = generate_shard(engine, self.tokenizer, self.data, self.cfg, self.scorer,
                                        prompts_per_call(self.engine_cfg, self.cfg.samples), progress=False,
                                        rank=self.env.rank, world=self.env.world)

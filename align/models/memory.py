@@ -157,12 +157,14 @@ def tokens_per_micro_batch(cfg: TrainConfig) -> int:
     sft and dpo go through the sampler: under sampler=budget `max_tokens` bounds rows x padded width (a
     dpo pair counts both its sides); shuffle and bucket take `micro_batch_size` rows (dpo: pairs, two
     sequences each) at `data.max_seq_len`, the worst case. grpo forwards its rollout's completions,
-    cut into `updates_per_rollout x trainer.grad_accum` micro-batches, each at most `data.max_seq_len`."""
+    cut into `updates_per_rollout x trainer.grad_accum` micro-batches, each at most `data.max_seq_len`
+    wide, or under sampler=budget into micro-batches of at most `max_tokens`."""
     o = cfg.objective
-    if o.kind == ObjectiveKind.grpo:
+    budget = cfg.sampler.kind == SamplerKind.budget and cfg.sampler.max_tokens is not None
+    if o.kind == ObjectiveKind.grpo and not budget:
         seqs = -(-o.prompts_per_rollout * o.group_size // (o.updates_per_rollout * cfg.trainer.grad_accum))
         return seqs * cfg.data.max_seq_len
-    if cfg.sampler.kind == SamplerKind.budget and cfg.sampler.max_tokens is not None:
+    if budget:  # grpo too: its budget cut holds at most max_tokens per micro-batch
         return cfg.sampler.max_tokens
     rows = cfg.sampler.micro_batch_size * (2 if o.kind == ObjectiveKind.dpo else 1)
     return rows * cfg.data.max_seq_len

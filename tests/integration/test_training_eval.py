@@ -120,3 +120,33 @@ def test_a_resume_keeps_the_cadence_with_one_row_per_step(runs):
         assert a["loss"] == b["loss"]
         assert {k: v for k, v in a.items() if k.startswith("eval/") and "_s" not in k and k != "eval/seconds"} == \
             {k: v for k, v in b.items() if k.startswith("eval/") and "_s" not in k and k != "eval/seconds"}
+
+
+def _compiled_graphs(tmp: Path, name: str, monkeypatch, *overrides: str):
+    import functools
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    import align.parallel.compile as comp
+    import align.trainer
+
+    monkeypatch.setattr(align.trainer, "compile_blocks", functools.partial(comp.compile_blocks, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    t, code, hist = fit(tmp, name, "trainer.compile=true", "trainer.max_steps=3", *overrides)
+    assert code == 0
+    return t, int(counters["stats"]["unique_graphs"]), hist
+
+
+def test_an_eval_leaves_compiled_training_blocks_alone(tmp_path, monkeypatch):
+    """Generating through the compiled training blocks made dynamo recompile them (new shapes, no
+    grad, a KV cache) until its limit sent training to eager: the eval generates with its own copy."""
+    _, plain, _ = _compiled_graphs(tmp_path, "plain", monkeypatch)
+    t, with_eval, hist = _compiled_graphs(tmp_path, "eval", monkeypatch, *EVAL[:-3], "trainer.eval_every=1",
+                                          "eval.limit=2", "eval.max_new_tokens=4")
+    assert [r["step"] for r in hist if "eval/pass@1" in r] == [1, 2, 3]
+    assert with_eval == plain
+    copy = t.evals.copy
+    assert copy is not None and copy.model is not t.model and copy.describe()["weights"] == "copy (sync_from)"
+    assert t.evals.described["engine"]["weights"] == "copy (sync_from)"

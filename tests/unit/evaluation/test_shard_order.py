@@ -20,3 +20,31 @@ def test_shares_cover_every_prompt_once_with_equal_counts(n, world):
 def test_one_rank_generates_longest_first_with_no_padding():
     prompts = [[0], [0, 0, 0], [0, 0]]
     assert shard_order(prompts, 0, 1) == ([1, 2, 0], 3)
+
+
+def test_a_sharded_compiled_model_generates_uncompiled_with_compilation_suspended():
+    """Under fsdp/ep there is no copy to generate with: the shared model generates with a static,
+    uncompiled cache and dynamo's stance at force_eager, so the compiled blocks see no eval shapes."""
+    from types import SimpleNamespace
+
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from align.evaluation.schedule import TrainingEval
+    from align.generation import GenerateMode
+
+    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2))
+    ev = TrainingEval.__new__(TrainingEval)
+    from align.generation import EngineConfig
+
+    ev.engine_cfg, ev.copy = EngineConfig(lockstep=True), None
+    ev.tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    ev.env = SimpleNamespace(distributed=True)
+    engine, stance = ev._engine(model, compiled=True)
+    assert engine.model is model and engine.mode is GenerateMode.static and ev.copy is None
+    assert type(stance).__name__ != "nullcontext"
+    ev.env = SimpleNamespace(distributed=False)
+    engine, stance = ev._engine(model, compiled=True)
+    assert engine is ev.copy and engine.model is not model and type(stance).__name__ == "nullcontext"
+    engine, _ = ev._engine(model, compiled=False)
+    assert engine.model is model

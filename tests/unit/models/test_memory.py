@@ -85,6 +85,9 @@ def test_tokens_per_micro_batch_follow_the_batching_that_runs(compose):
     assert tokens("objective=dpo", "sampler=budget", "sampler.max_tokens=3000") == 3000  # a pair unit holds both
     # grpo: 16 x 16 completions cut into 2 updates x 4 micro-batches -> 32 sequences of at most max_seq_len
     assert tokens("objective=grpo", "objective.updates_per_rollout=2", "trainer.grad_accum=4") == 32 * 512
+    # grpo under a token budget: each micro-batch of the cut holds at most max_tokens (a GPU run of the
+    # whole 512-completion rollout was refused at 524,288 tokens before this)
+    assert tokens("objective=grpo", "sampler=budget", "sampler.max_tokens=4096") == 4096
 
 
 def test_accumulated_grads_and_a_frozen_reference_copy_add_to_the_peak(compose):
