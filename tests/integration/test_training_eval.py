@@ -150,3 +150,16 @@ def test_an_eval_leaves_compiled_training_blocks_alone(tmp_path, monkeypatch):
     copy = t.evals.copy
     assert copy is not None and copy.model is not t.model and copy.describe()["weights"] == "copy (sync_from)"
     assert t.evals.described["engine"]["weights"] == "copy (sync_from)"
+
+
+def test_eval_rows_and_the_eval_cost_reach_wandb(tmp_path):
+    """The same eval/* keys land in the W&B run's history at the eval steps, and the cost in its summary."""
+    from tests.wandb_log import read_run
+
+    t, code, hist = fit(tmp_path, "wb", *EVAL, "trainer.max_steps=3", "logger=wandb", "logger.mode=offline")
+    assert code == 0
+    (wb,) = [read_run(d) for d in (t.run_dir / "wandb").glob("offline-run-*")]
+    at = {r["train/step"]: r for r in wb["history"] if "eval/pass@1" in r}  # W&B's own _step counts from 0
+    assert sorted(at) == [2, 3]
+    assert at[2]["eval/pass@1"] == next(r for r in hist if r["step"] == 2)["eval/pass@1"]
+    assert wb["summary"]["eval/count"] == 2 and 0 < wb["summary"]["eval/eval_share"] < 1
