@@ -21,6 +21,7 @@ compilation suspended (`torch.compiler.set_stance("force_eager")`) and a static,
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import replace
 from typing import Any, Callable, Optional
@@ -62,23 +63,26 @@ class TrainingEval:
         """A function of the step alone, so a resumed run keeps the cadence of the run it continues."""
         return step % self.every == 0 or step == self.last_step
 
-    def _engine(self, model: torch.nn.Module, compiled: bool) -> tuple[Any, contextlib.AbstractContextManager]:
-        """The engine of this eval and the context it generates in (see the module docstring)."""
+    def _engine(self, model: torch.nn.Module, compiled: bool
+                ) -> tuple[Any, Callable[[], contextlib.AbstractContextManager]]:
+        """The engine of this eval and a factory of the context it generates in (see the module
+        docstring). A factory: calling `torch.compiler.set_stance` sets the stance at once, for the
+        whole process, unless it is entered and left as a context."""
         kw = dict(pad_token_id=self.tokenizer.pad_token_id, eos_token_ids=stop_ids(self.tokenizer, model))
         if not compiled:
-            return build_engine(self.engine_cfg, model, **kw), contextlib.nullcontext()
+            return build_engine(self.engine_cfg, model, **kw), contextlib.nullcontext
         if self.env.distributed:
             cfg = self.engine_cfg
             if cfg.mode in (GenerateMode.auto, GenerateMode.compiled):
                 cfg = replace(cfg, mode=GenerateMode.static)
-            return build_engine(cfg, model, **kw), torch.compiler.set_stance("force_eager")
+            return build_engine(cfg, model, **kw), functools.partial(torch.compiler.set_stance, "force_eager")
         if self.copy is None:
             self.copy = HFEngine.copy_of(model, self.engine_cfg, **kw)
         else:
             self.copy.sync_from(model)
         if self.copy.weights_hash() != state_sha256(model):
             raise AlignError("the eval copy does not hold the training weights after its sync")
-        return self.copy, contextlib.nullcontext()
+        return self.copy, contextlib.nullcontext
 
     def run(self, model: torch.nn.Module, autocast: Callable[[], contextlib.AbstractContextManager] =
             contextlib.nullcontext, compiled: bool = False) -> dict[str, Any]:
@@ -90,7 +94,7 @@ class TrainingEval:
         index = (torch.cuda.current_device() if device.index is None else device.index) if cuda else None
         with torch.random.fork_rng(devices=[index] if cuda else [], device_type="cuda" if cuda else None):
             engine, stance = self._engine(model, compiled)
-            with torch.no_grad(), autocast(), stance:
+            with torch.no_grad(), autocast(), stance():
                 shard = generate_shard(engine, self.tokenizer, self.data, self.cfg, self.scorer,
                                        prompts_per_call(self.engine_cfg, self.cfg.samples), progress=False,
                                        rank=self.env.rank, world=self.env.world)

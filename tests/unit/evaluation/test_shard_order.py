@@ -3,6 +3,8 @@ decoding needs the same number of backend calls on every rank), and one rank get
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from align.evaluation.runner import shard_order
@@ -42,9 +44,20 @@ def test_a_sharded_compiled_model_generates_uncompiled_with_compilation_suspende
     ev.env = SimpleNamespace(distributed=True)
     engine, stance = ev._engine(model, compiled=True)
     assert engine.model is model and engine.mode is GenerateMode.static and ev.copy is None
-    assert type(stance).__name__ != "nullcontext"
+    import torch
+
+    assert not torch.compiler.is_compiling()
+    probe = torch.compile(lambda x: x + 1, backend="eager")
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    with stance():
+        probe(torch.ones(2))
+    assert counters["stats"]["unique_graphs"] == 0  # suspended: the compiled function ran eager
+    probe(torch.ones(2))
+    assert counters["stats"]["unique_graphs"] == 1  # and the stance is back once the eval is over
     ev.env = SimpleNamespace(distributed=False)
     engine, stance = ev._engine(model, compiled=True)
-    assert engine is ev.copy and engine.model is not model and type(stance).__name__ == "nullcontext"
+    assert engine is ev.copy and engine.model is not model and stance is contextlib.nullcontext
     engine, _ = ev._engine(model, compiled=False)
     assert engine.model is model
