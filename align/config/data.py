@@ -231,7 +231,8 @@ class SamplerConfig:
     kind: SamplerKind = SamplerKind.shuffle
     """shuffle: random micro-batches. bucket: sort by length within buckets of `bucket_size`
     records, cut micro-batches of neighbours, then shuffle the micro-batches globally. budget: as
-    bucket, but each micro-batch takes as many rows as fit in `max_tokens`."""
+    bucket, but each micro-batch takes as many rows as fit in `max_tokens`. conf/train.yaml picks budget
+    (conf/sampler/budget.yaml); objective=grpo picks shuffle."""
     micro_batch_size: int = 8
     """Rows per micro-batch (shuffle, bucket; ignored by budget)."""
     bucket_size: int = 64
