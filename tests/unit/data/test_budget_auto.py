@@ -94,3 +94,9 @@ def test_an_unresolved_auto_reaches_no_sampler_estimate_or_identity(compose):
         estimate_memory(cfg, torch.device("cpu"))
     with pytest.raises(ValueError, match="unresolved"):
         run_identity(cfg, 1, None, None)
+
+
+def test_grpo_keeps_shuffle_and_still_composes_with_the_budget_sampler(compose):
+    assert _cfg(compose, "objective=grpo").sampler.kind.value == "shuffle"
+    cfg = _cfg(compose, "objective=grpo", "sampler=budget", "sampler.max_tokens=4096")
+    assert cfg.sampler.kind.value == "budget" and cfg.sampler.bucket_size == 64
