@@ -26,6 +26,7 @@ def run_family(family: str, args, out: Path) -> dict:
     import torch
 
     from align.config import to_typed
+    from align.data.budget_auto import plan_budget
     from align.models.memory import estimate_memory
     from align.parallel.env import resolve_device
     from align.run.cli import compose
@@ -45,7 +46,7 @@ def run_family(family: str, args, out: Path) -> dict:
     for c in checks:
         print(f"  preflight: {c.name}: {c.detail}")
     device = resolve_device(cfg.trainer.device)
-    est = estimate_memory(cfg, device)
+    est = estimate_memory(plan_budget(cfg, device)[0], device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer.build(cfg, run_dir)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Optional
+from typing import Any, Optional
 
-from align.config.base import _only, _read, _require
+from align.config.base import AUTO, _only, _read, _require
+from align.errors import ConfigError
 
 # ------------------------------------------------------------------------------------------ data
 
@@ -210,20 +211,40 @@ class SamplerKind(StrEnum):
     budget = "budget"
 
 
+def _budget(key: str, value: Any) -> Any:
+    """A token budget: an int >= 1, null, or "auto" kept for the trainer to resolve where the device
+    is known (align.data.budget_auto.plan_budget)."""
+    if value is None or value == AUTO or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ConfigError(key, "must be an int >= 1, auto or null", value)
+
+
+def require_resolved(value: Any, where: str) -> None:
+    """An unresolved `sampler.max_tokens=auto` must not reach a sampler or an estimate, which read a number."""
+    if value == AUTO:
+        raise ValueError(f"sampler.max_tokens={value!r} reached {where} unresolved "
+                         "(align.data.budget_auto.plan_budget)")
+
+
 @dataclass
 class SamplerConfig:
     kind: SamplerKind = SamplerKind.shuffle
     """shuffle: random micro-batches. bucket: sort by length within buckets of `bucket_size`
     records, cut micro-batches of neighbours, then shuffle the micro-batches globally. budget: as
-    bucket, but each micro-batch takes as many rows as fit in `max_tokens`."""
+    bucket, but each micro-batch takes as many rows as fit in `max_tokens`. conf/train.yaml picks budget
+    (conf/sampler/budget.yaml); objective=grpo picks shuffle."""
     micro_batch_size: int = 8
     """Rows per micro-batch (shuffle, bucket; ignored by budget)."""
     bucket_size: int = 64
     """Records per length bucket (bucket, budget). A bucket as large as the data is a full sort; one no
     larger than `micro_batch_size` pairs nothing (micro-batches keep `micro_batch_size` rows)."""
-    max_tokens: Optional[int] = None
+    max_tokens: Any = None
     """Token budget of a micro-batch (budget sampler): rows x padded length <= max_tokens (packed:
-    the sum of the padded row lengths). Must hold the longest record."""
+    the sum of the padded row lengths). Must hold the longest record. auto (the default of
+    sampler=budget): resolved where the device is known (align/data/budget_auto.py): on a CPU 4096
+    tokens; on CUDA the largest of 4096 x k (k = 1..8) whose training-memory estimate is at most 0.75
+    of the device's memory; never below the longest record (`data.max_seq_len` rounded up to
+    `pad_to_multiple_of`). The manifest's `sampler_budget` says what it resolved to and why."""
     pad_to_multiple_of: int = 1
     """Round each micro-batch's padded length up to a multiple of this (bounds the set of shapes)."""
     mask_padding: bool = True
@@ -241,8 +262,7 @@ class SamplerConfig:
         _require(self.pad_to_multiple_of >= 1, "sampler.pad_to_multiple_of", "must be >= 1", self.pad_to_multiple_of)
         if self.kind == SamplerKind.budget:
             _require(self.max_tokens is not None, "sampler.max_tokens", "is required when sampler.kind=budget")
-        if self.max_tokens is not None:
-            _require(self.max_tokens >= 1, "sampler.max_tokens", "must be >= 1 or null", self.max_tokens)
+        self.max_tokens = _budget("sampler.max_tokens", self.max_tokens)
 
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`). `micro_batch_size` under

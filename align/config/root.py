@@ -7,7 +7,7 @@ from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 
-from align.config.base import _require
+from align.config.base import AUTO, _require
 from align.config.data import DataConfig, SamplerConfig, SamplerKind, Truncation
 from align.config.eval import EvalConfig
 from align.config.model import AttentionConfig, ModelConfig
@@ -152,7 +152,7 @@ class TrainConfig:
             "micro-batches) or sampler=budget (micro-batches within sampler.max_tokens)",
             self.sampler.kind.value,
         )
-        if budget:
+        if budget and self.sampler.max_tokens != AUTO:  # auto resolves to at least the longest record
             longest = -(-self.data.max_seq_len // self.sampler.pad_to_multiple_of) * self.sampler.pad_to_multiple_of
             _require(
                 self.sampler.max_tokens >= longest,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from align.config import ResumePolicy, TrainConfig
+from align.config.data import require_resolved
 from align.control.ckpt_index import checkpoint_root, complete, problem
 from align.data.encode import dataset_fingerprint
 from align.errors import ConfigError
@@ -35,6 +36,7 @@ def model_shape(model: torch.nn.Module) -> dict[str, Any]:
 
 def run_identity(cfg: TrainConfig, world: int, data, model: torch.nn.Module) -> dict[str, Any]:
     """What a checkpoint must agree with to be continued by this run."""
+    require_resolved(cfg.sampler.max_tokens, "the resume identity")  # a checkpoint records the budget it trained on
     sampler = {**{k: (v.value if hasattr(v, "value") else v) for k, v in dataclasses.asdict(cfg.sampler).items()},
                "seed": cfg.trainer.seed, "grad_accum": cfg.trainer.grad_accum}
     return {

@@ -23,6 +23,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 from align.config import SamplerConfig, SamplerKind
+from align.config.data import require_resolved
 from align.errors import ConfigError
 
 
@@ -214,6 +215,7 @@ class BudgetSampler(BucketSampler):
     kind = "budget"
 
     def __init__(self, lengths, seed, bucket_size: int, max_tokens: int, rank: int = 0, world: int = 1, **kw) -> None:
+        require_resolved(max_tokens, "the budget sampler")
         super().__init__(lengths, 1, seed, bucket_size, rank, world, **kw)
         self.max_tokens = max_tokens
         longest = int(padded_len(int(self.lengths.max()), self.pad_to_multiple_of)) if len(self.lengths) else 0

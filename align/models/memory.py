@@ -33,6 +33,7 @@ from align.config import (
     SamplerKind,
     TrainConfig,
 )
+from align.config.data import require_resolved
 from align.models.registry import FAMILIES, MoEShape, ParamCount, count_params
 
 GiB = 1024**3
@@ -159,6 +160,7 @@ def tokens_per_micro_batch(cfg: TrainConfig) -> int:
     sequences each) at `data.max_seq_len`, the worst case. grpo forwards its rollout's completions,
     cut into `updates_per_rollout x trainer.grad_accum` micro-batches, each at most `data.max_seq_len`
     wide, or under sampler=budget into micro-batches of at most `max_tokens`."""
+    require_resolved(cfg.sampler.max_tokens, "the memory estimate")
     o = cfg.objective
     budget = cfg.sampler.kind == SamplerKind.budget and cfg.sampler.max_tokens is not None
     if o.kind == ObjectiveKind.grpo and not budget:

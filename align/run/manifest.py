@@ -101,6 +101,8 @@ SCHEMA: dict[str, Any] = {
         "kind": "",
         "stats": "padding waste and zero-pad micro-batches of epoch 0, micro-batches per epoch",
     },
+    "sampler_budget": "sampler.max_tokens under sampler=budget: requested (an int or auto), resolved (int) and why; "
+    "null when the sampler takes no budget",
     "seed": "trainer.seed",
     "objective": "what the objective resolved to: kind, loss, reference strategy and identity (weights sha256, "
     "cache key and hit), the step-0 gate's report (null with a reason where it cannot apply)",

@@ -209,9 +209,12 @@ class RunRecord:
             "attn_implementation_requested",
             "experts_implementation_requested",
             "compile_choice",
+            "sampler_budget",
         }
         m.set("model.extra", {k: v for k, v in info.items() if k not in known})
         self._record_compile(info.get("compile_choice") or {})
+        kind = self.cfg.sampler.kind.value
+        m.set("sampler_budget", info.get("sampler_budget"), f"sampler={kind} takes no token budget")
         dev, reasons = device_info(d["device"])
         m.update({f"device.{k}": v for k, v in dev.items()}, reasons)
         m.set("parallel.world_size", d["world_size"])

@@ -137,7 +137,7 @@ IGNORED = [
     (["data=gsm8k_mix", "data.mixture.train.path=/x.jsonl"], "data.mixture.train.path",
      "ignored by data.mixture.train.kind=gsm8k; it is read when data.mixture.train.kind is jsonl or parquet or tokens"),
     (["data.cache=false", "data.cache_dir=/tmp/c"], "data.cache_dir", "ignored when data.cache=false"),
-    (["sampler.bucket_size=32"], "sampler.bucket_size",
+    (["sampler=shuffle", "sampler.bucket_size=32"], "sampler.bucket_size",
      "ignored by sampler=shuffle; it is read by sampler=bucket, sampler=budget"),
     (["sampler=bucket", "sampler.max_tokens=512"], "sampler.max_tokens", "read by sampler=budget"),
     (["sampler=budget", "sampler.micro_batch_size=4"], "sampler.micro_batch_size", "ignored by sampler=budget"),
@@ -195,7 +195,7 @@ def test_the_same_keys_are_accepted_where_they_are_read(compose, overrides):
 
 def test_a_probe_reads_its_own_options_and_refuses_another_probes(compose, capsys):
     typed = to_typed(compose(["probe=scaling", "probe.scaling.warmup=3", "sampler=budget",
-                              "sampler.micro_batch_size=4"], config_name="probe"))
+                              "sampler=shuffle", "sampler.micro_batch_size=4"], config_name="probe"))
     assert typed.probe.scaling.warmup == 3 and typed.sampler.micro_batch_size == 4  # the scaling probe reads both
     with pytest.raises(ConfigError, match=r"probe.kernels.steps: ignored by probe=scaling; it is read by probe=kern"):
         to_typed(compose(["probe=scaling", "probe.kernels.steps=5"], config_name="probe"))

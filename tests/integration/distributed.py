@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 TINY = [
     "logger=none", "trainer.device=cpu", "trainer.export=false", "trainer.log_every=1000",
     "data.max_records=96", "data.max_seq_len=64", "data.truncation=truncate",
-    "sampler.micro_batch_size=2", "optimizer.warmup_ratio=0", "optimizer.lr=3e-3",
+    "sampler=shuffle", "sampler.micro_batch_size=2", "optimizer.warmup_ratio=0", "optimizer.lr=3e-3",
 ]
 
 

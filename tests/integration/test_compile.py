@@ -183,6 +183,10 @@ def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_fir
     assert "device cpu" in m["compile"]["trainer"]["why"] and "device cpu" in m["compile"]["optimizer"]["why"]
     assert m["compile"]["inductor_cache"] is None and "compile.inductor_cache" in m["null_reasons"]
     assert m["compile"]["frames_over_expected"] == []
+    # the default sampler's budget: what auto resolved to on this CPU, and the identity a resume checks
+    assert m["config"]["resolved"]["sampler"]["max_tokens"] == "auto"
+    assert m["sampler_budget"]["requested"] == "auto" and m["sampler_budget"]["resolved"] == 4096
+    assert "on cpu" in m["sampler_budget"]["why"] and t.identity["sampler"]["max_tokens"] == 4096
     assert t.model_info["compile"] is None and t.model_info["optimizer_step"]["kind"] == "plain"
     assert m["throughput"]["throughput/first_step_s"] > 0
     assert 0 <= m["throughput"]["throughput/compile_share"] <= 1

@@ -33,7 +33,7 @@ STEPS, STOP, ACCUM = 8, 4, 2
 def dpo_cfg(root: Path, *extra: str) -> list[str]:
     return ["objective=dpo", "logger=none", "trainer.device=cpu", "trainer.export=false", "trainer.log_every=1000",
             "data.max_records=60", "data.max_seq_len=160", "data.truncation=drop", "data.on_bad_record=skip",
-            "sampler.micro_batch_size=2", "optimizer.warmup_ratio=0", "optimizer.lr=3e-3",
+            "sampler=shuffle", "sampler.micro_batch_size=2", "optimizer.warmup_ratio=0", "optimizer.lr=3e-3",
             f"data.cache_dir={root / 'cache' / 'encode'}", *extra]
 
 

@@ -35,7 +35,8 @@ from tests.wandb_log import read_run
 
 BASE = ["allow_dirty=true", "objective=dpo", "trainer.device=cpu", "trainer.log_every=1000",
         "optimizer.warmup_ratio=0", "data.max_seq_len=128", "data.truncation=drop", "data.on_bad_record=skip"]
-SHORT = BASE + ["logger=none", "trainer.export=false", "data.max_records=40", "sampler.micro_batch_size=4"]
+SHORT = BASE + ["logger=none", "trainer.export=false", "data.max_records=40",
+                "sampler=shuffle", "sampler.micro_batch_size=4"]
 METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy", "logps/chosen",
            "logps/rejected", "truncated_fraction", "pairs")
 
@@ -103,7 +104,7 @@ def cache(tmp_path_factory) -> Path:
 
 
 LEARN = BASE + ["logger=wandb", "logger.mode=offline", "trainer.export=true", "trainer.max_steps=12",
-                "data.max_records=200", "sampler.micro_batch_size=16", "objective.beta=0.5"]
+                "data.max_records=200", "sampler=shuffle", "sampler.micro_batch_size=16", "objective.beta=0.5"]
 
 
 @pytest.fixture(scope="module")

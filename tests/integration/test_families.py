@@ -63,9 +63,11 @@ def test_trainer_weighs_every_loss_token_the_same_across_the_accumulation_window
 
         trainer.optimizer.step = wrapped
 
-    a = build_trainer(tmp_path / "a", "sampler.micro_batch_size=1", "trainer.grad_accum=2", "trainer.max_steps=1",
+    a = build_trainer(tmp_path / "a",
+                      "sampler=shuffle", "sampler.micro_batch_size=1", "trainer.grad_accum=2", "trainer.max_steps=1",
                       "trainer.export=false", "optimizer.max_grad_norm=0")
-    b = build_trainer(tmp_path / "b", "sampler.micro_batch_size=2", "trainer.grad_accum=1", "trainer.max_steps=1",
+    b = build_trainer(tmp_path / "b", "sampler=shuffle", "sampler.micro_batch_size=2", "trainer.grad_accum=1",
+                      "trainer.max_steps=1",
                       "trainer.export=false", "optimizer.max_grad_norm=0")
     capture(a, "a")
     capture(b, "b")

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import REPO
 
 TINY = ["logger=none", "trainer.device=cpu", "trainer.export=false", "data.max_records=48", "data.max_seq_len=64",
-        "data.truncation=truncate", "sampler.micro_batch_size=2", "allow_dirty=true"]
+        "data.truncation=truncate", "sampler=shuffle", "sampler.micro_batch_size=2", "allow_dirty=true"]
 
 
 def _env(**extra) -> dict:

@@ -220,7 +220,8 @@ def test_expert_parallel_and_8bit_adamw_resume_bit_exactly_too(runs, name):
 # ------------------------------------------------------------------ through the CLI, one process
 
 CLI = ["allow_dirty=true", "logger=none", "trainer.device=cpu", "data.max_records=32", "data.max_seq_len=64",
-       "data.truncation=truncate", "sampler.micro_batch_size=2", "optimizer.warmup_ratio=0", "trainer.log_every=1000"]
+       "data.truncation=truncate", "sampler=shuffle", "sampler.micro_batch_size=2", "optimizer.warmup_ratio=0",
+       "trainer.log_every=1000"]
 FINISHED = CLI + ["trainer.max_steps=6", "trainer.save_every=2", "trainer.keep_last=0", "trainer.export=true"]
 # Written by every attempt, on purpose: Hydra's log appends, and rank<r>/exit.json is the attempt's exit code
 # that the supervisor and launchers/torchrun.sh read.

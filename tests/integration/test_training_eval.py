@@ -16,7 +16,8 @@ from tests.conftest import build_trainer
 
 STEPS, EVERY = 5, 2
 BASE = ["trainer.device=cpu", "trainer.export=false", "trainer.log_every=1000", "data.max_seq_len=96",
-        "data.truncation=truncate", "data.max_records=64", "sampler.micro_batch_size=2", "optimizer.warmup_ratio=0",
+        "data.truncation=truncate", "data.max_records=64", "sampler=shuffle", "sampler.micro_batch_size=2",
+        "optimizer.warmup_ratio=0",
         "+model.overrides.attention_dropout=0.2", f"trainer.max_steps={STEPS}"]
 EVAL = ["eval=gsm8k", f"trainer.eval_every={EVERY}", "eval.limit=3", "eval.max_new_tokens=6"]
 

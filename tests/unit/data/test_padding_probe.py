@@ -10,7 +10,8 @@ from align.probes import padding
 
 def test_padding_probe_sweeps_buckets_and_writes_json_and_png(compose, tmp_path, capsys):
     cfg = to_typed(compose(["probe=padding", "data.max_records=400", f"data.cache_dir={tmp_path / 'cache'}",
-                            "sampler.micro_batch_size=4", "probe.padding.window=2"], config_name="probe"))
+                            "sampler=shuffle", "sampler.micro_batch_size=4",
+                            "probe.padding.window=2"], config_name="probe"))
     assert padding.run(cfg, tmp_path / "out") == 0
     result = json.loads((tmp_path / "out" / "padding.json").read_text())
     rows = result["rows"]

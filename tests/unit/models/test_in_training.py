@@ -15,7 +15,8 @@ def test_moe_lora_run_logs_router_telemetry_every_step_and_exports_merged(compos
     from align.trainer import Trainer
 
     cfg = to_typed(compose(["model=olmoe", "logger=none", "trainer.max_steps=3", "trainer.grad_accum=2",
-                            "data.max_records=24", "data.max_seq_len=128", "sampler.micro_batch_size=4",
+                            "data.max_records=24", "data.max_seq_len=128", "sampler=shuffle",
+                            "sampler.micro_batch_size=4",
                             "model.moe.lb_weight=0.01", "model.lora.enabled=true", "model.lora.gate_steps=2",
                             "optimizer.lr=1e-2", "allow_dirty=true"]))
     names = [c.name for c in run_preflight(cfg)]

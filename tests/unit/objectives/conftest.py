@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 TINY_DPO = ["objective=dpo", "logger=none", "trainer.device=cpu", "trainer.export=false", "data.max_records=40",
-            "data.max_seq_len=160", "data.truncation=drop", "data.on_bad_record=skip", "sampler.micro_batch_size=4"]
+            "data.max_seq_len=160", "data.truncation=drop", "data.on_bad_record=skip", "sampler=shuffle",
+            "sampler.micro_batch_size=4"]
 
 
 def dpo_trainer(root: Path, *overrides: str):

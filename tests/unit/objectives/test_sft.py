@@ -15,7 +15,7 @@ from align.data.collate import IGNORE
 from align.objectives.ce import ChunkedCE
 from align.parallel.grad import clip_grad_norm_
 
-SMALL = ["data.max_records=32", "sampler.micro_batch_size=2", "trainer.grad_accum=2", "logger=none",
+SMALL = ["data.max_records=32", "sampler=shuffle", "sampler.micro_batch_size=2", "trainer.grad_accum=2", "logger=none",
          "trainer.max_steps=2", "allow_dirty=true"]
 
 

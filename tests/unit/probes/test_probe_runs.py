@@ -10,7 +10,7 @@ import pytest
 
 from align.config import to_typed
 
-SMALL = ["data.max_records=32", "sampler.micro_batch_size=2", "allow_dirty=true"]
+SMALL = ["data.max_records=32", "sampler=shuffle", "sampler.micro_batch_size=2", "allow_dirty=true"]
 
 
 def test_scaling_probe_writes_table_json_and_png(compose, tmp_path, capsys):

@@ -136,7 +136,8 @@ def test_summary_leaves_out_the_warm_up_step_and_keeps_every_key(compose):
 def test_every_training_step_reports_throughput(compose, tmp_path):
     from align.trainer import Trainer
 
-    cfg = to_typed(compose(["logger=none", "data.max_records=32", "sampler.micro_batch_size=4", "trainer.max_steps=3",
+    cfg = to_typed(compose(["logger=none", "data.max_records=32", "sampler=shuffle", "sampler.micro_batch_size=4",
+                            "trainer.max_steps=3",
                             "trainer.export=false"]))
     trainer = Trainer.build(cfg, tmp_path)
     assert trainer.fit() == 0

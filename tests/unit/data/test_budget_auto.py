@@ -1,0 +1,102 @@
+"""sampler.max_tokens=auto (align/data/budget_auto.py): what it resolves to per device, and that an
+unresolved auto never reaches a sampler, an estimate or a resume identity."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from align.config import to_typed
+from align.data.budget_auto import HEADROOM, STEP, plan_budget
+from align.errors import ConfigError
+
+GiB = 2**30
+H200 = int(139.8 * GiB)
+CUDA = torch.device("cuda")
+
+
+def _cfg(compose, *ov):
+    return to_typed(compose(["allow_dirty=true", *ov]))
+
+
+def _estimate(cfg, tokens):
+    from align.models.memory import estimate_memory
+
+    return estimate_memory(dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, max_tokens=tokens)),
+                           CUDA).total
+
+
+def test_the_default_sampler_is_a_full_sort_token_budget_resolved_on_a_cpu_to_the_base_step(compose):
+    cfg = _cfg(compose)
+    s = cfg.sampler
+    assert (s.kind.value, s.max_tokens, s.bucket_size, s.pad_to_multiple_of, s.mask_padding) == (
+        "budget", "auto", 100000, 8, False)
+    resolved, record = plan_budget(cfg, torch.device("cpu"))
+    assert resolved.sampler.max_tokens == STEP == 4096 and cfg.sampler.max_tokens == "auto"
+    assert record["requested"] == "auto" and record["resolved"] == 4096 and "on cpu" in record["why"]
+
+
+def test_on_a_cpu_auto_never_falls_below_the_longest_record(compose):
+    _, record = plan_budget(_cfg(compose, "data.max_seq_len=5000"), torch.device("cpu"))
+    assert record["resolved"] == 5000  # 5000 is a multiple of pad_to_multiple_of=8
+
+
+def test_on_an_h200_the_dense_bench_model_takes_the_largest_budget_whose_estimate_fits(compose):
+    cfg = _cfg(compose, "experiment=bench/dense_default")
+    _, record = plan_budget(cfg, CUDA, device_bytes=H200)
+    tokens = record["resolved"]
+    assert tokens % STEP == 0 and STEP <= tokens <= 8 * STEP
+    assert _estimate(cfg, tokens) <= HEADROOM * H200
+    assert tokens == 8 * STEP or _estimate(cfg, tokens + STEP) > HEADROOM * H200  # the largest that fits
+    assert tokens == 32768 and "0.75 x 139.8 GiB" in record["why"]
+
+
+def test_the_moe_bench_model_stops_where_its_estimate_would_pass_the_headroom(compose):
+    cfg = _cfg(compose, "experiment=bench/moe_default")
+    _, record = plan_budget(cfg, CUDA, device_bytes=H200)
+    tokens = record["resolved"]
+    assert _estimate(cfg, tokens) <= HEADROOM * H200 < _estimate(cfg, tokens + STEP)
+
+
+def test_on_a_device_too_small_for_any_step_auto_is_the_longest_record(compose):
+    cfg = _cfg(compose, "experiment=bench/dense_default", "data.max_seq_len=4000")
+    _, record = plan_budget(cfg, CUDA, device_bytes=GiB)
+    assert record["resolved"] == 4000 and "longest record" in record["why"]
+
+
+def test_a_given_budget_is_kept_and_a_sampler_without_one_has_no_record(compose):
+    cfg, record = plan_budget(_cfg(compose, "sampler.max_tokens=3000"), CUDA, device_bytes=GiB)
+    assert cfg.sampler.max_tokens == 3000 and record == {"requested": 3000, "resolved": 3000,
+                                                         "why": "sampler.max_tokens as given"}
+    assert plan_budget(_cfg(compose, "sampler=shuffle"), CUDA)[1] is None
+    assert plan_budget(_cfg(compose, "objective=grpo"), CUDA)[1] is None  # grpo keeps the shuffle sampler
+
+
+@pytest.mark.parametrize("bad", ["lots", "0", "true", "-4"])
+def test_a_budget_that_is_no_int_and_not_auto_is_refused(compose, bad):
+    with pytest.raises(ConfigError) as e:
+        _cfg(compose, f"sampler.max_tokens={bad}")
+    assert e.value.key == "sampler.max_tokens" and "auto" in e.value.message
+
+
+def test_an_unresolved_auto_reaches_no_sampler_estimate_or_identity(compose):
+    from align.control.resume import run_identity
+    from align.data.samplers import build_sampler
+    from align.models.memory import estimate_memory
+
+    cfg = _cfg(compose)
+    with pytest.raises(ValueError, match="unresolved"):
+        build_sampler(cfg.sampler, np.array([5, 9, 3]), 0)
+    with pytest.raises(ValueError, match="unresolved"):
+        estimate_memory(cfg, torch.device("cpu"))
+    with pytest.raises(ValueError, match="unresolved"):
+        run_identity(cfg, 1, None, None)
+
+
+def test_grpo_keeps_shuffle_and_still_composes_with_the_budget_sampler(compose):
+    assert _cfg(compose, "objective=grpo").sampler.kind.value == "shuffle"
+    cfg = _cfg(compose, "objective=grpo", "sampler=budget", "sampler.max_tokens=4096")
+    assert cfg.sampler.kind.value == "budget" and cfg.sampler.bucket_size == 64
