@@ -20,6 +20,7 @@ class Progress:
         self.total = total
         self.t0 = time.perf_counter()
         self.start_step = initial
+        self.compile0 = compile_seconds()  # an earlier run of this process (a sweep, a test) compiled too
         self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True, disable=not self.tty, unit="step")
 
     def update(self, step: int, loss: float, tokens_per_s: float, step_time_s: Optional[float] = None) -> None:
@@ -38,7 +39,7 @@ class Progress:
     def first_step(self, seconds: float) -> None:
         """The first step pays the compiles and the autotuning: say how long it took and how much of it
         was compiling, so a slow start reads as what it is."""
-        spent = compile_seconds()
+        spent = compile_seconds() - self.compile0
         line = f"first step {seconds:,.1f}s" + (f" (compiling {spent:,.1f}s so far)" if spent else "")
         if self.tty:
             self.bar.write(line, file=sys.stderr)
@@ -46,7 +47,7 @@ class Progress:
             print(line, file=sys.stderr, flush=True)
 
     def compile_share(self) -> str:
-        spent = compile_seconds()
+        spent = compile_seconds() - self.compile0
         return f" compile {spent / max(time.perf_counter() - self.t0, 1e-9):.0%} of the wall" if spent else ""
 
     def close(self) -> None:

@@ -289,6 +289,8 @@ class Throughput:
     _first_s: Optional[float] = field(default=None, init=False)
     """The first step of this process: where the compiled graphs and the autotuning are paid."""
     _all_s: float = field(default=0.0, init=False)
+    _compile0: float = field(default_factory=compile_seconds, init=False)
+    """compile_seconds() when this run's records began: the process may have compiled for another run."""
     _totals: dict[str, float] = field(init=False, default_factory=lambda: dict(
         tokens=0, real_tokens=0, loss_tokens=0, flops=0.0, seconds=0.0))
 
@@ -359,7 +361,7 @@ class Throughput:
     def compile_cost(self) -> dict[str, Optional[float]]:
         """Time to the first step, and the share of all step time that dynamo and inductor spent
         compiling (null until a step ran)."""
-        spent = compile_seconds()
+        spent = compile_seconds() - self._compile0
         return {"throughput/first_step_s": self._first_s, "throughput/compile_s": spent if self._steps else None,
                 "throughput/compile_share": min(spent / self._all_s, 1.0) if self._all_s > 0 else None}
 

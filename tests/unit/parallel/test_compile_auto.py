@@ -128,9 +128,23 @@ def test_a_frame_that_compiles_more_graphs_than_expected_is_found():
 def test_the_first_step_and_the_compile_share_are_on_the_progress_line(capsys, monkeypatch):
     import align.telemetry.progress as progress
 
-    monkeypatch.setattr(progress, "compile_seconds", lambda: 1.5)
+    clock = iter([10.0, 11.5, 11.5])  # 10 s compiled before this run (an earlier job of the process)
+    monkeypatch.setattr(progress, "compile_seconds", lambda: next(clock))
     p = progress.Progress(4, 0, True, 1)
     p.tty = False
     p.update(1, 2.0, 100.0, 3.25)
     err = capsys.readouterr().err
     assert "first step 3.2s (compiling 1.5s so far)" in err and "of the wall" in err
+
+
+def test_the_compile_cost_counts_from_this_runs_start(monkeypatch):
+    """dynamo's compile timer is per process: a sweep's second job (or a test after others) must not
+    report the earlier jobs' compiles as its own (a GPU test read 238% of the wall)."""
+    import align.telemetry.throughput as tp
+
+    clock = iter([40.0, 42.0])
+    monkeypatch.setattr(tp, "compile_seconds", lambda: next(clock))
+    t = tp.Throughput.__new__(tp.Throughput)
+    t._compile0, t._steps, t._first_s, t._all_s = tp.compile_seconds(), 2, 3.0, 8.0
+    cost = t.compile_cost()
+    assert cost["throughput/compile_s"] == 2.0 and cost["throughput/compile_share"] == 0.25
