@@ -271,8 +271,7 @@ class SamplerConfig:
             {
                 "bucket_size": _only(key, self.kind, [SamplerKind.bucket, SamplerKind.budget]),
                 "max_tokens": _only(key, self.kind, [SamplerKind.budget]),
-                "mask_padding": f"ignored when {key}.packed=true (a packed row has no padding)"
-                if self.packed
-                else None,
+                # mask_padding under packed is not refused: the default budget option sets it false
+                # (what a packed row is anyway), and a packed row has no padding to mask either way.
             }
         )

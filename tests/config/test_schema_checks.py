@@ -141,7 +141,6 @@ IGNORED = [
      "ignored by sampler=shuffle; it is read by sampler=bucket, sampler=budget"),
     (["sampler=bucket", "sampler.max_tokens=512"], "sampler.max_tokens", "read by sampler=budget"),
     (["sampler=budget", "sampler.micro_batch_size=4"], "sampler.micro_batch_size", "ignored by sampler=budget"),
-    (["sampler.packed=true", "sampler.mask_padding=false"], "sampler.mask_padding", "ignored when sampler.packed=true"),
     (["attention=eager", "attention.sdpa_kernels=[math]"], "attention.sdpa_kernels", "read by attention=sdpa"),
     (["parallel.ep_size=2"], "parallel.ep_size", "ignored by parallel=single; it is read by parallel=ep"),
     (["parallel.param_dtype=bfloat16"], "parallel.param_dtype", "read by parallel=fsdp, parallel=ep"),
@@ -176,6 +175,7 @@ READ = [
     ["sampler=bucket", "sampler.bucket_size=32", "sampler.micro_batch_size=4"],
     ["sampler=budget", "sampler.max_tokens=512", "sampler.bucket_size=8"],
     ["sampler.packed=true", "sampler.mask_padding=true"],
+    ["sampler.packed=true"],  # the default budget option presets mask_padding=false: a packed row has no padding
     ["attention.sdpa_kernels=[math]"],
     ["parallel=fsdp", "parallel.param_dtype=float32", "parallel.reshard_after_forward=false",
      "parallel.pg_timeout_s=30"],

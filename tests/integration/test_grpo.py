@@ -225,7 +225,7 @@ def test_non_finite_losses_halt_a_grpo_run_with_exit_81(tmp_path):
 
 BUDGET = ["objective=grpo", "logger=none", "trainer.device=cpu", "trainer.export=false", "parallel=fsdp",
           "objective.group_size=4", "objective.prompts_per_rollout=4", "trainer.max_steps=2", "data.max_records=200",
-          "parallel.pg_timeout_s=60", "sampler=budget", "sampler.max_tokens=64"]
+          "parallel.pg_timeout_s=60", "sampler=budget", "sampler.max_tokens=64", "sampler.pad_to_multiple_of=1"]
 
 
 def record_cuts(trainer, rank: int) -> None:
