@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from align.data.collate import Batch, collate
@@ -72,7 +73,12 @@ class BatchStream:
             batches = self.sampler.rank_batches(epoch)[start:]
             epoch_batches = _EpochBatches(self.data, batches, self.pad_id, self.mult, self.packed, self.mask_padding,
                                           self.collate_fn)
-            loader = DataLoader(epoch_batches, **self.kwargs)
+            # A DataLoader iterator draws its base seed from the global torch RNG unless given a
+            # generator: a resumed run would draw it after restoring that RNG, and every dropout mask
+            # after it would differ from the uninterrupted run's.
+            seed = int(np.random.default_rng([self.sampler.seed, epoch]).integers(2**62))
+            generator = torch.Generator().manual_seed(seed)
+            loader = DataLoader(epoch_batches, **{**self.kwargs, "generator": generator})
             for i, batch in enumerate(loader):
                 self.position = Position(epoch, start + i + 1)
                 yield batch

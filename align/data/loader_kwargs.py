@@ -14,8 +14,9 @@ def _identity(x: Any) -> Any:
 
 
 def loader_kwargs(num_workers: int, pin_memory: bool) -> dict[str, Any]:
+    # generator: BatchStream gives each epoch's loader its own; None here only names the key for preflight.
     kw: dict[str, Any] = {"batch_size": None, "shuffle": False, "collate_fn": _identity,
-                          "num_workers": num_workers, "pin_memory": pin_memory}
+                          "num_workers": num_workers, "pin_memory": pin_memory, "generator": None}
     if num_workers > 0:
         kw.update(prefetch_factor=4, persistent_workers=False)
     return kw

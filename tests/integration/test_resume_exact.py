@@ -319,3 +319,24 @@ def test_a_restart_after_a_kill_before_any_checkpoint_keeps_one_history_row_per_
     assert [r["step"] for r in history(d)] == [1, 2, 3]
     superseded = [json.loads(x)["step"] for x in (d / "history.superseded.jsonl").read_text().splitlines()]
     assert superseded == killed
+
+
+def test_a_resume_with_dropout_draws_the_uninterrupted_runs_masks(tmp_path):
+    """With dropout on, every mask comes from the global torch RNG the checkpoint restores: a resumed
+    step must train on the same masks as the uninterrupted step (a DataLoader iterator that drew its
+    seed from that RNG after the restore shifted every later mask)."""
+    from tests.conftest import build_trainer
+
+    base = ["trainer.device=cpu", "trainer.export=false", "data.max_seq_len=96", "data.truncation=truncate",
+            "data.max_records=64", "sampler=shuffle", "sampler.micro_batch_size=2", "optimizer.warmup_ratio=0",
+            "+model.overrides.attention_dropout=0.2", "trainer.max_steps=5"]
+    whole = build_trainer(tmp_path / "whole", *base, "trainer.save_every=3")
+    assert whole.fit() == 0
+    ckpt = next((whole.run_dir / "checkpoints").glob("step_00000003"))
+    resumed = build_trainer(tmp_path / "resumed", *base, f"trainer.resume_from={ckpt}")
+    assert resumed.fit() == 0
+
+    def losses(run_dir):
+        return [json.loads(line)["loss"] for line in (run_dir / "history.jsonl").read_text().splitlines()]
+
+    assert losses(resumed.run_dir) == losses(whole.run_dir)[3:]

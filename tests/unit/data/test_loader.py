@@ -91,3 +91,17 @@ def test_resume_under_other_settings_is_refused(change):
     stream(data, world=2).load_state_dict(state)  # the same settings resume
     other.load_state_dict(state, strict=False)  # trainer.resume_despite_mismatch: loaded, with a warning
     assert (other.position.epoch, other.position.index) == (state["epoch"], state["index"])
+
+
+def test_iterating_a_stream_leaves_the_global_torch_rng_alone():
+    """A DataLoader iterator draws its base seed from the global torch RNG unless it has a generator of
+    its own; a resumed run then drew it after restoring that RNG and its dropout masks diverged from
+    the uninterrupted run's (tests/integration/test_resume_exact.py has the end-to-end check)."""
+    import torch
+
+    s = stream(synthetic())
+    before = torch.get_rng_state()
+    it = iter(s)
+    for _ in range(len(s.sampler.rank_batches(0)) + 1):  # across an epoch boundary: a second loader
+        next(it)
+    assert torch.equal(torch.get_rng_state(), before)
