@@ -61,3 +61,32 @@ def test_a_sharded_compiled_model_generates_uncompiled_with_compilation_suspende
     assert engine is ev.copy and engine.model is not model and stance is contextlib.nullcontext
     engine, _ = ev._engine(model, compiled=False)
     assert engine.model is model
+
+
+def test_an_eval_copy_that_missed_its_sync_is_refused():
+    """The eval's copy of a compiled model is fingerprint-checked against the training weights before
+    every eval: a sync that did not take would score a stale model under the current step's name."""
+    from types import SimpleNamespace
+
+    import pytest
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from align.errors import AlignError
+    from align.evaluation.schedule import TrainingEval
+    from align.generation import EngineConfig
+
+    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2))
+    ev = TrainingEval.__new__(TrainingEval)
+    ev.engine_cfg, ev.copy = EngineConfig(), None
+    ev.tokenizer, ev.env = SimpleNamespace(pad_token_id=0, eos_token_id=1), SimpleNamespace(distributed=False)
+    ev._engine(model, compiled=True)  # the copy is made
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)  # a training step
+    ev._engine(model, compiled=True)  # synced: accepted
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    ev.copy.sync_from = lambda m: None  # the sync does not take
+    with pytest.raises(AlignError, match="does not hold the training weights"):
+        ev._engine(model, compiled=True)
