@@ -54,8 +54,24 @@ def bundled_vocab() -> tuple[int, dict[str, int]]:
     return max(ids) + 1, special
 
 
+_META: dict[str, tuple[Any, Any]] = {}
+_META_KEEP = 4
+"""Meta models kept: the last few configs asked for (a preflight and a run's start ask for one)."""
+
+
 def meta_model(cfg: ModelConfig):
-    """The model on the meta device (shapes only) and its config."""
+    """The model on the meta device (shapes only) and its config, built once per model config: the
+    preflight's checks, the kwargs sites, the serving line and `sampler.max_tokens=auto`'s search
+    (an estimate per candidate budget) all read the same one, and none of them changes it."""
+    key = repr(cfg)
+    if key not in _META:
+        if len(_META) >= _META_KEEP:
+            _META.pop(next(iter(_META)))
+        _META[key] = _build_meta_model(cfg)
+    return _META[key]
+
+
+def _build_meta_model(cfg: ModelConfig):
     from align.models.build import model_config
 
     spec = FAMILIES[cfg.family]

@@ -100,3 +100,20 @@ def test_grpo_keeps_shuffle_and_still_composes_with_the_budget_sampler(compose):
     assert _cfg(compose, "objective=grpo").sampler.kind.value == "shuffle"
     cfg = _cfg(compose, "objective=grpo", "sampler=budget", "sampler.max_tokens=4096")
     assert cfg.sampler.kind.value == "budget" and cfg.sampler.bucket_size == 64
+
+
+def test_the_search_builds_the_meta_model_once(compose, monkeypatch):
+    """Nine estimates (eight candidates and the pick) read one meta model: building it per estimate
+    made a run's start pay the model construction nine times over (more with the preflight's own)."""
+    import align.models.memory as memory
+
+    built = []
+    real = memory._build_meta_model
+    monkeypatch.setattr(memory, "_build_meta_model", lambda m: built.append(m) or real(m))
+    monkeypatch.setattr(memory, "_META", {})
+    cfg = _cfg(compose, "experiment=bench/dense_default")
+    plan_budget(cfg, CUDA, device_bytes=H200)
+    plan_budget(cfg, CUDA, device_bytes=H200)
+    assert len(built) == 1
+    other = _cfg(compose, "experiment=bench/dense_default", "model.overrides.num_hidden_layers=2")
+    assert memory.meta_model(other.model)[1].num_hidden_layers == 2 and len(built) == 2  # the key is the config
