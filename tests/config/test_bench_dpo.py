@@ -22,21 +22,8 @@ from bench import pairs as bench_pairs
 from bench import run as harness
 from bench import suite_summary, trl_arm
 from bench.common import add_ratios, experiment_config, summarise
+from tests.config.conftest import dry_run
 from tests.conftest import REPO
-
-
-@pytest.fixture
-def out(tmp_path, monkeypatch):
-    d = tmp_path / "out"
-    monkeypatch.setenv("OUT", str(d))
-    return d
-
-
-def dry_run(capsys, *argv: str) -> dict[str, str]:
-    assert harness.main(["--dry-run", *argv]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    return dict(line.split(": ", 1) for line in lines)
-
 
 # ------------------------------------------------------------------------------------- the pairs
 

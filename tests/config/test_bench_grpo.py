@@ -17,13 +17,6 @@ from bench import run as harness
 from bench.common import TINY_GRPO, add_ratios, experiment_config, grpo_measurement, summarise
 
 
-@pytest.fixture
-def out(tmp_path, monkeypatch):
-    d = tmp_path / "out"
-    monkeypatch.setenv("OUT", str(d))
-    return d
-
-
 def test_grpo_arms_write_no_data_and_share_the_tiny_rollout(out, capsys):
     assert harness.main(["--dry-run", "--tiny", "trl_grpo", "grpo_bench", "grpo_best", "--hf-steps", "3",
                          "--hf-warmup", "1", "--steps", "3", "--warmup", "1"]) == 0

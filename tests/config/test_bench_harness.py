@@ -11,19 +11,7 @@ import pytest
 
 from bench import run as harness
 from bench.common import EXPERIMENTS, add_ratios, compose_typed, experiment_names, summarise
-
-
-@pytest.fixture
-def out(tmp_path, monkeypatch):
-    d = tmp_path / "out"
-    monkeypatch.setenv("OUT", str(d))
-    return d
-
-
-def dry_run(capsys, *argv: str) -> dict[str, str]:
-    assert harness.main(["--dry-run", *argv]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    return dict(line.split(": ", 1) for line in lines)
+from tests.config.conftest import dry_run
 
 
 @pytest.mark.parametrize("token", ["dense_best", "bench/dense_best", "experiment=bench/dense_best"])

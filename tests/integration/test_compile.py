@@ -86,29 +86,17 @@ def test_a_compiled_runs_manifest_counts_its_recompiles_and_graph_breaks(tmp_pat
     import functools
 
     import torch._dynamo
-    from omegaconf import OmegaConf
     from torch._dynamo.utils import counters
 
     import align.parallel.compile as comp
     import align.trainer
-    from align.config import to_typed
-    from align.run.cli import compose
     from align.run.manifest import load
-    from align.run.record import RunRecord
 
     monkeypatch.setattr(align.trainer, "compile_blocks", functools.partial(comp.compile_blocks, backend="eager"))
     torch._dynamo.reset()
     counters.clear()
-    ov = ["logger=none", "allow_dirty=true", "model=olmoe", "data.max_records=16", "trainer.compile=true",
-          "trainer.compile_dynamic=null", "trainer.max_steps=3", "trainer.export=false"]
-    cfg = compose(ov)
-    typed, run_dir = to_typed(cfg), tmp_path / "run"
-    record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, ov, ov)
-    with record:
-        record.start([])
-        t = align.trainer.Trainer.build(typed, run_dir)
-        record.built(t)
-        record.finished(t, t.fit())
+    t, run_dir = recorded_run(tmp_path, ["model=olmoe", "data.max_records=16", "trainer.compile=true",
+                                         "trainer.compile_dynamic=null", "trainer.max_steps=3"])
     dyn = load(run_dir)["dynamo"]
     assert dyn["recompiles"] >= 1 and dyn["unique_graphs"] > dyn["recompiles"]
     assert dyn["graph_breaks"] >= t.model.config.num_hidden_layers
@@ -156,24 +144,11 @@ def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_fir
     """The default (auto) resolves off on a CPU, and the manifest says so and why; time to the first step
     and the compile share are in the throughput summary, present whatever compiled."""
     import torch._dynamo
-    from omegaconf import OmegaConf
 
-    import align.trainer
-    from align.config import to_typed
-    from align.run.cli import compose
     from align.run.manifest import load
-    from align.run.record import RunRecord
 
     torch._dynamo.reset()  # dynamo's per-frame counts are per process: earlier tests' frames do not count
-    ov = ["logger=none", "allow_dirty=true", "data.max_records=16", "trainer.max_steps=2", "trainer.export=false"]
-    cfg = compose(ov)
-    typed, run_dir = to_typed(cfg), tmp_path / "run"
-    record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, ov, ov)
-    with record:
-        record.start([])
-        t = align.trainer.Trainer.build(typed, run_dir)
-        record.built(t)
-        record.finished(t, t.fit())
+    t, run_dir = recorded_run(tmp_path, ["data.max_records=16", "trainer.max_steps=2"])
     m = load(run_dir)
     from tests.integration.test_truthful_run import assert_present_and_null
 
@@ -190,3 +165,25 @@ def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_fir
     assert t.model_info["compile"] is None and t.model_info["optimizer_step"]["kind"] == "plain"
     assert m["throughput"]["throughput/first_step_s"] > 0
     assert 0 <= m["throughput"]["throughput/compile_share"] <= 1
+
+
+def recorded_run(tmp_path, overrides: list[str]):
+    """A run through RunRecord as `python -m align.train` makes it (no Hydra run dir, no subprocess):
+    its trainer and run dir, the manifest written."""
+    from omegaconf import OmegaConf
+
+    import align.trainer
+    from align.config import to_typed
+    from align.run.cli import compose
+    from align.run.record import RunRecord
+
+    ov = ["logger=none", "allow_dirty=true", "trainer.export=false", *overrides]
+    cfg = compose(ov)
+    typed, run_dir = to_typed(cfg), tmp_path / "run"
+    record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, ov, ov)
+    with record:
+        record.start([])
+        t = align.trainer.Trainer.build(typed, run_dir)
+        record.built(t)
+        record.finished(t, t.fit())
+    return t, run_dir
