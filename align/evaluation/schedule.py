@@ -34,7 +34,7 @@ from align.evaluation.datasets import load_data
 from align.evaluation.runner import finish_arm, generate_shard, prompts_per_call, stop_ids
 from align.evaluation.scoring import build_scorer
 from align.generation import GenerateMode, HFEngine, build_engine
-from align.objectives.rollout_stats import state_sha256
+from align.generation.fingerprint import fingerprint
 from align.parallel.env import DistEnv
 
 PREFIX = "eval/"
@@ -80,7 +80,7 @@ class TrainingEval:
             self.copy = HFEngine.copy_of(model, self.engine_cfg, **kw)
         else:
             self.copy.sync_from(model)
-        if self.copy.weights_hash() != state_sha256(model):
+        if self.copy.weights_hash() != fingerprint(model.state_dict().items()):
             raise AlignError("the eval copy does not hold the training weights after its sync")
         return self.copy, contextlib.nullcontext
 
