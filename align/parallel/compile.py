@@ -25,13 +25,22 @@ def compile_blocks(model, dynamic: Optional[bool], backend: str = "inductor") ->
     """Compile every decoder block in place, before sharding (fully_shard wraps the compiled block).
     `dynamic`: trainer.compile_dynamic (its default lives in the config only). `backend`: the CPU
     tests use "eager" (dynamo's guards and recompiles, no code generation)."""
+    import torch._dynamo.config
+
     from align.parallel.fsdp import decoder_blocks
 
     blocks = decoder_blocks(model)
     kwargs = compile_kwargs(dynamic)
+    # A compiled block under activation checkpointing is traced as one checkpoint region, which cannot
+    # hold a graph break or, by default, a write to Python state (the router hooks leave their
+    # tensors on the routers; Gemma-4's attention stores its keys and values for layers that share
+    # them): either sends the whole block to eager. Those writes belong to the forward only, and the
+    # recompute in backward must not repeat them, which is what this setting says.
+    torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     for block in blocks:
         block.compile(backend=backend, **kwargs)
-    return {"blocks": len(blocks), "block_class": type(blocks[0]).__name__, "granularity": "decoder block", **kwargs}
+    return {"blocks": len(blocks), "block_class": type(blocks[0]).__name__, "granularity": "decoder block",
+            "checkpoint_side_effects": "forward only", **kwargs}
 
 
 # ------------------------------------------------------------------------------------ auto

@@ -39,6 +39,9 @@ import torch.nn.functional as F
 
 log = logging.getLogger("align")
 
+# Where a router hook leaves its layer's logits and chosen ids for `_finish` (plain attributes).
+_LOGITS, _IDS = "_align_router_logits", "_align_router_ids"
+
 # One row of the per-layer window accumulator: [counts(E) | prob_sum(E) | tokens, entropy_sum, z_sum].
 _TOKENS, _ENT, _Z = 0, 1, 2
 
@@ -140,28 +143,28 @@ class RouterTelemetry:
         self.E, self.k = num_experts, top_k
         self.lb_weight, self.z_weight = float(lb_weight), float(z_weight)
         self.record = record
-        self._row = {layer: i for i, layer in enumerate(self.layers)}
+        self._taps = list(taps)
         self._armed = False
         self._mask: Optional[torch.Tensor] = None  # [B, S] as given to the model, or None
         self.padding_mask: Optional[torch.Tensor] = None
         """The micro-batch's real-token mask when the model gets none (sampler.mask_padding=false)."""
-        self._logits: dict[int, torch.Tensor] = {}
-        self._stash: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (row, logits, ids) in this forward
         self._pending: list[tuple[torch.Tensor, Optional[torch.Tensor]]] = []  # (logits with graph, mask)
         self._window: Optional[torch.Tensor] = None
         self._read: Optional[Any] = None  # the window's copy to the host, started by close_window()
         self.loads: list[np.ndarray] = []  # per optimizer step: [L, E] expert loads (all ranks)
         self.steps: list[int] = []
         # `_finish` before `_disarm`: a forward that raises runs only the always_call hook, which
-        # drops what that forward stashed.
+        # drops what that forward left on the routers.
         self._handles = [
             model.register_forward_pre_hook(self._arm, with_kwargs=True),
             model.register_forward_hook(self._finish),
             model.register_forward_hook(self._disarm, always_call=True),
         ]
-        for t in taps:
-            self._handles.append(t.logits_module.register_forward_hook(self._logits_hook(t)))
-            self._handles.append(t.index_module.register_forward_hook(self._index_hook(t)))
+        if taps:
+            on_logits, on_ids = self._router_hooks(taps)
+            for t in taps:
+                self._handles.append(t.logits_module.register_forward_hook(on_logits))
+                self._handles.append(t.index_module.register_forward_hook(on_ids))
 
     @property
     def applies_loss(self) -> bool:
@@ -180,17 +183,29 @@ class RouterTelemetry:
         if mask is None:
             mask = self.padding_mask  # sampler.mask_padding=false: the trainer hands it over
         self._mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
-        self._logits.clear()
-        self._stash.clear()
+        self._clear_routers()
 
-    @torch.no_grad()  # also detaches the stashed logits, once per group rather than once per layer
     def _finish(self, module, args, output):
-        """The forward returned: statistics of every layer it stashed, batched over layers."""
-        stash, self._stash = self._stash, []
-        if not stash:  # no MoE layer ran, or not in train mode
+        """The forward returned: what every router left, statistics batched over layers, the losses'
+        logits kept with their graph."""
+        seen = [(row, t.logits_module.__dict__.get(_LOGITS), t.index_module.__dict__.get(_IDS))
+                for row, t in enumerate(self._taps)]
+        seen = [(row, logits, ids) for row, logits, ids in seen if logits is not None and ids is not None]
+        self._clear_routers()
+        if not seen:  # no MoE layer ran, or not in train mode
             return
+        if self.applies_loss and torch.is_grad_enabled():
+            for _, logits, _ in seen:
+                logits = logits.reshape(-1, logits.shape[-1])
+                mask = self._flat_mask(logits.shape[0])
+                self._pending.append((logits, self._mask if mask is not None else None))
+        if self.record:
+            with torch.no_grad():  # also detaches the logits, once per group rather than once per layer
+                self._accumulate(seen)
+
+    def _accumulate(self, seen: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
         groups: dict[tuple, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
-        for row, logits, idx in stash:  # one group in practice: every layer sees the same tokens
+        for row, logits, idx in seen:  # one group in practice: every layer sees the same tokens
             key = (logits.shape, logits.dtype, idx.shape, idx.dtype, logits.device)
             groups.setdefault(key, []).append((row, logits, idx))
         for members in groups.values():
@@ -204,44 +219,45 @@ class RouterTelemetry:
                                            device=logits.device)
             if rows == list(range(rows[0], rows[0] + len(rows))):
                 self._window[rows[0]:rows[0] + len(rows)] += stats
-            else:  # layers out of order or run twice
+            else:  # some layers did not route (a partial forward)
                 for i, row in enumerate(rows):
                     self._window[row] += stats[i]
 
     def _disarm(self, module, args, output):
         self._armed = False
-        self._logits.clear()
-        self._stash.clear()
+        self._clear_routers()
+
+    def _clear_routers(self) -> None:
+        for t in self._taps:
+            t.logits_module.__dict__.pop(_LOGITS, None)
+            t.index_module.__dict__.pop(_IDS, None)
 
     def _flat_mask(self, n_tokens: int) -> Optional[torch.Tensor]:
         if self._mask is None or self._mask.numel() != n_tokens:
             return None
         return self._mask.reshape(-1).bool()
 
-    # The two router hooks run inside a compiled block (trainer.compile) as eager islands: traced, they
-    # would put this object's Python state into the block's guards (the layer number, how many layers
-    # the forward has stashed so far), and a block would recompile for every layer until dynamo's
-    # recompile limit sent it back to eager (docs/pitfalls.md#8).
-    def _logits_hook(self, tap):
-        @torch.compiler.disable
-        def hook(module, args, output):
-            if self._armed:
-                self._logits[tap.layer] = tap.logits_of(output)
-        return hook
+    # The router hooks run inside the decoder blocks, which trainer.compile compiles, so they are
+    # written to be traced: one function of each kind shared by every layer, no Python state read
+    # that differs between layers, and what they read left on the router module itself (a
+    # compiled block's guards include its hooks and what they read: a hook per layer, or a layer
+    # number read, recompiles the block for every layer until dynamo's recompile limit sends it back
+    # to eager, docs/pitfalls.md#8). Eager islands (`torch.compiler.disable`) were the earlier
+    # answer; inside an activation-checkpointed block a graph break sends the whole block to eager.
+    def _router_hooks(self, taps: Sequence[Any]) -> tuple[Callable, Callable]:
+        logits_of, index_of = taps[0].logits_of, taps[0].index_of
+        for t in taps:
+            if t.logits_of.__code__ is not logits_of.__code__ or t.index_of.__code__ is not index_of.__code__:
+                raise ValueError("router taps of one model must read every layer alike")
 
-    def _index_hook(self, tap):
-        @torch.compiler.disable
-        def hook(module, args, output):
-            if not self._armed or tap.layer not in self._logits:
-                return
-            logits = self._logits.pop(tap.layer)
-            if self.record:  # no op here: all layers at once when the forward returns (`_finish`)
-                self._stash.append((self._row[tap.layer], logits, tap.index_of(output)))
-            if self.applies_loss and torch.is_grad_enabled():
-                logits = logits.reshape(-1, logits.shape[-1])
-                mask = self._flat_mask(logits.shape[0])
-                self._pending.append((logits, self._mask if mask is not None else None))
-        return hook
+        def on_logits(module, args, output):
+            if self._armed:
+                setattr(module, _LOGITS, logits_of(output))
+
+        def on_ids(module, args, output):
+            if self._armed:
+                setattr(module, _IDS, index_of(output))
+        return on_logits, on_ids
 
     # ---------------------------------------------------------------------- loss and steps
 

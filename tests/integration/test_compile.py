@@ -17,7 +17,8 @@ def test_compiled_blocks_train_and_are_recorded(tmp_path):
     t = build_trainer(tmp_path, "trainer.compile=true", "trainer.max_steps=2", "trainer.export=false",
                       "data.max_records=16", "sampler.pad_to_multiple_of=64")
     assert t.model_info["compile"] == {"blocks": 2, "block_class": "MistralDecoderLayer",
-                                       "granularity": "decoder block", "dynamic": True}
+                                       "granularity": "decoder block", "checkpoint_side_effects": "forward only",
+                                       "dynamic": True}
     assert all(getattr(b, "_compiled_call_impl", None) is not None for b in t.model.model.layers)
     assert t.fit() == 0
     import torch._dynamo.utils as du
@@ -47,7 +48,7 @@ def test_dynamic_blocks_compile_once_for_every_ragged_shape(dynamic, graphs):
     assert counters["stats"]["unique_graphs"] == graphs
 
 
-def _olmoe_run(tmp_path, monkeypatch, layers: int, compiled: bool):
+def _olmoe_run(tmp_path, monkeypatch, layers: int, compiled: bool, *extra: str, model: str = "olmoe"):
     import functools
 
     import numpy as np
@@ -60,30 +61,46 @@ def _olmoe_run(tmp_path, monkeypatch, layers: int, compiled: bool):
     monkeypatch.setattr(align.trainer, "compile_blocks", functools.partial(comp.compile_blocks, backend="eager"))
     torch._dynamo.reset()
     counters.clear()
-    t = build_trainer(tmp_path / f"{layers}{compiled}", "model=olmoe", "model.preset=tiny",
+    t = build_trainer(tmp_path / f"{model}{layers}{compiled}{len(extra)}", f"model={model}", "model.preset=tiny",
                       f"trainer.compile={compiled}", "trainer.compile_dynamic=true",
                       f"+model.overrides.num_hidden_layers={layers}", "trainer.max_steps=4", "trainer.export=false",
                       "sampler=budget", "sampler.max_tokens=384", "sampler.pad_to_multiple_of=8",
-                      "sampler.mask_padding=false", "model.moe.lb_weight=0.01")
+                      "sampler.mask_padding=false", "model.moe.lb_weight=0.01", *extra)
     assert t.fit() == 0
-    return int(counters["stats"]["unique_graphs"]), np.stack(t.runtime.moe.loads)
+    from align.telemetry.history import read_history
+
+    losses = [r["loss"] for r in read_history(t.history.path) if "loss" in r]
+    return int(counters["stats"]["unique_graphs"]), np.stack(t.runtime.moe.loads), dict(counters["graph_break"]), losses
 
 
 def test_router_telemetry_inside_compiled_blocks_adds_no_graph_per_layer_and_counts_the_same(tmp_path, monkeypatch):
     """The router hooks are eager islands in a compiled block: traced, their Python state (the layer
     number, how much the forward had stashed) went into the guards and a block recompiled per layer
     until dynamo's limit sent it back to eager."""
-    graphs_2, _ = _olmoe_run(tmp_path, monkeypatch, 2, True)
-    graphs_4, loads = _olmoe_run(tmp_path, monkeypatch, 4, True)
-    _, eager = _olmoe_run(tmp_path, monkeypatch, 4, False)
+    graphs_2, *_ = _olmoe_run(tmp_path, monkeypatch, 2, True)
+    graphs_4, loads, *_ = _olmoe_run(tmp_path, monkeypatch, 4, True)
+    _, eager, *_ = _olmoe_run(tmp_path, monkeypatch, 4, False)
     assert graphs_4 == graphs_2
     assert loads.shape[1] == 4 and np.array_equal(loads, eager)
 
 
+@pytest.mark.parametrize("model, extra", [("olmoe", ()), ("gemma4_moe", ("model.lora.enabled=true",))])
+def test_activation_checkpointed_blocks_compile_with_their_router_hooks(tmp_path, monkeypatch, model, extra):
+    """Under activation checkpointing a compiled block is one checkpoint region: a graph break inside
+    it (the router hooks as eager islands) or a write to Python state (the hooks' tensors, Gemma-4's
+    stored keys and values) sent the whole block to eager, so compiling gained nothing. Now every
+    block compiles, nothing breaks, and the losses and router loads are the eager run's."""
+    ac = ("parallel.activation_checkpointing=true", *extra)
+    graphs, loads, breaks, losses = _olmoe_run(tmp_path, monkeypatch, 4, True, *ac, model=model)
+    _, eager_loads, _, eager_losses = _olmoe_run(tmp_path, monkeypatch, 4, False, *ac, model=model)
+    assert graphs >= 1 and breaks == {}
+    assert np.array_equal(loads, eager_loads) and losses == eager_losses
+
+
 def test_a_compiled_runs_manifest_counts_its_recompiles_and_graph_breaks(tmp_path, monkeypatch):
-    """End to end through RunRecord: OLMoE's router hooks are torch.compiler.disable'd islands (a graph
-    break in every block) and compile_dynamic=null compiles a block again at the second shape."""
-    import functools
+    """End to end through RunRecord: a torch.compiler.disable'd hook on every block's MLP (an eager
+    island, a graph break in every block) and compile_dynamic=null, which compiles a block again at
+    the second shape."""
 
     import torch._dynamo
     from torch._dynamo.utils import counters
@@ -92,7 +109,13 @@ def test_a_compiled_runs_manifest_counts_its_recompiles_and_graph_breaks(tmp_pat
     import align.trainer
     from align.run.manifest import load
 
-    monkeypatch.setattr(align.trainer, "compile_blocks", functools.partial(comp.compile_blocks, backend="eager"))
+    def compile_with_islands(model, dynamic, backend="eager"):
+        island = torch.compiler.disable(lambda module, args, output: None)
+        for block in model.model.layers:
+            block.mlp.register_forward_hook(island)
+        return comp.compile_blocks(model, dynamic, backend=backend)
+
+    monkeypatch.setattr(align.trainer, "compile_blocks", compile_with_islands)
     torch._dynamo.reset()
     counters.clear()
     t, run_dir = recorded_run(tmp_path, ["model=olmoe", "data.max_records=16", "trainer.compile=true",
