@@ -6,6 +6,10 @@ bench experiment (the same transformers config align builds) and measures the re
   hf_ceiling      HF Trainer, 8 rows of exactly 2048 tokens: no padding, no mask
   hf_moe_fwd_bwd  transformers' own model, bf16, default experts kernel, 4 x 2048 tokens,
                   forward+backward only: no optimizer, no data, no logging
+  hf_peft_gemma4  HF Trainer + PEFT LoRA on Gemma-4 26B-A4B (bench/base_gemma4_lora's model, bf16
+                  weights on the GPU, the same LoRA targets and rank), padding-free
+                  (DataCollatorWithFlattening), gradient checkpointing, each step the bench rows in
+                  order up to the experiment's token budget (align's tokens per step)
 
     python bench/hf_arm.py --arm hf_padded --steps 30 --warmup 8 --rows-file rows.jsonl --out m.json [--tiny]
 
@@ -37,7 +41,7 @@ from bench.common import (  # noqa: E402
 
 # reference arm -> the align experiment whose model it builds
 REFERENCE_ARMS = {"hf_padded": "bench/base_dense", "hf_flatten": "bench/base_dense", "hf_ceiling": "bench/base_dense",
-                  "hf_moe_fwd_bwd": "bench/base_moe"}
+                  "hf_moe_fwd_bwd": "bench/base_moe", "hf_peft_gemma4": "bench/base_gemma4_lora"}
 DATA_FILE, DATA_FLAG = "rows.jsonl", "--rows-file"
 """The harness's file these arms read (the ceiling and fwd+bwd arms make their own rows), and its flag."""
 ROWS_PER_STEP = 8
@@ -65,6 +69,38 @@ class RowsDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return {"input_ids": self.rows[i].tolist()}
+
+
+def budget_groups(rows, budget: int, steps: int) -> list[list]:
+    """The rows in order, cut into steps of at most `budget` tokens (a row longer than the budget
+    alone): the tokens per step of align's token-budget sampler, without its length sort."""
+    groups, cur, n = [], [], 0
+    for r in rows:
+        if cur and n + len(r) > budget:
+            groups.append(cur)
+            cur, n = [], 0
+            if len(groups) == steps:
+                break
+        cur.append(r)
+        n += len(r)
+    return groups
+
+
+class GroupsDataset(torch.utils.data.Dataset):
+    """One item per step: a group of rows (the collator flattens the group)."""
+
+    def __init__(self, groups):
+        self.groups = groups
+
+    def __len__(self):
+        return len(self.groups)
+
+    def __getitem__(self, i):
+        return {"rows": [{"input_ids": r.tolist()} for r in self.groups[i]]}
+
+
+def ungroup(collate):
+    return lambda items: collate([f for item in items for f in item["rows"]])
 
 
 class Counting:
@@ -114,14 +150,23 @@ def trainer_arm(arm: str, typed, rows_file: Path, steps: int, warmup: int) -> di
     config = hf_config(typed)
     device = device_of(typed)
     n_rows = steps * ROWS_PER_STEP
+    peft = arm == "hf_peft_gemma4"
     if arm == "hf_ceiling":
         rows = token_rows(np.full(n_rows, CEILING_WIDTH, dtype=np.int64), config.vocab_size)
+    elif peft:
+        groups = budget_groups(read_rows(rows_file), typed.sampler.max_tokens, steps)
+        rows = [r for g in groups for r in g]
     else:
         rows = read_rows(rows_file)[:n_rows]
     torch.manual_seed(typed.trainer.seed)
-    model = model_class(typed)._from_config(config, attn_implementation="sdpa")
+    if peft:  # 25 B parameters: bf16, created on the GPU, as align's arm
+        with torch.device(device):
+            model = model_class(typed)._from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16)
+        model = lora_model(model, typed)
+    else:
+        model = model_class(typed)._from_config(config, attn_implementation="sdpa")
     flops = ModelFlops.from_model(model)
-    flatten = arm == "hf_flatten"
+    flatten = arm in ("hf_flatten", "hf_peft_gemma4")
     collator = Counting(DataCollatorWithFlattening(return_position_ids=True) if flatten else right_pad, flops, flatten)
     times: list[float] = []
 
@@ -138,9 +183,13 @@ def trainer_arm(arm: str, typed, rows_file: Path, steps: int, warmup: int) -> di
                      optim="adamw_torch_fused" if cuda else "adamw_torch", save_strategy="no", report_to=[],
                      logging_steps=10_000, remove_unused_columns=False, max_grad_norm=typed.optimizer.max_grad_norm,
                      use_cpu=not cuda)
+        if peft:
+            targs.update(per_device_train_batch_size=1, gradient_checkpointing=True,
+                         gradient_checkpointing_kwargs={"use_reentrant": False})
         check_kwargs(TrainingArguments.__init__, targs, "bench.hf_arm TrainingArguments")
-        trainer = Trainer(model=model, args=TrainingArguments(**targs), train_dataset=RowsDataset(rows),
-                          data_collator=collator, callbacks=[StepClock()])
+        data = GroupsDataset(groups) if peft else RowsDataset(rows)
+        trainer = Trainer(model=model, args=TrainingArguments(**targs), train_dataset=data,
+                          data_collator=ungroup(collator) if peft else collator, callbacks=[StepClock()])
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         trainer.train()
@@ -150,6 +199,18 @@ def trainer_arm(arm: str, typed, rows_file: Path, steps: int, warmup: int) -> di
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     return measurement(arm, times[-1] - times[w - 1], n - w, real, sum(collator.padded[w:n]),
                        sum(collator.counted[w:n]), real * fpt, peak, attn=model.config._attn_implementation)
+
+
+def lora_model(model, typed):
+    """PEFT LoRA on the targets align adapts, with the experiment's rank, alpha and dropout."""
+    from peft import LoraConfig, get_peft_model
+
+    from align.models.lora import discover_targets, lora_kwargs
+    from align.run.signatures import check_kwargs
+
+    kw = lora_kwargs(typed.model.lora, discover_targets(model))
+    check_kwargs(LoraConfig.__init__, kw, "bench.hf_arm LoraConfig")
+    return get_peft_model(model, LoraConfig(**kw))
 
 
 def fwd_bwd_arm(arm: str, typed, steps: int, warmup: int) -> dict:
