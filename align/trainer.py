@@ -278,7 +278,7 @@ class Trainer:
 
     @functools.cached_property
     def sdpa_kernels(self) -> Callable[[], contextlib.AbstractContextManager]:
-        return sdpa_priority(self.cfg.attention)
+        return sdpa_priority(self.cfg.attention, self.cfg.model.family)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = autocast_dtype(self.cfg.trainer.precision, self.env.device.type)

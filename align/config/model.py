@@ -134,11 +134,21 @@ class AttnImpl(StrEnum):
     eager = "eager"
     flex = "flex"
     flash = "flash"
+    auto = "auto"
+    """The family's measured choice (`AUTO_ATTENTION`): layered for Gemma-4, sdpa for the rest."""
+    layered = "layered"
+    """Per layer type (align/models/layered_attention.py): flex past a sliding window, chunked matmul
+    attention for head dims flash does not take, sdpa otherwise."""
 
     @property
     def hf_name(self) -> str:
-        """The `attn_implementation` string transformers expects."""
-        return {"sdpa": "sdpa", "eager": "eager", "flex": "flex_attention", "flash": "flash_attention_2"}[self.value]
+        """The `attn_implementation` string transformers expects (layered: the name align registers)."""
+        return {"sdpa": "sdpa", "eager": "eager", "flex": "flex_attention", "flash": "flash_attention_2",
+                "layered": "align_layered", "auto": "auto"}[self.value]
+
+
+AUTO_ATTENTION = {Family.gemma4: AttnImpl.layered, Family.gemma4_moe: AttnImpl.layered}
+"""What attention=auto picks per family (the rest: sdpa); why, per layer type, in docs/performance.md."""
 
 
 class Fallback(StrEnum):
@@ -161,8 +171,9 @@ class SdpaKernel(StrEnum):
 
 @dataclass
 class AttentionConfig:
-    implementation: AttnImpl = AttnImpl.sdpa
-    """Requested attention backend. The resolved one (`config._attn_implementation`) is recorded."""
+    implementation: AttnImpl = AttnImpl.auto
+    """Requested attention backend; auto: the family's measured choice (`AUTO_ATTENTION`). The
+    resolved one (`config._attn_implementation`) is recorded."""
     fallback: Fallback = Fallback.refuse
     """refuse: a backend the family or machine cannot run fails preflight. allow: fall back to the
     library's choice, log it loudly and record both."""
@@ -174,6 +185,13 @@ class AttentionConfig:
     per new shape, and ragged batches keep making new shapes. What flash first was worth is in
     docs/performance.md. The kernel that ran is recorded from the profiler on GPU."""
 
+    def chosen(self, family: Family) -> AttnImpl:
+        """The backend this config names for `family`: auto replaced by the family's choice."""
+        if self.implementation != AttnImpl.auto:
+            return self.implementation
+        return AUTO_ATTENTION.get(family, AttnImpl.sdpa)
+
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`)."""
-        return _read({"sdpa_kernels": _only(key, self.implementation, [AttnImpl.sdpa])})
+        sdpa_users = [AttnImpl.sdpa, AttnImpl.layered, AttnImpl.auto]
+        return _read({"sdpa_kernels": _only(key, self.implementation, sdpa_users)})

@@ -58,24 +58,26 @@ def unsupported_reason(family: Family, impl: AttnImpl, device_type: Union[str, C
 
 
 def resolve_attention(family: Family, cfg: AttentionConfig, device_type: str) -> AttentionChoice:
-    """The backend to build with; ConfigError (exit 2) when refused."""
-    reason = unsupported_reason(family, cfg.implementation, device_type)
+    """The backend to build with (auto: the family's choice); ConfigError (exit 2) when refused."""
+    impl = cfg.chosen(family)
+    reason = unsupported_reason(family, impl, device_type)
     if reason is None:
-        return AttentionChoice(cfg.implementation, cfg.implementation)
+        return AttentionChoice(cfg.implementation, impl)
     if cfg.fallback == Fallback.refuse:
         raise ConfigError("attention.implementation", f"{reason}; choose another backend or set "
                           f"attention.fallback=allow to run on {FALLBACK.value}", cfg.implementation.value)
     log.warning("!" * 100)
     log.warning("ATTENTION FALLBACK: requested %s, running %s: %s (attention.fallback=allow)",
-                cfg.implementation.hf_name, FALLBACK.hf_name, reason)
+                impl.hf_name, FALLBACK.hf_name, reason)
     log.warning("!" * 100)
     return AttentionChoice(cfg.implementation, FALLBACK, reason)
 
 
-def sdpa_priority(cfg: AttentionConfig) -> Callable[[], contextlib.AbstractContextManager]:
+def sdpa_priority(cfg: AttentionConfig, family: Family) -> Callable[[], contextlib.AbstractContextManager]:
     """A context factory for every forward: torch's SDPA kernel choice restricted to, and ordered by,
-    `attention.sdpa_kernels` (the backward follows the forward's kernel). Nothing when empty."""
-    if not cfg.sdpa_kernels or cfg.implementation != AttnImpl.sdpa:
+    `attention.sdpa_kernels` (the backward follows the forward's kernel; under attention=layered, the
+    layers that run sdpa). Nothing when empty."""
+    if not cfg.sdpa_kernels or cfg.chosen(family) not in (AttnImpl.sdpa, AttnImpl.layered):
         return contextlib.nullcontext
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -16,10 +16,11 @@ from typing import Any, Iterator, Optional
 import torch
 from safetensors import SafetensorError
 
-from align.config import AttentionConfig, ModelConfig
+from align.config import AttentionConfig, AttnImpl, ModelConfig
 from align.errors import ConfigError
 from align.models.attention import AttentionChoice, resolve_attention
 from align.models.kwargs import config_kwargs, load_kwargs, preset_kwargs
+from align.models.layered_attention import plan as layered_plan
 from align.models.lora import LoraGate, apply_lora, bnb_config, qlora_refusal
 from align.models.registry import FAMILIES, FamilySpec, MoEShape, count_params
 from align.models.runtime import ModelRuntime
@@ -123,6 +124,10 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
     if refusal:
         raise ConfigError("model.lora.qlora", refusal, True)
     _, model_cls = spec.classes()
+    if attn.resolved == AttnImpl.layered:
+        from align.models.layered_attention import register
+
+        register()
     kw = load_kwargs(cfg, attn, moe)
     if cfg.pretrained:
         # Tensors are read from the mmapped safetensors and cast one by one to `dtype`: an fp32
@@ -134,12 +139,28 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
     else:
         with torch.device(device) if init_on_device and device is not None else contextlib.nullcontext():
             model = model_cls._from_config(config, **kw)
+    unread_stores = drop_unread_kv_stores(model)
     lora_info = None
     if cfg.lora.enabled:
         model, lora_info = apply_lora(model, cfg)
     runtime = ModelRuntime.build(model, cfg, spec, moe)
     info = describe_model(model, cfg, attn, moe, lora_info)
+    info["kv_stores_dropped"] = unread_stores
     return BuiltModel(model=model, info=info, runtime=runtime)
+
+
+def drop_unread_kv_stores(model: torch.nn.Module) -> int:
+    """Gemma-4's last layer of each attention type stores its keys and values for the layers that
+    share them (`num_kv_shared_layers`), even when no layer does: a write nobody reads, and a second
+    compiled graph per layer type (the store is a branch the block's guards see). With no sharing
+    layer the stores are turned off; returns how many were (the manifest's `kv_stores_dropped`)."""
+    attns = [m for m in model.modules() if hasattr(m, "store_full_length_kv")]
+    if any(getattr(m, "is_kv_shared_layer", False) for m in attns):
+        return 0
+    stores = [m for m in attns if m.store_full_length_kv]
+    for m in stores:
+        m.store_full_length_kv = False
+    return len(stores)
 
 
 def checkpoint_dtype(pretrained: Optional[str]) -> Optional[str]:
@@ -182,6 +203,7 @@ def describe_model(model: torch.nn.Module, cfg: ModelConfig, attn: AttentionChoi
             "telemetry": cfg.moe.telemetry,
         },
         "lora": lora_info,
+        "attention_layers": layered_plan(mc) if resolved_attn == AttnImpl.layered.hf_name else None,
     }
 
 

@@ -50,7 +50,7 @@ def load_kwargs(cfg: ModelConfig, attention: AttentionChoice | AttentionConfig,
                 moe: Optional[MoEShape] = _FROM_FAMILY) -> dict[str, Any]:
     """Kwargs for `from_pretrained` / `_from_config`: backends and dtype. Preflight's kwargs site
     passes the requested AttentionConfig and no `moe` (then the family's presets say MoE or not)."""
-    impl = attention.hf_name if isinstance(attention, AttentionChoice) else attention.implementation.hf_name
+    impl = attention.hf_name if isinstance(attention, AttentionChoice) else attention.chosen(cfg.family).hf_name
     # A dtype NAME: transformers resolves it with getattr(torch, name); this module stays torch-free.
     kw: dict[str, Any] = {"attn_implementation": impl, "dtype": cfg.dtype or "float32"}
     is_moe = FAMILIES[cfg.family].is_moe if moe is _FROM_FAMILY else moe is not None

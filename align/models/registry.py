@@ -105,9 +105,10 @@ class FamilySpec:
     """Import path of the model class. Paths, not classes: importing transformers' models costs
     seconds, and preflight reads their signatures from align.run.signatures' cache instead."""
     presets: dict[str, dict[str, Any]]
-    attention: frozenset[AttnImpl] = field(default_factory=lambda: frozenset(AttnImpl))
+    attention: frozenset[AttnImpl] = field(default_factory=lambda: frozenset(AttnImpl) - {AttnImpl.layered})
     """Attention backends the family's transformers class supports at all (the machine may still
-    lack one). Pinned against the class's `_supports_*` flags by a test."""
+    lack one). Pinned against the class's `_supports_*` flags by a test; `layered` is align's own
+    (its rules were measured on Gemma-4's mixed layer types only)."""
     moe_shape: Callable[[Any], Optional[MoEShape]] = _dense
     """(experts, top-k) read from a model config; None for a dense model."""
     router_taps: Callable[[torch.nn.Module], list[RouterTap]] = lambda model: []
@@ -237,11 +238,12 @@ FAMILIES: dict[Family, FamilySpec] = {
         fused_experts=True,
     ),
     Family.gemma4: FamilySpec(
-        name=Family.gemma4, **_GEMMA4_CLASSES, presets=_GEMMA4, moe_shape=_gemma4_shape,
+        name=Family.gemma4, **_GEMMA4_CLASSES, presets=_GEMMA4, moe_shape=_gemma4_shape, attention=frozenset(AttnImpl),
         router_taps=_gemma4_taps, fused_experts=True, extra_config_kwargs=_GEMMA4_EXTRA,
     ),
     Family.gemma4_moe: FamilySpec(
         name=Family.gemma4_moe, **_GEMMA4_CLASSES, presets=_GEMMA4_MOE, moe_shape=_gemma4_shape,
+        attention=frozenset(AttnImpl),
         router_taps=_gemma4_taps, fused_experts=True, extra_config_kwargs=_GEMMA4_EXTRA,
     ),
 }

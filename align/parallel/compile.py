@@ -45,8 +45,9 @@ def compile_blocks(model, dynamic: Optional[bool], backend: str = "inductor") ->
 
 # ------------------------------------------------------------------------------------ auto
 
-COMPILED_FAMILIES = ("mistral", "olmoe")
+COMPILED_FAMILIES = ("mistral", "olmoe", "gemma4_moe")
 """Families whose compiled decoder blocks the GPU bench and tests have run (docs/performance.md)."""
+COMPILED_ATTENTION = ("sdpa", "layered")
 
 
 def resolve_trainer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
@@ -62,10 +63,9 @@ def resolve_trainer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
     if cfg.model.family.value not in COMPILED_FAMILIES:
         why.append(f"model={cfg.model.family.value}: compiled blocks were run on the GPU for "
                    f"{', '.join(COMPILED_FAMILIES)} only")
-    if cfg.attention.implementation.value != "sdpa":
-        why.append(f"attention={cfg.attention.implementation.value}: compiled blocks are tested with sdpa only")
-    if cfg.model.lora.enabled:
-        why.append("model.lora.enabled=true: compiled LoRA blocks are not tested")
+    attention = cfg.attention.chosen(cfg.model.family).value
+    if attention not in COMPILED_ATTENTION:
+        why.append(f"attention={attention}: compiled blocks are tested with {', '.join(COMPILED_ATTENTION)} only")
     if cfg.objective.kind.value == "grpo":
         why.append("objective=grpo generates through the policy's blocks: shapes no dynamic graph covers")
     return _verdict("trainer.compile", t.compile, why)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from align.config import TrainConfig
+from align.config import AttnImpl, TrainConfig
 from align.errors import AlignError
 from align.run.checklist import Check, Context, Report, Status, _Stop
 from align.run.kwargs_sites import check_kwargs_sites
@@ -193,14 +193,15 @@ def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
         return resolve_device(cfg.trainer.device).type
 
-    impl = cfg.attention.implementation
+    impl = cfg.attention.chosen(cfg.model.family)
     reason = unsupported_reason(cfg.model.family, impl, device_type)
     if reason is None:
+        auto = " (attention=auto's choice for the family)" if cfg.attention.implementation == AttnImpl.auto else ""
         yield Check(
             "config",
             "attention backend",
             Status.passed,
-            f"{cfg.model.family.value} supports {impl.value} (requested; the resolved one is recorded)",
+            f"{cfg.model.family.value} supports {impl.value}{auto} (requested; the resolved one is recorded)",
         )
     elif cfg.attention.fallback == Fallback.allow:
         yield Check(

@@ -19,7 +19,10 @@ def test_tiny_preset_builds_trains_one_step_and_reports_what_it_resolved(build, 
     b = build(family)
     i = b.info
     assert i["family"] == family.value and i["preset"] == "tiny" and i["dtype"] == "float32"
-    assert i["attn_implementation_resolved"] == b.model.config._attn_implementation == "sdpa"
+    # attention=auto: each layer type its own kernel for Gemma-4's mixed layers, sdpa for the rest
+    want = "align_layered" if family in (Family.gemma4, Family.gemma4_moe) else "sdpa"
+    assert i["attn_implementation_resolved"] == b.model.config._attn_implementation == want
+    assert (i["attention_layers"] is not None) == (want == "align_layered")
     assert i["params_total"] == sum(p.numel() for p in b.model.parameters())
     moe = family in MOE_FAMILIES
     assert (i["moe"] is not None) == moe and (i["experts_implementation_resolved"] is not None) == moe
