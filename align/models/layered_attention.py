@@ -7,16 +7,20 @@ window, which knocks SDPA off flash onto the memory-efficient kernel, and no fla
 dim 512. What each candidate costs at this model's shapes on the H200 is in docs/performance.md
 (bench/attention_layers.py measures it). The rules, per call:
 
-- a layer handed a flex `BlockMask` (a sliding layer past its window on CUDA): transformers'
-  `flex_attention_forward`, which skips the blocks outside the window;
-- head_dim above flash's 256 (Gemma-4's global layers): `chunked_attention`, query chunks through
-  batched matmuls (bf16 GEMMs, fp32 softmax), with whatever mask the layer was given;
-- anything else (a sliding layer within its window, every layer of a small-head model):
-  transformers' `sdpa_attention_forward` (is_causal, flash first).
+- a sliding layer past its window on unpadded rows (no mask: the kernel takes the window), and any
+  layer whose head_dim is above flash's 256 (Gemma-4's global layers): `chunked_attention`, a fixed
+  number of query chunks through batched matmuls (bf16 GEMMs, fp32 softmax), each chunk only over
+  its band of keys, or under the dense mask when the rows are padded or packed;
+- anything else (a sliding layer within its window, small heads): transformers'
+  `sdpa_attention_forward` (is_causal, flash first).
 
-The mask side: a sliding layer whose window binds gets a BlockMask on CUDA (flex has no backward
-on CPU) and transformers' dense sdpa mask elsewhere; every other layer gets what transformers' sdpa
-path gives it (None on unpadded rows). The mask gate (align/probes/mask.py) checks whichever it gets.
+flex_attention with a sliding-window block mask was measured too (docs/performance.md): fast per
+call, but its block mask carries the width as a constant, so compiled blocks recompiled at every
+new ragged width until dynamo's limit sent them to eager.
+
+The mask side is transformers' sdpa mask with the window left to the kernel (`layered_mask`). The
+mask gate (align/probes/mask.py) reads a maskless sliding layer's band from the kernel's own output
+(`observed_band`), not from the module's attribute.
 """
 
 from __future__ import annotations
@@ -28,70 +32,93 @@ import torch
 NAME = "align_layered"
 """The name under which the attention and mask functions are registered with transformers."""
 FLASH_MAX_HEAD_DIM = 256
-CHUNK = 1024
-"""Query rows per chunk in `chunked_attention`: a 16-head, 4096-key chunk's fp32 scores are 256 MiB."""
+CHUNKS = 4
+"""Query chunks per call in `chunked_attention`: a fixed count, so the chunk bounds are arithmetic
+on the width and one dynamic compiled graph serves every width (a loop over `range(0, width, c)`
+specialises the graph on the width: a recompile per ragged batch, up to dynamo's limit)."""
 
 
 def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor],
-                      scaling: float, chunk: int = CHUNK) -> torch.Tensor:
-    """Softmax attention of q [B, H, Q, D] over k, v [B, Hkv, K, D] (H a multiple of Hkv), causal
-    when `mask` is None, else under the boolean (True = attend) or additive mask [B|1, 1, Q, K]. The
-    query heads of one key head are folded into the rows, so keys and values are never repeated.
-    Returns [B, H, Q, D]."""
+                      scaling: float, window: Optional[int] = None, chunks: int = CHUNKS) -> torch.Tensor:
+    """Softmax attention of q [B, H, Q, D] over k, v [B, Hkv, K, D] (H a multiple of Hkv; the
+    queries are the last Q of the K positions). With `mask` None: causal, and within `window`
+    positions when given (keys outside a chunk's band are not computed at all); else the boolean
+    (True = attend) or additive mask [B|1, 1, Q, K] decides alone. The query heads of one key head are
+    folded into the rows, so keys and values are never repeated. Returns [B, H, Q, D]."""
     B, H, Q, D = query.shape
     Hkv, K = key.shape[1], key.shape[2]
-    rep = H // Hkv
+    rep, off = H // Hkv, K - Q
     q = query.reshape(B, Hkv, rep, Q, D)
     kt = key.transpose(-1, -2)
+    step = (Q + chunks - 1) // chunks
     out = []
-    for s in range(0, Q, chunk):
-        e = min(Q, s + chunk)
-        keys = K if mask is not None else K - Q + e  # causal: nothing past the chunk's last query
-        scores = torch.matmul(q[:, :, :, s:e].reshape(B, Hkv, rep * (e - s), D), kt[..., :keys]).float()
-        scores = scores.view(B, Hkv, rep, e - s, keys) * scaling
+    for i in range(chunks):
+        s, e = min(i * step, Q), min((i + 1) * step, Q)
+        n = e - s
+        hi = off + e if mask is None else K  # causal: no key past the chunk's last query
+        lo = max(off + s - window + 1, 0) if (mask is None and window) else 0
+        scores = torch.matmul(q[:, :, :, s:e].reshape(B, Hkv, rep * n, D), kt[..., lo:hi]).float()
+        scores = scores.view(B, Hkv, rep, n, hi - lo) * scaling
         if mask is None:
-            qi = torch.arange(K - Q + s, K - Q + e, device=query.device)[:, None]
-            allowed = torch.arange(keys, device=query.device)[None, :] <= qi
+            qi = torch.arange(off + s, off + e, device=query.device)[:, None]
+            ki = torch.arange(lo, hi, device=query.device)[None, :]
+            allowed = (ki <= qi) & (qi - ki < window) if window else ki <= qi
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         else:
-            m = mask[:, :, s:e, :keys].unsqueeze(2)  # [B|1, 1, 1, chunk, K]
+            m = mask[:, :, s:e, lo:hi].unsqueeze(2)  # [B|1, 1, 1, n, keys]
             scores = (scores.masked_fill(~m, torch.finfo(scores.dtype).min) if m.dtype == torch.bool
                       else scores + m.float())
-        probs = scores.softmax(-1).to(value.dtype).view(B, Hkv, rep * (e - s), keys)
-        out.append(torch.matmul(probs, value[:, :, :keys]).view(B, Hkv, rep, e - s, D))
+        probs = scores.softmax(-1).to(value.dtype).view(B, Hkv, rep * n, hi - lo)
+        out.append(torch.matmul(probs, value[:, :, lo:hi]).view(B, Hkv, rep, n, D))
     return torch.cat(out, dim=3).reshape(B, H, Q, D)
 
 
 def layered_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                               attention_mask: Any, scaling: Optional[float] = None, dropout: float = 0.0,
-                              **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' attention-interface signature: returns ([B, Q, H, D], None)."""
-    from torch.nn.attention.flex_attention import BlockMask
-    from transformers.integrations.flex_attention import flex_attention_forward
+                              sliding_window: Optional[int] = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-interface signature: returns ([B, Q, H, D], None). `sliding_window`
+    is what the attention module passes (Gemma-4: its window on sliding layers, None on the rest)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if isinstance(attention_mask, BlockMask):
-        return flex_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                      **kwargs)
-    if query.shape[-1] > FLASH_MAX_HEAD_DIM:
+    binds = attention_mask is None and sliding_window is not None and key.shape[2] > sliding_window
+    if binds or query.shape[-1] > FLASH_MAX_HEAD_DIM:
         if dropout > 0:
             raise ValueError("attention=layered: chunked attention has no attention dropout")
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        return chunked_attention(query, key, value, attention_mask, scale).transpose(1, 2).contiguous(), None
+        window = sliding_window if attention_mask is None else None
+        out = chunked_attention(query, key, value, attention_mask, scale, window=window)
+        return out.transpose(1, 2).contiguous(), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                  **kwargs)
+                                  sliding_window=sliding_window, **kwargs)
 
 
 def layered_mask(*args, **kwargs):
-    """transformers' mask-interface signature. A sliding layer whose window binds (`local_size` set and
-    shorter than the keys) gets a flex BlockMask on CUDA; everything else transformers' sdpa mask."""
-    from transformers.masking_utils import flex_attention_mask, sdpa_mask
+    """transformers' mask-interface signature: its sdpa mask, except that a sliding layer on unpadded,
+    unpacked rows gets None (the kernel takes the window, `layered_attention_forward`) instead of a
+    dense window mask. Padded or packed rows get the dense mask, window included."""
+    from transformers.masking_utils import sdpa_mask
 
-    local, kv_length = kwargs.get("local_size"), kwargs.get("kv_length")
-    device = torch.device(kwargs.get("device", "cpu"))
-    if local is not None and kv_length is not None and kv_length > local and device.type == "cuda":
-        return flex_attention_mask(*args, **kwargs)
-    return sdpa_mask(*args, **kwargs)
+    return sdpa_mask(*args, **{**kwargs, "local_size": None})
+
+
+def observed_band(module: torch.nn.Module, length: int) -> torch.Tensor:
+    """[Q, K] which keys reach which query through the path `module` runs on an unpadded row of
+    `length` tokens, read from the kernel itself: all-zero queries and keys give every key the kernel
+    lets in an equal share, and one-hot values name those keys, head_dim of them per call."""
+    p = next(module.parameters())
+    D, groups = module.head_dim, getattr(module, "num_key_value_groups", 1)
+    zeros_q = torch.zeros(1, groups, length, D, device=p.device, dtype=p.dtype)
+    zeros_k = torch.zeros(1, 1, length, D, device=p.device, dtype=p.dtype)
+    seen = torch.zeros(length, length, dtype=torch.bool)
+    for start in range(0, length, D):
+        n = min(D, length - start)
+        v = torch.zeros(1, 1, length, D, device=p.device, dtype=p.dtype)
+        v[0, 0, torch.arange(start, start + n), torch.arange(n)] = 1
+        with torch.no_grad():
+            out, _ = layered_attention_forward(module, zeros_q, zeros_k, v, None, scaling=1.0,
+                                               sliding_window=getattr(module, "sliding_window", None))
+        seen[:, start:start + n] = (out[0, :, 0, :n] > 0).cpu()
+    return seen
 
 
 def register() -> str:
@@ -122,10 +149,9 @@ def plan(config: Any) -> dict[str, dict[str, Any]]:
         entry: dict[str, Any] = {"layers": 1, "head_dim": head_dim, "window": window}
         if window:
             entry["within_window"] = dense + ", causal"
-            entry["past_window"] = ("flex_attention with a sliding-window block mask on CUDA; elsewhere "
-                                    + dense + " with a dense window mask")
+            entry["past_window"] = "chunked matmul attention over the window's band, causal"
         else:
             entry["unpadded"] = dense + ", causal"
-            entry["masked"] = dense + " with the dense mask"
+        entry["masked"] = dense + " with the dense mask (window included)"
         out[kind] = entry
     return out

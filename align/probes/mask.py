@@ -36,6 +36,9 @@ from align.data.encode import EncodedDataset
 from align.errors import EXIT_CONFIG, EXIT_OK, ConfigError
 
 SLIDING, FULL = "sliding_attention", "full_attention"
+LAYERED = "align_layered"
+"""attention=layered's registered name (align/models/layered_attention.py): a maskless layer's band is
+whatever its kernel does with the module's window, so it is read from the kernel."""
 
 
 def layer_types(config: Any, n_layers: int) -> list[str]:
@@ -119,9 +122,14 @@ def check_layer(name: str, kind: str, window: Optional[int], mask: Any, module: 
                    detail=f"module.sliding_window={attr}, config wants {want_window}")
         return out
     got = _allowed(mask, B, L, L)
-    if got is None:
-        got = torch.ones(B, L, L, dtype=torch.bool).tril()  # None means is_causal and nothing else
     out["evidence"] = "materialised mask"
+    if got is None and impl == LAYERED:  # the kernel takes the window: read the band from its output
+        from align.models.layered_attention import observed_band
+
+        got = observed_band(module, L).expand(B, L, L)
+        out["evidence"] = "the kernel's own output (one-hot values)"
+    elif got is None:
+        got = torch.ones(B, L, L, dtype=torch.bool).tril()  # None means is_causal and nothing else
     real_q = valid[:, :, None]  # only real query rows: padding rows' outputs never reach the loss
     counts = (got & real_q).sum(-1)
     max_allowed = int(counts.max())

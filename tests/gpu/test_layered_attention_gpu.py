@@ -1,6 +1,6 @@
-"""On CUDA: attention=layered sends a sliding layer past its window through flex_attention with a
-block mask (flex has no CPU backward), and the logits and gradients match the eager reference.
-Run: pytest -q -m gpu tests/gpu/test_layered_attention_gpu.py"""
+"""On CUDA: attention=layered (chunked matmul attention past the sliding window and on wide heads,
+sdpa flash within it) matches the eager reference in logits and gradients, in bf16 autocast as the
+trainer runs it. Run: pytest -q -m gpu tests/gpu/test_layered_attention_gpu.py"""
 
 from __future__ import annotations
 
@@ -14,15 +14,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 @pytest.mark.parametrize("width", [24, 80])  # tiny window 32: within and past it
-def test_layered_matches_eager_on_cuda_forward_and_backward(width, monkeypatch):
-    import transformers.integrations.flex_attention as flex_mod
-
+def test_layered_matches_eager_on_cuda_forward_and_backward(width):
     from align.data.tokenizer import load_tokenizer
     from align.models import build_model
 
-    calls = []
-    real = flex_mod.flex_attention_forward
-    monkeypatch.setattr(flex_mod, "flex_attention_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     tok, dev = load_tokenizer(ModelConfig()), torch.device("cuda")
     cfg = ModelConfig(family=Family.gemma4_moe)
     torch.manual_seed(0)
@@ -33,9 +28,9 @@ def test_layered_matches_eager_on_cuda_forward_and_backward(width, monkeypatch):
     ids = ids.to(dev)
     outs = []
     for m in (eager, layered):
-        logits = m(input_ids=ids, use_cache=False).logits
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = m(input_ids=ids, use_cache=False).logits
         logits.float().logsumexp(-1).mean().backward()
-        outs.append((logits.detach(), m.model.embed_tokens.weight.grad.clone()))
-    torch.testing.assert_close(outs[1][0], outs[0][0], atol=1e-4, rtol=1e-3)
-    torch.testing.assert_close(outs[1][1], outs[0][1], atol=1e-5, rtol=1e-3)
-    assert bool(calls) == (width > eager.config.sliding_window)
+        outs.append((logits.detach().float(), m.model.embed_tokens.weight.grad.clone()))
+    torch.testing.assert_close(outs[1][0], outs[0][0], atol=5e-2, rtol=2e-2)
+    torch.testing.assert_close(outs[1][1], outs[0][1], atol=1e-3, rtol=5e-2)

@@ -19,15 +19,18 @@ def _exact(q, k, v, allowed, scale):
     return s.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
 
 
-@pytest.mark.parametrize("q_len, k_len, chunk", [(10, 10, 3), (10, 10, 64), (4, 10, 3)])
-def test_chunked_attention_is_exact_causal_attention_with_gqa(q_len, k_len, chunk):
+@pytest.mark.parametrize("q_len, k_len, chunks, window", [(10, 10, 3, None), (10, 10, 1, None), (4, 10, 3, None),
+                                                           (11, 11, 4, 3), (5, 11, 2, 4)])
+def test_chunked_attention_is_exact_causal_attention_with_gqa(q_len, k_len, chunks, window):
     g = torch.Generator().manual_seed(0)
     shapes = ((4, q_len), (2, k_len), (2, k_len))
     q, k, v = (torch.randn(2, h, n, 8, generator=g, dtype=torch.float64) for h, n in shapes)
     qi = torch.arange(k_len - q_len, k_len)[:, None]
-    causal = torch.arange(k_len)[None, :] <= qi
-    got = la.chunked_attention(q, k, v, None, 0.3, chunk=chunk)
-    torch.testing.assert_close(got, _exact(q, k, v, causal, 0.3))
+    allowed = torch.arange(k_len)[None, :] <= qi
+    if window:
+        allowed &= qi - torch.arange(k_len)[None, :] < window
+    got = la.chunked_attention(q, k, v, None, 0.3, window=window, chunks=chunks)
+    torch.testing.assert_close(got, _exact(q, k, v, allowed, 0.3))
 
 
 def test_chunked_attention_applies_a_boolean_or_additive_mask():
@@ -38,38 +41,30 @@ def test_chunked_attention_applies_a_boolean_or_additive_mask():
     allowed[1, :, :, 7:] = False  # padding keys in row 1
     allowed[1, :, 7:, :] = allowed[1, :, 6:7, :]  # padding queries see what the last real one does
     want = _exact(q, k, v, allowed, 0.5)
-    torch.testing.assert_close(la.chunked_attention(q, k, v, allowed, 0.5, chunk=4), want)
+    torch.testing.assert_close(la.chunked_attention(q, k, v, allowed, 0.5, chunks=3), want)
     additive = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, torch.finfo(torch.float64).min)
-    torch.testing.assert_close(la.chunked_attention(q, k, v, additive, 0.5, chunk=4), want)
+    torch.testing.assert_close(la.chunked_attention(q, k, v, additive, 0.5, chunks=3), want)
 
 
 @pytest.fixture
 def paths(monkeypatch):
-    """Which kernel path each call took, by (layer type, path), read from spies on the three paths;
-    the chunked threshold lowered so the tiny presets' global layers (head_dim 64) take it, as the
-    full model's (512) do."""
-    import transformers.integrations.flex_attention as flex_mod
-    import transformers.integrations.sdpa_attention as sdpa_mod
-
+    """Which kernel path each call took, by (layer type, path): chunked when the call reached
+    `chunked_attention`, sdpa otherwise; the chunked threshold lowered so the tiny presets' global
+    layers (head_dim 64) take it, as the full model's (512) do."""
     seen: set[tuple[str, str]] = set()
     monkeypatch.setattr(la, "FLASH_MAX_HEAD_DIM", 32)
-    for mod, name, path in ((sdpa_mod, "sdpa_attention_forward", "sdpa"), (flex_mod, "flex_attention_forward", "flex")):
-        real = getattr(mod, name)
-
-        def spy(module, *a, _real=real, _path=path, **kw):
-            seen.add((module.layer_type, _path))
-            return _real(module, *a, **kw)
-        monkeypatch.setattr(mod, name, spy)
     real_forward, real_chunked = la.layered_attention_forward, la.chunked_attention
-    current: list[str] = []
+    hits: list[int] = []
 
     def chunked(*a, **kw):
-        seen.add((current[-1], "chunked"))
+        hits.append(1)
         return real_chunked(*a, **kw)
 
     def forward(module, *a, **kw):
-        current.append(module.layer_type)
-        return real_forward(module, *a, **kw)
+        before = len(hits)
+        out = real_forward(module, *a, **kw)
+        seen.add((module.layer_type, "chunked" if len(hits) > before else "sdpa"))
+        return out
     monkeypatch.setattr(la, "chunked_attention", chunked)
     monkeypatch.setattr(la, "layered_attention_forward", forward)  # what build's register() installs
     yield seen
@@ -90,13 +85,15 @@ def test_layered_logits_equal_eager_attention_on_both_layer_types(build, family,
         got = layered(input_ids=ids, attention_mask=mask, use_cache=False).logits
     real = mask.bool() if mask is not None else torch.ones(ids.shape, dtype=torch.bool)
     torch.testing.assert_close(got[real], want[real], atol=2e-5, rtol=1e-4)
-    assert ("full_attention", "chunked") in paths and ("sliding_attention", "sdpa") in paths
+    assert ("full_attention", "chunked") in paths
+    past = width > 32 and not pad  # the kernel takes the window only on unpadded rows
+    assert ("sliding_attention", "chunked" if past else "sdpa") in paths
 
 
 def test_the_plan_names_each_layer_types_kernel(build):
     info = build(Family.gemma4_moe).info["attention_layers"]
     assert info["sliding_attention"]["window"] == 32 and info["sliding_attention"]["layers"] == 3
-    assert "flex_attention" in info["sliding_attention"]["past_window"]
+    assert info["sliding_attention"]["past_window"].startswith("chunked")
     assert info["full_attention"]["layers"] == 1 and info["full_attention"]["head_dim"] == 64
     assert info["full_attention"]["unpadded"].startswith("sdpa")  # 64 <= flash's 256
     from transformers import Gemma4TextConfig
@@ -108,33 +105,28 @@ def test_the_plan_names_each_layer_types_kernel(build):
     assert full["sliding_attention"]["head_dim"] == 256 and full["sliding_attention"]["layers"] == 25
 
 
-def test_the_mask_gate_checks_the_layered_masks(build, tokenizer):
-    """Past the window a sliding layer must see at most `window` keys: a mask function that drops
-    the window is caught by the gate (align/probes/mask.py), not inferred from speed."""
+def test_the_mask_gate_checks_the_layered_kernels_band(build, tokenizer, monkeypatch):
+    """Past the window an unpadded sliding layer gets no mask (the kernel takes the window), so the
+    gate (align/probes/mask.py) reads its band from the kernel's output: a kernel that drops the
+    window fails the gate, whatever the module's attribute says."""
+    import numpy as np
+
     from align.data.collate import collate
+    from align.data.encode import EncodedDataset
     from align.probes.mask import mask_report
 
     model = build(Family.gemma4_moe).model.eval()
-    import numpy as np
-
-    from align.data.encode import EncodedDataset
-
     L = 48
-    data = EncodedDataset(tokens=np.arange(3, 3 + 2 * L) % 500 + 3, loss_mask=np.ones(2 * L, dtype=bool),
+    data = EncodedDataset(tokens=np.arange(2 * L) % 500 + 3, loss_mask=np.ones(2 * L, dtype=bool),
                           offsets=np.array([0, L, 2 * L]), ids=["a", "b"], roots=["r", "r"])
     batches = {"unpadded": collate(data, np.arange(2), tokenizer.pad_token_id)}
-    assert mask_report(model, batches)["ok"]
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    def windowless(*a, **kw):
-        kw["mask_function"] = lambda b, h, q, k: k <= q
-        kw["local_size"] = None
-        return sdpa_mask(*a, **kw)
-    AttentionMaskInterface.register(la.NAME, windowless)
-    try:
-        assert not mask_report(model, batches)["ok"]
-    finally:
-        la.register()
+    report = mask_report(model, batches)
+    sliding = [lay for lay in report["batches"]["unpadded"]["layers"] if lay["type"] == "sliding_attention"]
+    assert report["ok"] and all(lay["evidence"].startswith("the kernel") for lay in sliding)
+    assert all(lay["max_allowed_per_row"] == 32 for lay in sliding)
+    real = la.chunked_attention
+    monkeypatch.setattr(la, "chunked_attention", lambda *a, window=None, **kw: real(*a, **kw))
+    assert not mask_report(model, batches)["ok"]
 
 
 def test_dropout_is_refused_on_the_chunked_path():
@@ -143,13 +135,24 @@ def test_dropout_is_refused_on_the_chunked_path():
         la.layered_attention_forward(torch.nn.Module(), q, q, q, None, dropout=0.1)
 
 
-def test_a_sliding_layer_past_its_window_gets_a_block_mask_on_cuda_only():
+def test_a_sliding_layer_gets_no_dense_mask_on_unpadded_rows_and_one_when_padded():
     from transformers.masking_utils import sliding_window_causal_mask_function
 
     kw = dict(batch_size=1, q_length=48, kv_length=48, mask_function=sliding_window_causal_mask_function(32),
-              local_size=32, allow_is_causal_skip=True)
-    assert torch.is_tensor(la.layered_mask(**kw, device="cpu"))  # flex has no backward on CPU
-    assert la.layered_mask(**{**kw, "q_length": 24, "kv_length": 24}, device="cpu") is None  # within: is_causal
+              local_size=32, allow_is_causal_skip=True, device="cpu")
+    assert la.layered_mask(**kw) is None  # the kernel takes the window
+    padded = la.layered_mask(**kw, attention_mask=torch.tensor([[1] * 40 + [0] * 8]))
+    assert padded is not None and int(padded[0, 0, 39].sum()) == 32 and int(padded[0, 0, 47].sum()) == 24
+
+
+def test_the_gate_reads_the_kernels_band_and_catches_a_kernel_that_drops_the_window(build, monkeypatch):
+    model = build(Family.gemma4_moe).model
+    sliding = next(m for m in model.modules() if getattr(m, "layer_type", None) == "sliding_attention")
+    band = la.observed_band(sliding, 48)
+    assert int(band.sum(-1).max()) == 32 and bool(band[47, 16]) and not bool(band[47, 15])
+    real = la.chunked_attention
+    monkeypatch.setattr(la, "chunked_attention", lambda *a, window=None, **kw: real(*a, **kw))
+    assert int(la.observed_band(sliding, 48).sum(-1).max()) == 48
 
 
 @pytest.mark.parametrize("family", [Family.gemma4, Family.gemma4_moe])
@@ -173,3 +176,24 @@ def test_unread_kv_stores_are_dropped_and_change_nothing(build, family):
         if hasattr(m, "store_full_length_kv"):
             m.store_full_length_kv, m.is_kv_shared_layer = m.layer_idx == 2, m.layer_idx == 3
     assert drop_unread_kv_stores(shared) == 0  # a layer reads them: kept
+
+
+def test_compiled_layered_blocks_do_not_recompile_per_width(build):
+    """One dynamic graph per layer type and path serves every ragged width: the chunk bounds are
+    arithmetic on the width (a loop over range(0, width, c) made a graph per width, and flex's block
+    mask carries the width as a constant; both ran into dynamo's recompile limit on the GPU)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from align.parallel.compile import compile_blocks
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = build(Family.gemma4_moe).model.train()
+    compile_blocks(model, True, backend="eager")
+    for width in (40, 56, 72, 88, 104):  # all past the tiny window (32)
+        model(input_ids=torch.randint(3, 400, (2, width)), use_cache=False).logits.sum().backward()
+    after_first = int(counters["stats"]["unique_graphs"])
+    for width in (48, 64, 96, 120):
+        model(input_ids=torch.randint(3, 400, (3, width)), use_cache=False).logits.sum().backward()
+    assert int(counters["stats"]["unique_graphs"]) == after_first <= 4

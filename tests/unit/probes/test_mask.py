@@ -21,7 +21,7 @@ def gemma():
     from align.data.tokenizer import load_tokenizer
     from align.models import build_model
 
-    cfg = to_typed(compose(["model=gemma4", "data.max_records=16"]))
+    cfg = to_typed(compose(["model=gemma4", "attention=sdpa", "data.max_records=16"]))  # transformers' masks
     tok = load_tokenizer(cfg.model)
     data = encode_records(load_records(cfg.data), tok, cfg.data)
     model = build_model(cfg.model, cfg.attention, tok).model
