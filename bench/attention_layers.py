@@ -10,7 +10,9 @@ budget at several widths, and checks each output against an fp32 reference with 
             flex (compiled flex_attention, a sliding-window block mask), sdpa_causal (flash;
             exact only while the width is within the window)
   global:   sdpa_causal (SDPA's own choice), sdpa_cudnn, sdpa_efficient, flex (causal block mask),
-            chunked (query chunks through bf16 matmuls, compiled)
+            chunked (query chunks of 1024 through bf16 matmuls, compiled per shape)
+  both:     layered (align's attention=layered kernel: a fixed number of query chunks, each over its
+            band of keys, compiled with dynamic shapes as the compiled blocks run it)
 
     python bench/attention_layers.py --model bench/gemma4_lora --out attention.json [--tokens 8192]
 
@@ -134,10 +136,24 @@ def chunked(q, k, v, window):
     return _CHUNKED["fn"](q, k, v, window)
 
 
+_BAND: dict = {}
+
+
+def chunked_band(q, k, v, window):
+    """align's attention=layered path (align/models/layered_attention.py), compiled as the blocks are."""
+    from align.models.layered_attention import chunked_attention
+
+    if "fn" not in _BAND:
+        _BAND["fn"] = torch.compile(chunked_attention, dynamic=True)
+    return _BAND["fn"](q, k, v, None, 1.0, window=window)
+
+
 CANDIDATES = {
-    "sliding_attention": {"sdpa_mask": sdpa_mask, "flex": flex, "sdpa_causal": sdpa_backend(None)},
+    "sliding_attention": {"sdpa_mask": sdpa_mask, "flex": flex, "sdpa_causal": sdpa_backend(None),
+                          "layered": chunked_band},
     "full_attention": {"sdpa_causal": sdpa_backend(None), "sdpa_cudnn": sdpa_backend("CUDNN_ATTENTION"),
-                       "sdpa_efficient": sdpa_backend("EFFICIENT_ATTENTION"), "flex": flex, "chunked": chunked},
+                       "sdpa_efficient": sdpa_backend("EFFICIENT_ATTENTION"), "flex": flex, "chunked": chunked,
+                       "layered": chunked_band},
 }
 
 
@@ -206,6 +222,7 @@ def main() -> None:
     ap.add_argument("--model", default="bench/gemma4_lora", help="the bench experiment whose model's shapes are timed")
     ap.add_argument("--tokens", type=int, default=8192, help="tokens per micro-batch (rows = tokens // width)")
     ap.add_argument("--widths", default="4096,2048,512")
+    ap.add_argument("--only", default="", help="comma-separated candidates to run (default: all)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--tiny", action="store_true", help="the experiment's tiny preset on the CPU: measures nothing")
@@ -214,6 +231,10 @@ def main() -> None:
     config = hf_config(experiment_config(a.model, a.tiny))
     device = torch.device("cuda" if torch.cuda.is_available() and not a.tiny else "cpu")
     shapes = layer_shapes(config)
+    if a.only:
+        keep = set(a.only.split(","))
+        for kind in CANDIDATES:
+            CANDIDATES[kind] = {n: f for n, f in CANDIDATES[kind].items() if n in keep}
     rows = measure(shapes, a.tokens, [int(w) for w in a.widths.split(",")], device, a.warmup, a.reps)
     a.out.write_text(json.dumps({"shapes": shapes, "tokens": a.tokens, "torch": torch.__version__,
                                  "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",

@@ -8,15 +8,16 @@ dim 512. What each candidate costs at this model's shapes on the H200 is in docs
 (bench/attention_layers.py measures it). The rules, per call:
 
 - a sliding layer past its window on unpadded rows (no mask: the kernel takes the window), and any
-  layer whose head_dim is above flash's 256 (Gemma-4's global layers): `chunked_attention`, a fixed
-  number of query chunks through batched matmuls (bf16 GEMMs, fp32 softmax), each chunk only over
-  its band of keys, or under the dense mask when the rows are padded or packed;
+  layer whose head_dim is above flash's 256 (Gemma-4's global layers): `chunked_attention`, batched
+  matmuls (bf16 GEMMs, fp32 softmax) under the causal-and-window rule, or under the dense mask when
+  the rows are padded or packed;
 - anything else (a sliding layer within its window, small heads): transformers'
   `sdpa_attention_forward` (is_causal, flash first).
 
 flex_attention with a sliding-window block mask was measured too (docs/performance.md): fast per
 call, but its block mask carries the width as a constant, so compiled blocks recompiled at every
-new ragged width until dynamo's limit sent them to eager.
+new ragged width until dynamo's limit sent them to eager. Computing only each chunk's band of keys
+needs slice bounds from the width, which made compiling the blocks take minutes.
 
 The mask side is transformers' sdpa mask with the window left to the kernel (`layered_mask`). The
 mask gate (align/probes/mask.py) reads a maskless sliding layer's band from the kernel's own output
@@ -32,45 +33,47 @@ import torch
 NAME = "align_layered"
 """The name under which the attention and mask functions are registered with transformers."""
 FLASH_MAX_HEAD_DIM = 256
-CHUNKS = 4
-"""Query chunks per call in `chunked_attention`: a fixed count, so the chunk bounds are arithmetic
-on the width and one dynamic compiled graph serves every width (a loop over `range(0, width, c)`
-specialises the graph on the width: a recompile per ragged batch, up to dynamo's limit)."""
+CHUNK_ROWS = 4096
+"""Query rows per pass in `chunked_attention`: one pass for rows up to this width (its fp32 scores for
+16 heads are 1 GiB at 4096 x 4096), fixed-size chunks past it."""
 
 
 def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor],
-                      scaling: float, window: Optional[int] = None, chunks: int = CHUNKS) -> torch.Tensor:
+                      scaling: float, window: Optional[int] = None, chunk_rows: int = CHUNK_ROWS) -> torch.Tensor:
     """Softmax attention of q [B, H, Q, D] over k, v [B, Hkv, K, D] (H a multiple of Hkv; the
-    queries are the last Q of the K positions). With `mask` None: causal, and within `window`
-    positions when given (keys outside a chunk's band are not computed at all); else the boolean
-    (True = attend) or additive mask [B|1, 1, Q, K] decides alone. The query heads of one key head are
-    folded into the rows, so keys and values are never repeated. Returns [B, H, Q, D]."""
+    queries are the last Q of the K positions) through batched matmuls (bf16 GEMMs, fp32 softmax).
+    With `mask` None: causal, and within `window` positions when given; else the boolean (True =
+    attend) or additive mask [B|1, 1, Q, K] decides alone. The query heads of one key head are folded
+    into the rows, so keys and values are never repeated. Up to `chunk_rows` queries run in one pass
+    with no width-dependent slicing, so one dynamic compiled graph serves every ragged width (slice
+    bounds computed from the width made dynamo's symbolic shapes explode: minutes of compiling).
+    Returns [B, H, Q, D]."""
+    Q, K = query.shape[2], key.shape[2]
+    if Q <= chunk_rows:
+        return _attend(query, key, value, mask, scaling, window, K - Q)
+    outs = [_attend(query[:, :, s:s + chunk_rows], key, value,
+                    None if mask is None else mask[:, :, s:s + chunk_rows], scaling, window, K - Q + s)
+            for s in range(0, Q, chunk_rows)]
+    return torch.cat(outs, dim=2)
+
+
+def _attend(query, key, value, mask, scaling, window, first) -> torch.Tensor:
+    """One pass; `first`: the key position of the first of these queries."""
     B, H, Q, D = query.shape
     Hkv, K = key.shape[1], key.shape[2]
-    rep, off = H // Hkv, K - Q
-    q = query.reshape(B, Hkv, rep, Q, D)
-    kt = key.transpose(-1, -2)
-    step = (Q + chunks - 1) // chunks
-    out = []
-    for i in range(chunks):
-        s, e = min(i * step, Q), min((i + 1) * step, Q)
-        n = e - s
-        hi = off + e if mask is None else K  # causal: no key past the chunk's last query
-        lo = max(off + s - window + 1, 0) if (mask is None and window) else 0
-        scores = torch.matmul(q[:, :, :, s:e].reshape(B, Hkv, rep * n, D), kt[..., lo:hi]).float()
-        scores = scores.view(B, Hkv, rep, n, hi - lo) * scaling
-        if mask is None:
-            qi = torch.arange(off + s, off + e, device=query.device)[:, None]
-            ki = torch.arange(lo, hi, device=query.device)[None, :]
-            allowed = (ki <= qi) & (qi - ki < window) if window else ki <= qi
-            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        else:
-            m = mask[:, :, s:e, lo:hi].unsqueeze(2)  # [B|1, 1, 1, n, keys]
-            scores = (scores.masked_fill(~m, torch.finfo(scores.dtype).min) if m.dtype == torch.bool
-                      else scores + m.float())
-        probs = scores.softmax(-1).to(value.dtype).view(B, Hkv, rep * n, hi - lo)
-        out.append(torch.matmul(probs, value[:, :, lo:hi]).view(B, Hkv, rep, n, D))
-    return torch.cat(out, dim=3).reshape(B, H, Q, D)
+    rep = H // Hkv
+    scores = torch.matmul(query.reshape(B, Hkv, rep * Q, D), key.transpose(-1, -2)).float() * scaling
+    scores = scores.view(B, Hkv, rep, Q, K)
+    if mask is None:
+        qi = torch.arange(first, first + Q, device=query.device)[:, None]
+        ki = torch.arange(K, device=query.device)[None, :]
+        allowed = (ki <= qi) & (qi - ki < window) if window else ki <= qi
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    else:
+        m = mask.unsqueeze(2)  # [B|1, 1, 1, Q, K]
+        scores = scores.masked_fill(~m, torch.finfo(scores.dtype).min) if m.dtype == torch.bool else scores + m.float()
+    probs = scores.softmax(-1).to(value.dtype).view(B, Hkv, rep * Q, K)
+    return torch.matmul(probs, value).view(B, Hkv, rep, Q, D).reshape(B, H, Q, D)
 
 
 def layered_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -149,7 +152,7 @@ def plan(config: Any) -> dict[str, dict[str, Any]]:
         entry: dict[str, Any] = {"layers": 1, "head_dim": head_dim, "window": window}
         if window:
             entry["within_window"] = dense + ", causal"
-            entry["past_window"] = "chunked matmul attention over the window's band, causal"
+            entry["past_window"] = "chunked matmul attention, causal within the window"
         else:
             entry["unpadded"] = dense + ", causal"
         entry["masked"] = dense + " with the dense mask (window included)"

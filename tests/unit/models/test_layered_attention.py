@@ -19,9 +19,9 @@ def _exact(q, k, v, allowed, scale):
     return s.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
 
 
-@pytest.mark.parametrize("q_len, k_len, chunks, window", [(10, 10, 3, None), (10, 10, 1, None), (4, 10, 3, None),
-                                                           (11, 11, 4, 3), (5, 11, 2, 4)])
-def test_chunked_attention_is_exact_causal_attention_with_gqa(q_len, k_len, chunks, window):
+@pytest.mark.parametrize("q_len, k_len, rows, window", [(10, 10, 3, None), (10, 10, 64, None), (4, 10, 3, None),
+                                                         (11, 11, 4, 3), (5, 11, 2, 4), (11, 11, 64, 3)])
+def test_chunked_attention_is_exact_causal_attention_with_gqa(q_len, k_len, rows, window):
     g = torch.Generator().manual_seed(0)
     shapes = ((4, q_len), (2, k_len), (2, k_len))
     q, k, v = (torch.randn(2, h, n, 8, generator=g, dtype=torch.float64) for h, n in shapes)
@@ -29,7 +29,7 @@ def test_chunked_attention_is_exact_causal_attention_with_gqa(q_len, k_len, chun
     allowed = torch.arange(k_len)[None, :] <= qi
     if window:
         allowed &= qi - torch.arange(k_len)[None, :] < window
-    got = la.chunked_attention(q, k, v, None, 0.3, window=window, chunks=chunks)
+    got = la.chunked_attention(q, k, v, None, 0.3, window=window, chunk_rows=rows)
     torch.testing.assert_close(got, _exact(q, k, v, allowed, 0.3))
 
 
@@ -41,9 +41,9 @@ def test_chunked_attention_applies_a_boolean_or_additive_mask():
     allowed[1, :, :, 7:] = False  # padding keys in row 1
     allowed[1, :, 7:, :] = allowed[1, :, 6:7, :]  # padding queries see what the last real one does
     want = _exact(q, k, v, allowed, 0.5)
-    torch.testing.assert_close(la.chunked_attention(q, k, v, allowed, 0.5, chunks=3), want)
+    torch.testing.assert_close(la.chunked_attention(q, k, v, allowed, 0.5, chunk_rows=4), want)
     additive = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, torch.finfo(torch.float64).min)
-    torch.testing.assert_close(la.chunked_attention(q, k, v, additive, 0.5, chunks=3), want)
+    torch.testing.assert_close(la.chunked_attention(q, k, v, additive, 0.5, chunk_rows=4), want)
 
 
 @pytest.fixture
@@ -179,9 +179,9 @@ def test_unread_kv_stores_are_dropped_and_change_nothing(build, family):
 
 
 def test_compiled_layered_blocks_do_not_recompile_per_width(build):
-    """One dynamic graph per layer type and path serves every ragged width: the chunk bounds are
-    arithmetic on the width (a loop over range(0, width, c) made a graph per width, and flex's block
-    mask carries the width as a constant; both ran into dynamo's recompile limit on the GPU)."""
+    """One dynamic graph per layer type and path serves every ragged width: no slice bound depends on
+    the width (a loop over range(0, width, c) made a graph per width, and flex's block mask carries
+    the width as a constant: both ran into dynamo's recompile limit on the GPU)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
