@@ -135,7 +135,7 @@ class AttnImpl(StrEnum):
     flex = "flex"
     flash = "flash"
     auto = "auto"
-    """The family's measured choice (`AUTO_ATTENTION`): layered for Gemma-4, sdpa for the rest."""
+    """The family's choice (`AUTO_ATTENTION`): layered for Gemma-4, sdpa for the rest."""
     layered = "layered"
     """Per layer type (align/models/layered_attention.py): flex past a sliding window, chunked matmul
     attention for head dims flash does not take, sdpa otherwise."""
@@ -148,7 +148,8 @@ class AttnImpl(StrEnum):
 
 
 AUTO_ATTENTION = {Family.gemma4: AttnImpl.layered, Family.gemma4_moe: AttnImpl.layered}
-"""What attention=auto picks per family (the rest: sdpa); why, per layer type, in docs/performance.md."""
+"""What attention=auto picks per family (the rest: sdpa); what was measured for it, per layer type,
+and what was not yet: docs/performance.md#gemma-4-26b-a4b-lora."""
 
 
 class Fallback(StrEnum):
@@ -172,18 +173,20 @@ class SdpaKernel(StrEnum):
 @dataclass
 class AttentionConfig:
     implementation: AttnImpl = AttnImpl.auto
-    """Requested attention backend; auto: the family's measured choice (`AUTO_ATTENTION`). The
-    resolved one (`config._attn_implementation`) is recorded."""
+    """Requested attention backend; auto: the family's choice (`AUTO_ATTENTION`: layered for Gemma-4,
+    sdpa otherwise). The resolved one (`config._attn_implementation`) is recorded, and under layered
+    what each layer type runs (the manifest's `model.attention_layers`)."""
     fallback: Fallback = Fallback.refuse
     """refuse: a backend the family or machine cannot run fails preflight. allow: fall back to the
     library's choice, log it loudly and record both."""
     sdpa_kernels: list[SdpaKernel] = field(
         default_factory=lambda: [SdpaKernel.flash, SdpaKernel.efficient, SdpaKernel.cudnn, SdpaKernel.math])
-    """With implementation=sdpa: the kernels torch may pick, in priority order, applied around every
-    forward AND backward (activation checkpointing recomputes attention there); the first that
-    supports the call runs. `[]` keeps torch's own order, which on sm90 picks cuDNN: it builds a plan
-    per new shape, and ragged batches keep making new shapes. What flash first was worth is in
-    docs/performance.md. The kernel that ran is recorded from the profiler on GPU."""
+    """With implementation=sdpa (or layered, auto: their sdpa calls): the kernels torch may pick, in
+    priority order, applied around every forward AND backward (activation checkpointing recomputes
+    attention there); the first that supports the call runs. `[]` keeps torch's own order, which on
+    sm90 picks cuDNN: it builds a plan per new shape, and ragged batches keep making new shapes. What
+    flash first was worth is in docs/performance.md. The kernel that ran is recorded from the
+    profiler on GPU."""
 
     def chosen(self, family: Family) -> AttnImpl:
         """The backend this config names for `family`: auto replaced by the family's choice."""

@@ -5,23 +5,22 @@ Gemma-4 mixes sliding layers (head_dim 256, a 1024-token window) with global lay
 keys equal to values). transformers' sdpa path gives the sliding layers a dense window mask past the
 window, which knocks SDPA off flash onto the memory-efficient kernel, and no flash kernel takes head
 dim 512. What each candidate costs at this model's shapes on the H200 is in docs/performance.md
-(bench/attention_layers.py measures it). The rules, per call:
+(bench/attention_layers.py measures it).
 
-- a sliding layer past its window on unpadded rows (no mask: the kernel takes the window), and any
-  layer whose head_dim is above flash's 256 (Gemma-4's global layers): `chunked_attention`, batched
-  matmuls (bf16 GEMMs, fp32 softmax) under the causal-and-window rule, or under the dense mask when
-  the rows are padded or packed;
-- anything else (a sliding layer within its window, small heads): transformers'
-  `sdpa_attention_forward` (is_causal, flash first).
+The rule, per call: a layer whose head_dim is above flash's 256 (Gemma-4's global layers) runs
+`chunked_attention`, matmul attention (bf16 GEMMs, fp32 softmax) under the causal rule or the dense
+mask it was given; every other layer runs transformers' `sdpa_attention_forward` with transformers'
+own mask (flash first; the sliding layers past their window keep the dense window mask).
 
-flex_attention with a sliding-window block mask was measured too (docs/performance.md): fast per
-call, but its block mask carries the width as a constant, so compiled blocks recompiled at every
-new ragged width until dynamo's limit sent them to eager. Computing only each chunk's band of keys
-needs slice bounds from the width, which made compiling the blocks take minutes.
+Measured and dropped for the sliding layers past the window (docs/performance.md): flex_attention
+with a sliding-window block mask is 2.8x the dense-mask kernel per call, but its block mask carries
+the width as a constant, so the compiled blocks recompiled at every new ragged width until dynamo's
+limit sent them to eager; matmul attention over each query chunk's band of keys needs slice bounds
+computed from the width, which made compiling the blocks take minutes; matmul attention over the
+full square keeps [rows, heads, width, width] probabilities per layer for backward, 25 layers of them.
 
-The mask side is transformers' sdpa mask with the window left to the kernel (`layered_mask`). The
-mask gate (align/probes/mask.py) reads a maskless sliding layer's band from the kernel's own output
-(`observed_band`), not from the module's attribute.
+A maskless layer's band is the kernel's business here, so the mask gate (align/probes/mask.py)
+reads it from the kernel's own output (`observed_band`).
 """
 
 from __future__ import annotations
@@ -83,12 +82,11 @@ def layered_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     is what the attention module passes (Gemma-4: its window on sliding layers, None on the rest)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    binds = attention_mask is None and sliding_window is not None and key.shape[2] > sliding_window
-    if binds or query.shape[-1] > FLASH_MAX_HEAD_DIM:
+    if query.shape[-1] > FLASH_MAX_HEAD_DIM:
         if dropout > 0:
             raise ValueError("attention=layered: chunked attention has no attention dropout")
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        window = sliding_window if attention_mask is None else None
+        window = sliding_window if attention_mask is None else None  # a dense mask carries its window
         out = chunked_attention(query, key, value, attention_mask, scale, window=window)
         return out.transpose(1, 2).contiguous(), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
@@ -96,12 +94,11 @@ def layered_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
 
 
 def layered_mask(*args, **kwargs):
-    """transformers' mask-interface signature: its sdpa mask, except that a sliding layer on unpadded,
-    unpacked rows gets None (the kernel takes the window, `layered_attention_forward`) instead of a
-    dense window mask. Padded or packed rows get the dense mask, window included."""
+    """transformers' mask-interface signature: its sdpa mask (None on an unpadded row a layer sees
+    whole, else a dense mask with the window and padding in it)."""
     from transformers.masking_utils import sdpa_mask
 
-    return sdpa_mask(*args, **{**kwargs, "local_size": None})
+    return sdpa_mask(*args, **kwargs)
 
 
 def observed_band(module: torch.nn.Module, length: int) -> torch.Tensor:
@@ -152,7 +149,7 @@ def plan(config: Any) -> dict[str, dict[str, Any]]:
         entry: dict[str, Any] = {"layers": 1, "head_dim": head_dim, "window": window}
         if window:
             entry["within_window"] = dense + ", causal"
-            entry["past_window"] = "chunked matmul attention, causal within the window"
+            entry["past_window"] = dense + " with transformers' dense window mask"
         else:
             entry["unpadded"] = dense + ", causal"
         entry["masked"] = dense + " with the dense mask (window included)"

@@ -85,15 +85,14 @@ def test_layered_logits_equal_eager_attention_on_both_layer_types(build, family,
         got = layered(input_ids=ids, attention_mask=mask, use_cache=False).logits
     real = mask.bool() if mask is not None else torch.ones(ids.shape, dtype=torch.bool)
     torch.testing.assert_close(got[real], want[real], atol=2e-5, rtol=1e-4)
-    assert ("full_attention", "chunked") in paths
-    past = width > 32 and not pad  # the kernel takes the window only on unpadded rows
-    assert ("sliding_attention", "chunked" if past else "sdpa") in paths
+    assert ("full_attention", "chunked") in paths and ("sliding_attention", "sdpa") in paths
+    assert ("sliding_attention", "chunked") not in paths
 
 
 def test_the_plan_names_each_layer_types_kernel(build):
     info = build(Family.gemma4_moe).info["attention_layers"]
     assert info["sliding_attention"]["window"] == 32 and info["sliding_attention"]["layers"] == 3
-    assert info["sliding_attention"]["past_window"].startswith("chunked")
+    assert "dense window mask" in info["sliding_attention"]["past_window"]
     assert info["full_attention"]["layers"] == 1 and info["full_attention"]["head_dim"] == 64
     assert info["full_attention"]["unpadded"].startswith("sdpa")  # 64 <= flash's 256
     from transformers import Gemma4TextConfig
@@ -105,27 +104,30 @@ def test_the_plan_names_each_layer_types_kernel(build):
     assert full["sliding_attention"]["head_dim"] == 256 and full["sliding_attention"]["layers"] == 25
 
 
-def test_the_mask_gate_checks_the_layered_kernels_band(build, tokenizer, monkeypatch):
-    """Past the window an unpadded sliding layer gets no mask (the kernel takes the window), so the
-    gate (align/probes/mask.py) reads its band from the kernel's output: a kernel that drops the
-    window fails the gate, whatever the module's attribute says."""
+def test_the_mask_gate_reads_a_maskless_layers_band_from_its_kernel(build, tokenizer, monkeypatch):
+    """An unpadded global layer gets no mask under attention=layered and runs chunked attention, so
+    the gate (align/probes/mask.py) reads its band from the kernel's output: a kernel that lets a
+    query see the next key fails the gate. The sliding layers' dense window masks are counted."""
     import numpy as np
 
     from align.data.collate import collate
     from align.data.encode import EncodedDataset
     from align.probes.mask import mask_report
 
+    monkeypatch.setattr(la, "FLASH_MAX_HEAD_DIM", 32)  # the tiny global layers (64) take the chunked path
     model = build(Family.gemma4_moe).model.eval()
     L = 48
     data = EncodedDataset(tokens=np.arange(2 * L) % 500 + 3, loss_mask=np.ones(2 * L, dtype=bool),
                           offsets=np.array([0, L, 2 * L]), ids=["a", "b"], roots=["r", "r"])
     batches = {"unpadded": collate(data, np.arange(2), tokenizer.pad_token_id)}
     report = mask_report(model, batches)
-    sliding = [lay for lay in report["batches"]["unpadded"]["layers"] if lay["type"] == "sliding_attention"]
-    assert report["ok"] and all(lay["evidence"].startswith("the kernel") for lay in sliding)
-    assert all(lay["max_allowed_per_row"] == 32 for lay in sliding)
-    real = la.chunked_attention
-    monkeypatch.setattr(la, "chunked_attention", lambda *a, window=None, **kw: real(*a, **kw))
+    layers = report["batches"]["unpadded"]["layers"]
+    full = [lay for lay in layers if lay["type"] == "full_attention"]
+    sliding = [lay for lay in layers if lay["type"] == "sliding_attention"]
+    assert report["ok"] and all(lay["evidence"].startswith("the kernel") for lay in full)
+    assert all(lay["max_allowed_per_row"] == 32 and lay["evidence"] == "materialised mask" for lay in sliding)
+    real = la._attend
+    monkeypatch.setattr(la, "_attend", lambda q, k, v, m, s, w, first: real(q, k, v, m, s, w, first + 1))
     assert not mask_report(model, batches)["ok"]
 
 
@@ -135,24 +137,14 @@ def test_dropout_is_refused_on_the_chunked_path():
         la.layered_attention_forward(torch.nn.Module(), q, q, q, None, dropout=0.1)
 
 
-def test_a_sliding_layer_gets_no_dense_mask_on_unpadded_rows_and_one_when_padded():
-    from transformers.masking_utils import sliding_window_causal_mask_function
-
-    kw = dict(batch_size=1, q_length=48, kv_length=48, mask_function=sliding_window_causal_mask_function(32),
-              local_size=32, allow_is_causal_skip=True, device="cpu")
-    assert la.layered_mask(**kw) is None  # the kernel takes the window
-    padded = la.layered_mask(**kw, attention_mask=torch.tensor([[1] * 40 + [0] * 8]))
-    assert padded is not None and int(padded[0, 0, 39].sum()) == 32 and int(padded[0, 0, 47].sum()) == 24
-
-
-def test_the_gate_reads_the_kernels_band_and_catches_a_kernel_that_drops_the_window(build, monkeypatch):
+def test_the_chunked_kernels_band_is_read_back_from_its_output(build, monkeypatch):
     model = build(Family.gemma4_moe).model
-    sliding = next(m for m in model.modules() if getattr(m, "layer_type", None) == "sliding_attention")
-    band = la.observed_band(sliding, 48)
-    assert int(band.sum(-1).max()) == 32 and bool(band[47, 16]) and not bool(band[47, 15])
-    real = la.chunked_attention
-    monkeypatch.setattr(la, "chunked_attention", lambda *a, window=None, **kw: real(*a, **kw))
-    assert int(la.observed_band(sliding, 48).sum(-1).max()) == 48
+    full = next(m for m in model.modules() if getattr(m, "layer_type", None) == "full_attention")
+    monkeypatch.setattr(la, "FLASH_MAX_HEAD_DIM", 32)
+    band = la.observed_band(full, 48)
+    assert torch.equal(band, torch.ones(48, 48, dtype=torch.bool).tril())
+    monkeypatch.setattr(la, "chunked_attention", lambda q, k, v, m, s, window=None: la._attend(q, k, v, m, s, 4, 0))
+    assert int(la.observed_band(full, 48).sum(-1).max()) == 4
 
 
 @pytest.mark.parametrize("family", [Family.gemma4, Family.gemma4_moe])
@@ -178,7 +170,7 @@ def test_unread_kv_stores_are_dropped_and_change_nothing(build, family):
     assert drop_unread_kv_stores(shared) == 0  # a layer reads them: kept
 
 
-def test_compiled_layered_blocks_do_not_recompile_per_width(build):
+def test_compiled_layered_blocks_do_not_recompile_per_width(build, monkeypatch):
     """One dynamic graph per layer type and path serves every ragged width: no slice bound depends on
     the width (a loop over range(0, width, c) made a graph per width, and flex's block mask carries
     the width as a constant: both ran into dynamo's recompile limit on the GPU)."""
@@ -191,6 +183,7 @@ def test_compiled_layered_blocks_do_not_recompile_per_width(build):
     counters.clear()
     model = build(Family.gemma4_moe).model.train()
     compile_blocks(model, True, backend="eager")
+    monkeypatch.setattr(la, "FLASH_MAX_HEAD_DIM", 32)  # the tiny global layers (64) take the chunked path
     for width in (40, 56, 72, 88, 104):  # all past the tiny window (32)
         model(input_ids=torch.randint(3, 400, (2, width)), use_cache=False).logits.sum().backward()
     after_first = int(counters["stats"]["unique_graphs"])
