@@ -11,8 +11,8 @@ budget at several widths, and checks each output against an fp32 reference with 
             exact only while the width is within the window)
   global:   sdpa_causal (SDPA's own choice), sdpa_cudnn, sdpa_efficient, flex (causal block mask),
             chunked (query chunks of 1024 through bf16 matmuls, compiled per shape)
-  both:     layered (align's attention=layered kernel: a fixed number of query chunks, each over its
-            band of keys, compiled with dynamic shapes as the compiled blocks run it)
+  both:     layered (align's `chunked_attention`, align/models/layered_attention.py: one pass under
+            the causal and window rule, compiled with dynamic shapes as the compiled blocks run it)
 
     python bench/attention_layers.py --model bench/gemma4_lora --out attention.json [--tokens 8192]
 
