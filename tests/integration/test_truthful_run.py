@@ -50,7 +50,7 @@ def test_train_writes_a_complete_manifest_and_leaks_no_planted_secret(tmp_path):
     assert_present_and_null(m)
     assert m["status"] == "complete" and m["run"]["exit_code"] == 0 and m["run"]["exit_reason"] == "completed"
     assert not os.access(run_dir / "provenance.json", os.W_OK) or os.geteuid() == 0
-    assert m["model"]["attn_implementation_requested"] == "sdpa"
+    assert m["model"]["attn_implementation_requested"] == "auto"  # attention=auto, the default; resolved below
     assert m["model"]["attn_implementation_resolved"] == "sdpa"
     assert m["git"]["commit"] and m["git"]["describe"] and m["git"]["dirty"] in (True, False)
     assert (m["git"]["diff_sha256"] is not None) == m["git"]["dirty"]
@@ -148,7 +148,7 @@ def test_a_backend_the_library_changed_is_recorded_as_resolved(tmp_path):
         record.built(trainer)
         record.finished(trainer, 0)
     m = load(run_dir)
-    assert m["model"]["attn_implementation_requested"] == "sdpa"
+    assert m["model"]["attn_implementation_requested"] == "auto"
     assert m["model"]["attn_implementation_resolved"] == "eager"
     assert m["mask_probe"]["ok"] and m["mask_probe"]["attn_implementation"] == "eager"
     assert m["null_reasons"]["model.sdpa_kernel_family"].startswith("attention resolved to eager")
