@@ -12,12 +12,14 @@ The rule, per call: a layer whose head_dim is above flash's 256 (Gemma-4's globa
 mask it was given; every other layer runs transformers' `sdpa_attention_forward` with transformers'
 own mask (flash first; the sliding layers past their window keep the dense window mask).
 
-Measured and dropped for the sliding layers past the window (docs/performance.md): flex_attention
-with a sliding-window block mask is 2.8x the dense-mask kernel per call, but its block mask carries
-the width as a constant, so the compiled blocks recompiled at every new ragged width until dynamo's
-limit sent them to eager; matmul attention over each query chunk's band of keys needs slice bounds
-computed from the width, which made compiling the blocks take minutes; matmul attention over the
-full square keeps [rows, heads, width, width] probabilities per layer for backward, 25 layers of them.
+Measured and dropped for the sliding layers past the window (docs/performance.md):
+- flex_attention with a sliding-window block mask: 2.8x the dense-mask kernel per call, but a block
+  mask's sizes are Python ints of the width. With it (and a chunk loop over the width on the global
+  layers) the compiled blocks recompiled per ragged width until dynamo's limit sent them to eager.
+- matmul attention over each query chunk's band of keys: its slice bounds are computed from the
+  width, which made compiling the blocks take minutes.
+- matmul attention over the full square: it keeps [rows, heads, width, width] probabilities per
+  layer for backward, 25 layers of them.
 
 A maskless layer's band is the kernel's business here, so the mask gate (align/probes/mask.py)
 reads it from the kernel's own output (`observed_band`).
