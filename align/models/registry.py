@@ -105,10 +105,12 @@ class FamilySpec:
     """Import path of the model class. Paths, not classes: importing transformers' models costs
     seconds, and preflight reads their signatures from align.run.signatures' cache instead."""
     presets: dict[str, dict[str, Any]]
-    attention: frozenset[AttnImpl] = field(default_factory=lambda: frozenset(AttnImpl) - {AttnImpl.layered})
+    attention: frozenset[AttnImpl] = field(
+        default_factory=lambda: frozenset(AttnImpl) - {AttnImpl.layered, AttnImpl.auto})
     """Attention backends the family's transformers class supports at all (the machine may still
     lack one). Pinned against the class's `_supports_*` flags by a test; `layered` is align's own
-    (its rules were measured on Gemma-4's mixed layer types only)."""
+    (its rules were measured on Gemma-4's mixed layer types only); `auto` names no backend (it
+    resolves to one of these first, `AttentionConfig.chosen`)."""
     moe_shape: Callable[[Any], Optional[MoEShape]] = _dense
     """(experts, top-k) read from a model config; None for a dense model."""
     router_taps: Callable[[torch.nn.Module], list[RouterTap]] = lambda model: []
@@ -224,6 +226,8 @@ _GEMMA4_EXTRA = frozenset({"global_head_dim", "num_global_key_value_heads"})
 _GEMMA4_CLASSES = dict(config_class="transformers:Gemma4TextConfig",
                        model_class="transformers.models.gemma4.modeling_gemma4:Gemma4ForCausalLM")
 
+_GEMMA4_ATTENTION = frozenset(AttnImpl) - {AttnImpl.auto}
+
 FAMILIES: dict[Family, FamilySpec] = {
     Family.mistral: FamilySpec(name=Family.mistral, config_class="transformers:MistralConfig",
                                model_class="transformers:MistralForCausalLM", presets=_MISTRAL),
@@ -238,12 +242,12 @@ FAMILIES: dict[Family, FamilySpec] = {
         fused_experts=True,
     ),
     Family.gemma4: FamilySpec(
-        name=Family.gemma4, **_GEMMA4_CLASSES, presets=_GEMMA4, moe_shape=_gemma4_shape, attention=frozenset(AttnImpl),
+        name=Family.gemma4, **_GEMMA4_CLASSES, presets=_GEMMA4, moe_shape=_gemma4_shape, attention=_GEMMA4_ATTENTION,
         router_taps=_gemma4_taps, fused_experts=True, extra_config_kwargs=_GEMMA4_EXTRA,
     ),
     Family.gemma4_moe: FamilySpec(
         name=Family.gemma4_moe, **_GEMMA4_CLASSES, presets=_GEMMA4_MOE, moe_shape=_gemma4_shape,
-        attention=frozenset(AttnImpl),
+        attention=_GEMMA4_ATTENTION,
         router_taps=_gemma4_taps, fused_experts=True, extra_config_kwargs=_GEMMA4_EXTRA,
     ),
 }

@@ -54,6 +54,8 @@ def _set(cfg, what: str):
         cfg.optimizer.name = OptimizerName.adamw8bit
     elif what == "gemma4":
         cfg = typed("model=gemma4")
+    elif what == "gemma4_moe_lora":
+        cfg = typed("model=gemma4_moe", "model.lora.enabled=true")
     elif what == "fsdp":
         cfg.parallel.kind = ParallelKind.fsdp
     return cfg
@@ -63,13 +65,14 @@ def _set(cfg, what: str):
     ("overlap", False, True, "optimizer.overlap=true"),
     ("ep", False, False, "parallel=ep"),
     ("eager", False, True, "attention=eager"),
-    ("lora", False, True, "model.lora.enabled=true"),
+    ("lora", True, True, "resolved on"),  # compiled LoRA blocks: tests/integration/test_compile.py
     ("grpo", False, True, "objective=grpo"),
     ("adamw8bit", True, False, "optimizer=adamw8bit"),
     ("fsdp", True, False, "parallel=fsdp"),
     ("gemma4", False, True, "model=gemma4"),
+    ("gemma4_moe_lora", True, True, "resolved on"),  # attention=auto resolves to layered, covered
 ])
-def test_auto_on_cuda_stays_off_outside_the_tested_configurations(what, blocks, step, said):
+def test_auto_on_cuda_is_on_only_inside_the_tested_configurations(what, blocks, step, said):
     cfg, rec = resolve_compile(_set(typed(), what), "cuda")
     assert (cfg.trainer.compile, cfg.optimizer.compile) == (blocks, step)
     whys = rec["trainer"]["why"] + rec["optimizer"]["why"]
