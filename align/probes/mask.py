@@ -34,11 +34,10 @@ from align.config import TrainConfig
 from align.data.collate import Batch, collate
 from align.data.encode import EncodedDataset
 from align.errors import EXIT_CONFIG, EXIT_OK, ConfigError
+from align.models.layered_attention import NAME as LAYERED
+from align.models.layered_attention import observed_band
 
 SLIDING, FULL = "sliding_attention", "full_attention"
-LAYERED = "align_layered"
-"""attention=layered's registered name (align/models/layered_attention.py): a maskless layer's band is
-whatever its kernel does with the module's window, so it is read from the kernel."""
 
 
 def layer_types(config: Any, n_layers: int) -> list[str]:
@@ -124,8 +123,6 @@ def check_layer(name: str, kind: str, window: Optional[int], mask: Any, module: 
     got = _allowed(mask, B, L, L)
     out["evidence"] = "materialised mask"
     if got is None and impl == LAYERED:  # the kernel takes the window: read the band from its output
-        from align.models.layered_attention import observed_band
-
         got = observed_band(module, L).expand(B, L, L)
         out["evidence"] = "the kernel's own output (one-hot values)"
     elif got is None:
