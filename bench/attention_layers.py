@@ -34,25 +34,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from align.models.layered_attention import plan  # noqa: E402
 from bench.common import experiment_config, hf_config  # noqa: E402
 
-
-def layer_shapes(config) -> dict[str, dict]:
-    """Per layer type: query heads, key/value heads, head dim, window (None: causal over the row),
-    read per layer where the config has per-layer values (Gemma-4's `per_layer_config`)."""
-    n = config.num_hidden_layers
-    types = list(getattr(config, "layer_types", None) or ["full_attention"] * n)
-    per_layer = getattr(config, "per_layer_config", None)
-    out = {}
-    for i, kind in enumerate(types):
-        if kind in out:
-            out[kind]["layers"] += 1
-            continue
-        layer = per_layer[i] if per_layer is not None else config
-        out[kind] = dict(heads=config.num_attention_heads, kv_heads=layer.num_key_value_heads,
-                         head_dim=layer.head_dim, window=config.sliding_window if kind == "sliding_attention" else None,
-                         layers=1)
-    return out
+SHAPE_KEYS = ("heads", "kv_heads", "head_dim", "window", "layers")
+"""What the bench reads from attention=layered's `plan` per layer type; the plan's kernel descriptions
+would repeat on every row."""
 
 
 def band(L: int, window: Optional[int], device) -> torch.Tensor:
@@ -230,7 +217,7 @@ def main() -> None:
     a = ap.parse_args()
     config = hf_config(experiment_config(a.model, a.tiny))
     device = torch.device("cuda" if torch.cuda.is_available() and not a.tiny else "cpu")
-    shapes = layer_shapes(config)
+    shapes = {kind: {k: entry[k] for k in SHAPE_KEYS} for kind, entry in plan(config).items()}
     if a.only:
         keep = set(a.only.split(","))
         for kind in CANDIDATES:

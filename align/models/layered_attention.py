@@ -136,7 +136,10 @@ def register() -> str:
 def plan(config: Any) -> dict[str, dict[str, Any]]:
     """What each layer type of `config` runs under attention=layered, for the manifest (the rules
     above applied to the layer's head dim and window; tests/unit/models/test_layered_attention.py
-    checks the calls take these paths)."""
+    checks the calls take these paths), with the shapes the attention sees: query heads, key/value
+    heads, head dim, window (None: causal over the row). bench/attention_layers.py times these shapes.
+    Per-layer values are read where the config has them (Gemma-4's `per_layer_config`: the global
+    layers' head dim and key/value heads differ from the sliding layers')."""
     types = list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
     per_layer = getattr(config, "per_layer_config", None)
     out: dict[str, dict[str, Any]] = {}
@@ -144,11 +147,14 @@ def plan(config: Any) -> dict[str, dict[str, Any]]:
         if kind in out:
             out[kind]["layers"] += 1
             continue
-        head_dim = (per_layer[i] if per_layer is not None else config).head_dim
+        layer = per_layer[i] if per_layer is not None else config
+        head_dim = layer.head_dim
         window = getattr(config, "sliding_window", None) if kind == "sliding_attention" else None
         wide = head_dim > FLASH_MAX_HEAD_DIM
         dense = "chunked matmul attention" if wide else "sdpa (flash first)"
-        entry: dict[str, Any] = {"layers": 1, "head_dim": head_dim, "window": window}
+        # Query heads from the top-level config, as Gemma-4's attention module sizes q_proj.
+        entry: dict[str, Any] = {"layers": 1, "heads": config.num_attention_heads,
+                                 "kv_heads": layer.num_key_value_heads, "head_dim": head_dim, "window": window}
         if window:
             entry["within_window"] = dense + ", causal"
             entry["past_window"] = dense + " with transformers' dense window mask"

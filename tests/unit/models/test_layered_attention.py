@@ -95,6 +95,9 @@ def test_the_plan_names_each_layer_types_kernel(build):
     assert "dense window mask" in info["sliding_attention"]["past_window"]
     assert info["full_attention"]["layers"] == 1 and info["full_attention"]["head_dim"] == 64
     assert info["full_attention"]["unpadded"].startswith("sdpa")  # 64 <= flash's 256
+    # the global layers' key/value heads are per layer (Gemma-4's per_layer_config), the query heads not
+    assert (info["sliding_attention"]["heads"], info["sliding_attention"]["kv_heads"]) == (4, 2)
+    assert (info["full_attention"]["heads"], info["full_attention"]["kv_heads"]) == (4, 1)
     from transformers import Gemma4TextConfig
 
     from align.models.registry import _GEMMA4_MOE
@@ -102,6 +105,8 @@ def test_the_plan_names_each_layer_types_kernel(build):
     full = la.plan(Gemma4TextConfig(**_GEMMA4_MOE["full"]))
     assert full["full_attention"]["unpadded"].startswith("chunked") and full["full_attention"]["head_dim"] == 512
     assert full["sliding_attention"]["head_dim"] == 256 and full["sliding_attention"]["layers"] == 25
+    assert (full["sliding_attention"]["heads"], full["sliding_attention"]["kv_heads"]) == (16, 8)
+    assert (full["full_attention"]["heads"], full["full_attention"]["kv_heads"]) == (16, 2)
 
 
 def test_the_mask_gate_reads_a_maskless_layers_band_from_its_kernel(build, tokenizer, monkeypatch):
