@@ -153,8 +153,10 @@ class RouterTelemetry:
         self._read: Optional[Any] = None  # the window's copy to the host, started by close_window()
         self.loads: list[np.ndarray] = []  # per optimizer step: [L, E] expert loads (all ranks)
         self.steps: list[int] = []
-        # `_finish` before `_disarm`: a forward that raises runs only the always_call hook, which
-        # drops what that forward left on the routers.
+        # `_finish` before `_disarm`, and only `_disarm` drops what a forward left on the routers:
+        # torch runs an always_call hook after the hooks before it, and also when the forward or one
+        # of those hooks (`_finish` included) raises an Exception. `_arm` clears as well: a
+        # KeyboardInterrupt skips that except path, and with it `_disarm`.
         self._handles = [
             model.register_forward_pre_hook(self._arm, with_kwargs=True),
             model.register_forward_hook(self._finish),
@@ -191,7 +193,6 @@ class RouterTelemetry:
         seen = [(row, t.logits_module.__dict__.get(_LOGITS), t.index_module.__dict__.get(_IDS))
                 for row, t in enumerate(self._taps)]
         seen = [(row, logits, ids) for row, logits, ids in seen if logits is not None and ids is not None]
-        self._clear_routers()
         if not seen:  # no MoE layer ran, or not in train mode
             return
         if self.applies_loss and torch.is_grad_enabled():

@@ -385,6 +385,33 @@ def test_a_forward_that_raises_accumulates_nothing_and_one_without_routers_does_
     assert np.array_equal(tel.loads[-1], ref[:, :E].numpy())  # the good forward only
 
 
+def _left_on_routers(model) -> list[str]:
+    from align.telemetry.moe import _IDS, _LOGITS
+
+    return [f"{n}.{a}" for n, m in model.named_modules() for a in (_LOGITS, _IDS) if a in m.__dict__]
+
+
+def test_no_forward_leaves_its_logits_on_the_routers(monkeypatch):
+    """What the router hooks leave is dropped after every forward: one that returns, one that raises
+    half way and one whose telemetry pass raises (the always_call hook still runs after it). Left
+    there, a step's logits would stay alive until the next forward."""
+    L, E, k = 3, 6, 2
+    model, tel = _toy(L, E, k)
+    g = torch.Generator().manual_seed(0)
+    model([torch.randn(10, E, generator=g) for _ in range(L)])
+    assert tel._window is not None and _left_on_routers(model) == []
+    with pytest.raises(RuntimeError, match="forward failed"):
+        model([torch.randn(10, E, generator=g) for _ in range(L)], raise_after=1)
+    assert _left_on_routers(model) == []
+
+    def fail(seen):
+        raise RuntimeError("telemetry failed")
+    monkeypatch.setattr(tel, "_accumulate", fail)
+    with pytest.raises(RuntimeError, match="telemetry failed"):
+        model([torch.randn(10, E, generator=g) for _ in range(L)])
+    assert _left_on_routers(model) == [] and not tel._armed
+
+
 def test_a_window_read_started_at_the_boundary_gives_the_same_metrics_and_the_trainer_starts_it_before_the_step(
         tmp_path):
     """close_window() starts the host copy before the optimizer step is queued (on a GPU a later
