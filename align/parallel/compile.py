@@ -37,10 +37,13 @@ def compile_blocks(model, dynamic: Optional[bool], backend: str = "inductor") ->
     # them): either sends the whole block to eager. Those writes belong to the forward only, and the
     # recompute in backward must not repeat them, which is what this setting says.
     torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+    # The record reads dynamo's config back instead of restating the constant, so the manifest cannot
+    # claim a rule dynamo is not running.
+    forward_only = torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint is True
     for block in blocks:
         block.compile(backend=backend, **kwargs)
     return {"blocks": len(blocks), "block_class": type(blocks[0]).__name__, "granularity": "decoder block",
-            "checkpoint_side_effects": "forward only", **kwargs}
+            "checkpoint_side_effects": "forward only" if forward_only else "forward and backward", **kwargs}
 
 
 # ------------------------------------------------------------------------------------ auto

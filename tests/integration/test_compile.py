@@ -48,6 +48,23 @@ def test_dynamic_blocks_compile_once_for_every_ragged_shape(dynamic, graphs):
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+def test_compile_blocks_applies_the_checkpoint_side_effect_rule_it_records():
+    """compile_blocks turns on dynamo's process-wide skip_fwd_side_effects_in_bwd_under_checkpoint
+    (off by default, and off a write inside a checkpointed compiled block sends the block to eager)
+    and records the value it reads back."""
+    import torch._dynamo.config
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from align.parallel.compile import compile_blocks
+
+    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2))
+    with torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=False):  # a fresh process's value
+        info = compile_blocks(model, True, backend="eager")
+        assert torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint is True
+    assert info["checkpoint_side_effects"] == "forward only"
+
+
 def _olmoe_run(tmp_path, monkeypatch, layers: int, compiled: bool, *extra: str, model: str = "olmoe"):
     import functools
 
@@ -90,8 +107,13 @@ def test_activation_checkpointed_blocks_compile_with_their_router_hooks(tmp_path
     it (the router hooks as eager islands) or a write to Python state (the hooks' tensors, Gemma-4's
     stored keys and values) sent the whole block to eager, so compiling gained nothing. Now every
     block compiles, nothing breaks, and the losses and router loads are the eager run's."""
+    import torch._dynamo.config
+
     ac = ("parallel.activation_checkpointing=true", *extra)
-    graphs, loads, breaks, losses = _olmoe_run(tmp_path, monkeypatch, 4, True, *ac, model=model)
+    # off as in a fresh process (an earlier test's compile_blocks may have turned it on), so that
+    # only the trainer's own call can turn it on
+    with torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=False):
+        graphs, loads, breaks, losses = _olmoe_run(tmp_path, monkeypatch, 4, True, *ac, model=model)
     _, eager_loads, _, eager_losses = _olmoe_run(tmp_path, monkeypatch, 4, False, *ac, model=model)
     assert graphs >= 1 and breaks == {}
     assert np.array_equal(loads, eager_loads) and losses == eager_losses
