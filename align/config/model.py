@@ -137,8 +137,8 @@ class AttnImpl(StrEnum):
     auto = "auto"
     """The family's choice (`AUTO_ATTENTION`): layered for Gemma-4, sdpa for the rest."""
     layered = "layered"
-    """Per layer type (align/models/layered_attention.py): flex past a sliding window, chunked matmul
-    attention for head dims flash does not take, sdpa otherwise."""
+    """Per layer type (align/models/layered_attention.py): matmul attention (`chunked_attention`) for
+    head dims flash does not take, transformers' sdpa path otherwise."""
 
     @property
     def hf_name(self) -> str:
