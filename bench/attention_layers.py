@@ -14,7 +14,7 @@ budget at several widths, and checks each output against an fp32 reference with 
   both:     layered (align's `chunked_attention`, align/models/layered_attention.py: one pass under
             the causal and window rule, compiled with dynamic shapes as the compiled blocks run it)
 
-    python bench/attention_layers.py --model bench/gemma4_lora --out attention.json [--tokens 8192]
+    python bench/attention_layers.py --model bench/base_gemma4_lora --out attention.json [--tokens 8192]
 
 A candidate that fails (a kernel that refuses the head dim, inductor that cannot lower) is recorded
 with its error, not skipped. Measured numbers go to docs/performance.md, never into this code.
@@ -206,7 +206,8 @@ def measure(shapes: dict, tokens: int, widths: list[int], device, warmup: int, r
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="bench/gemma4_lora", help="the bench experiment whose model's shapes are timed")
+    ap.add_argument("--model", default="bench/base_gemma4_lora",
+                    help="the bench experiment whose model's shapes are timed")
     ap.add_argument("--tokens", type=int, default=8192, help="tokens per micro-batch (rows = tokens // width)")
     ap.add_argument("--widths", default="4096,2048,512")
     ap.add_argument("--only", default="", help="comma-separated candidates to run (default: all)")
