@@ -16,6 +16,9 @@ budget at several widths, and checks each output against an fp32 reference with 
 
     python bench/attention_layers.py --model bench/base_gemma4_lora --out attention.json [--tokens 8192]
 
+On the CPU (`--tiny --backend eager`, tests/config/test_bench_attention_layers.py) it times nothing
+worth keeping but runs every path: the rows, the reference check, the recorded refusals.
+
 A candidate that fails (a kernel that refuses the head dim, inductor that cannot lower) is recorded
 with its error, not skipped. Measured numbers go to docs/performance.md, never into this code.
 """
@@ -28,7 +31,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +54,20 @@ def band(L: int, window: Optional[int], device) -> torch.Tensor:
 
 def repeat_kv(x: torch.Tensor, n: int) -> torch.Tensor:
     return x if n == 1 else x.repeat_interleave(n, dim=1)
+
+
+BACKEND = "inductor"
+"""torch.compile's backend for the compiled candidates (--backend): the CPU test uses "eager"
+(dynamo's tracing, no code generation), as the compiled-block tests do."""
+_COMPILED: dict = {}
+
+
+def compiled(fn: Callable, dynamic: bool) -> Callable:
+    """`fn` compiled once per backend."""
+    key = (fn, dynamic, BACKEND)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(fn, backend=BACKEND, dynamic=dynamic)
+    return _COMPILED[key]
 
 
 # ------------------------------------------------------------------------------------ candidates
@@ -84,8 +101,6 @@ _FLEX: dict = {}
 def flex(q, k, v, window):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    if "fn" not in _FLEX:
-        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
     B, H, L, _ = q.shape
     key = (L, window)
     if key not in _FLEX:
@@ -93,7 +108,8 @@ def flex(q, k, v, window):
             ok = ki <= qi
             return ok & (qi - ki < window) if window else ok
         _FLEX[key] = create_block_mask(mod, None, None, L, L, device=q.device)
-    return _FLEX["fn"](q, k, v, block_mask=_FLEX[key], scale=1.0, enable_gqa=k.shape[1] != H)
+    return compiled(flex_attention, dynamic=False)(q, k, v, block_mask=_FLEX[key], scale=1.0,
+                                                   enable_gqa=k.shape[1] != H)
 
 
 def _chunked(q, k, v, window, chunk: int = 1024):
@@ -114,25 +130,15 @@ def _chunked(q, k, v, window, chunk: int = 1024):
     return torch.cat(outs, dim=2)
 
 
-_CHUNKED: dict = {}
-
-
 def chunked(q, k, v, window):
-    if "fn" not in _CHUNKED:
-        _CHUNKED["fn"] = torch.compile(_chunked, dynamic=False)
-    return _CHUNKED["fn"](q, k, v, window)
-
-
-_BAND: dict = {}
+    return compiled(_chunked, dynamic=False)(q, k, v, window)
 
 
 def chunked_band(q, k, v, window):
     """align's attention=layered path (align/models/layered_attention.py), compiled as the blocks are."""
     from align.models.layered_attention import chunked_attention
 
-    if "fn" not in _BAND:
-        _BAND["fn"] = torch.compile(chunked_attention, dynamic=True)
-    return _BAND["fn"](q, k, v, None, 1.0, window=window)
+    return compiled(chunked_attention, dynamic=True)(q, k, v, None, 1.0, window=window)
 
 
 CANDIDATES = {
@@ -176,7 +182,9 @@ def _leaf(B: int, H: int, L: int, D: int, device, g) -> torch.Tensor:
     return torch.randn(B, H, L, D, device=device, dtype=torch.bfloat16, generator=g).div_(D ** 0.25).requires_grad_()
 
 
-def measure(shapes: dict, tokens: int, widths: list[int], device, warmup: int, reps: int) -> list[dict]:
+def measure(shapes: dict, tokens: int, widths: list[int], device, warmup: int, reps: int,
+            candidates: Optional[dict] = None) -> list[dict]:
+    candidates = CANDIDATES if candidates is None else candidates
     rows = []
     for kind, s in shapes.items():
         for L in widths:
@@ -186,7 +194,7 @@ def measure(shapes: dict, tokens: int, widths: list[int], device, warmup: int, r
             v = k if s["head_dim"] > 256 else _leaf(B, s["kv_heads"], L, s["head_dim"], device, g)  # k = v: wide layers
             with torch.no_grad():
                 ref = reference(q, k, v, s["window"])
-            for name, fn in CANDIDATES.get(kind, {}).items():
+            for name, fn in candidates.get(kind, {}).items():
                 row = {"layer_type": kind, "candidate": name, "rows": B, "width": L, **s}
                 try:
                     with torch.no_grad():
@@ -204,7 +212,8 @@ def measure(shapes: dict, tokens: int, widths: list[int], device, warmup: int, r
     return rows
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    global BACKEND
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="bench/base_gemma4_lora",
                     help="the bench experiment whose model's shapes are timed")
@@ -214,20 +223,24 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--tiny", action="store_true", help="the experiment's tiny preset on the CPU: measures nothing")
+    ap.add_argument("--backend", default="inductor", help="torch.compile's backend for the compiled candidates")
     ap.add_argument("--out", type=Path, required=True)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    known = {n for per in CANDIDATES.values() for n in per}
+    keep = set(a.only.split(",")) if a.only else known
+    if keep - known:  # a misspelt name would otherwise run nothing and say nothing
+        ap.error(f"--only: no candidate {', '.join(sorted(keep - known))}; candidates: {', '.join(sorted(known))}")
+    BACKEND = a.backend
     config = hf_config(experiment_config(a.model, a.tiny))
     device = torch.device("cuda" if torch.cuda.is_available() and not a.tiny else "cpu")
     shapes = {kind: {k: entry[k] for k in SHAPE_KEYS} for kind, entry in plan(config).items()}
-    if a.only:
-        keep = set(a.only.split(","))
-        for kind in CANDIDATES:
-            CANDIDATES[kind] = {n: f for n, f in CANDIDATES[kind].items() if n in keep}
-    rows = measure(shapes, a.tokens, [int(w) for w in a.widths.split(",")], device, a.warmup, a.reps)
+    candidates = {kind: {n: f for n, f in per.items() if n in keep} for kind, per in CANDIDATES.items()}
+    rows = measure(shapes, a.tokens, [int(w) for w in a.widths.split(",")], device, a.warmup, a.reps, candidates)
     a.out.write_text(json.dumps({"shapes": shapes, "tokens": a.tokens, "torch": torch.__version__,
                                  "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                                 "rows": rows}, indent=1))
+                                 "backend": a.backend, "rows": rows}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
