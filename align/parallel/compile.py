@@ -75,8 +75,14 @@ def resolve_trainer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
 
 
 def resolve_optimizer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
-    """What `optimizer.compile=auto` means: on for torch's AdamW on one CUDA device (the tested case)."""
+    """What `optimizer.compile=auto` means: on for torch's AdamW over full weights on one CUDA device
+    (the tested case); off under LoRA (docs/performance.md#gemma-4-26b-a4b-lora)."""
     why = []
+    if cfg.model.lora.enabled:
+        # The adapters are a few hundred small tensors and a small share of the step: compiling their
+        # update took longer than the whole bench arm on Gemma-4 26B-A4B, with nothing measured to gain.
+        why.append("model.lora.enabled=true: the adapters' update is a small share of the step, and compiling it "
+                   "over hundreds of small tensors costs minutes")
     if device_type != "cuda":
         why.append(f"device {device_type}: the compiled step is capturable, a CUDA feature")
     if cfg.optimizer.name.value != "adamw":

@@ -65,12 +65,12 @@ def _set(cfg, what: str):
     ("overlap", False, True, "optimizer.overlap=true"),
     ("ep", False, False, "parallel=ep"),
     ("eager", False, True, "attention=eager"),
-    ("lora", True, True, "resolved on"),  # compiled LoRA blocks: tests/integration/test_compile.py
+    ("lora", True, False, "model.lora.enabled=true"),  # compiled LoRA blocks: tests/integration/test_compile.py
     ("grpo", False, True, "objective=grpo"),
     ("adamw8bit", True, False, "optimizer=adamw8bit"),
     ("fsdp", True, False, "parallel=fsdp"),
     ("gemma4", False, True, "model=gemma4"),
-    ("gemma4_moe_lora", True, True, "resolved on"),  # attention=auto resolves to layered, covered
+    ("gemma4_moe_lora", True, False, "trainer.compile=auto resolved on"),  # auto attention is layered, covered
 ])
 def test_auto_on_cuda_is_on_only_inside_the_tested_configurations(what, blocks, step, said):
     cfg, rec = resolve_compile(_set(typed(), what), "cuda")
