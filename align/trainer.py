@@ -41,7 +41,7 @@ from align.objectives import Objective, build_objective
 from align.objectives.ce import bypass_lm_head
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
-from align.parallel.compile import compile_blocks, expected_compiles_per_frame, plan_compile
+from align.parallel.compile import block_variants, compile_blocks, expected_compiles_per_frame, plan_compile
 from align.parallel.env import DistEnv, autocast_dtype, init_distributed
 from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
@@ -154,7 +154,8 @@ class Trainer:
                 "optimizer_step": stepper.info(), "cuda_alloc_conf": alloc_conf, "sampler_budget": budget,
                 "compile_choice": {
                     **compiling, "expected_compiles_per_frame": expected_compiles_per_frame(
-                        cfg.trainer.compile, cfg.trainer.compile_dynamic, stepper.info().get("recompile_limit"))}}
+                        cfg.trainer.compile, cfg.trainer.compile_dynamic, stepper.info().get("recompile_limit"),
+                        block_variants(getattr(model.config, "text_config", model.config)))}}
 
         throughput = Throughput.build(model, env.device, measure=env.is_main)
         trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler,

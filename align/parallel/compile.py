@@ -158,15 +158,25 @@ def compile_seconds() -> float:
         return 0.0
 
 
+def block_variants(config: Any) -> int:
+    """How many guard sets the one frame of every compiled block meets: one per layer type (each type's
+    head and rotary shapes differ), and one more per windowed type, whose attention takes a mask past
+    its window and none within it. `config`: the model's (text) config."""
+    types = list(dict.fromkeys(getattr(config, "layer_types", None) or ["full_attention"]))
+    windowed = sum("sliding" in t for t in types) if getattr(config, "sliding_window", None) else 0
+    return len(types) + windowed
+
+
 def expected_compiles_per_frame(trainer_compile: bool, dynamic: Optional[bool],
-                                recompile_limit: Optional[int]) -> Optional[int]:
-    """How many graphs one frame may compile before it is worth a warning: a dynamic block compiles once,
-    plus once for a one-row batch (dynamo specialises sizes 0 and 1); `dynamic=null` adds the compile
-    that turns it dynamic. `dynamic=false` compiles a graph per shape: no count to expect (None). The
-    overlapped compiled optimizer compiles up to its raised `recompile_limit` graphs in one frame."""
+                                recompile_limit: Optional[int], variants: int = 1) -> Optional[int]:
+    """How many graphs one frame may compile before it is worth a warning: a dynamic block compiles once
+    per variant (`block_variants`), plus once for a one-row batch (dynamo specialises sizes 0 and 1);
+    `dynamic=null` adds the compile that turns it dynamic. `dynamic=false` compiles a graph per shape: no
+    count to expect (None). The overlapped compiled optimizer compiles up to its raised `recompile_limit`
+    graphs in one frame."""
     if trainer_compile and dynamic is False:
         return None
-    blocks = (2 if dynamic else 3) if trainer_compile else 1
+    blocks = (2 if dynamic else 3) * variants if trainer_compile else 1
     return max(blocks, recompile_limit or 0)
 
 

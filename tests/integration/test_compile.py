@@ -232,3 +232,12 @@ def recorded_run(tmp_path, overrides: list[str]):
         record.built(t)
         record.finished(t, t.fit())
     return t, run_dir
+
+
+@pytest.mark.parametrize("model, expected", [("mistral", 2), ("gemma4", 6)])
+def test_the_manifest_expects_a_compile_per_block_variant(tmp_path, model, expected):
+    """Gemma-4's blocks meet three guard sets (docs/performance.md#fast-by-default): the bound the
+    end-of-run warning reads counts them, from the built model's config."""
+    t = build_trainer(tmp_path, f"model={model}", "trainer.compile=true", "trainer.max_steps=1",
+                      "trainer.export=false", "data.max_records=8")
+    assert t.model_info["compile_choice"]["expected_compiles_per_frame"] == expected
