@@ -47,6 +47,11 @@ MEASURED = [
     ("vocab_chunked", ["experiment=bench/vocab_chunked"], 30.4),
     # "The memory estimate against measured peaks": Gemma-4 26B-A4B LoRA SFT, 2026-12-01
     ("gemma4_26b_lora_budget8k", GEMMA4_26B_LORA, 65.0),
+    # "Gemma-4 26B-A4B LoRA", the kept attention=layered with compiled blocks, 2026-12-01 at 65f0955
+    ("gemma4_lora_layered", ["experiment=bench/gemma4_lora_layered"], 64.9),
+    # "Fast by default", the MoE half, 2026-12-01 at 152e358: budget auto resolved to 16,384 there
+    ("moe_default", ["experiment=bench/moe_default", "sampler.max_tokens=16384", "model.allow_over_memory=false"],
+     86.2),
 ]
 H200_BYTES = 143_771 * 1024**2  # the device's total memory as docs/performance.md records it
 
