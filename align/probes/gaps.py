@@ -6,6 +6,8 @@ Busy intervals are the union of kernels, copies and memsets over ALL streams (a 
 covers a gap of the compute stream), and every gap of at least `min_us` is charged to the innermost
 `align.*` phase the host was in at the gap's midpoint (the trainer marks its phases with
 `torch.profiler.record_function`): a gap inside `align.log` means the device waited for logging.
+The largest gaps also name the host ops open at their midpoint, innermost first (`aten::item <
+Gemma4Model.forward`): what the host was busy with while nothing ran, below the phase.
 
 Pure functions over the Chrome-trace events torch.profiler exports (`cat`, `name`, `ts`, `dur` in
 microseconds), so they are tested on hand-made traces.
@@ -18,8 +20,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_CATS = ("cpu_op", "python_function", "cuda_runtime", "cuda_driver", "user_annotation")
 PHASE_PREFIX = "align."
 NO_PHASE = "(outside any align phase)"
+NO_HOST_OP = "(no host op open: Python between ops)"
+HOST_DEPTH = 3
+"""How many of the host ops open at a gap's midpoint the report names, innermost first."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,18 @@ def phase_at(phases: list[tuple[float, float, str]], t: float) -> str:
     return min(covering)[1] if covering else NO_PHASE
 
 
+def _host_ops(events: Iterable[dict[str, Any]]) -> list[tuple[float, float, str]]:
+    return sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e["name"]))
+                  for e in events if e.get("cat") in HOST_CATS and not str(e.get("name", "")).startswith(PHASE_PREFIX))
+
+
+def host_at(ops: list[tuple[float, float, str]], t: float, depth: int = HOST_DEPTH) -> str:
+    """The host ops open at time `t`, innermost (shortest) first, `depth` of them joined by " < "."""
+    i = bisect.bisect_right(ops, (t, float("inf"), ""))
+    open_ = sorted((end - start, name) for start, end, name in ops[:i] if start <= t <= end)
+    return " < ".join(name[:60] for _, name in open_[:depth]) or NO_HOST_OP
+
+
 def idle_gaps(events: list[dict[str, Any]], min_us: float = 20.0) -> list[Gap]:
     busy = busy_intervals(events)
     phases = _phases(events)
@@ -81,6 +99,7 @@ def gap_report(events: list[dict[str, Any]], steps: int, min_us: float = 20.0, t
         return {"device_events": 0}
     span = busy[-1][1] - busy[0][0]
     gaps = idle_gaps(events, min_us)
+    ops = _host_ops(events)
     idle = sum(g.us for g in gaps)
     by_phase: dict[str, float] = {}
     for g in gaps:
@@ -93,7 +112,8 @@ def gap_report(events: list[dict[str, Any]], steps: int, min_us: float = 20.0, t
         "gaps": len(gaps),
         "min_gap_us": min_us,
         "idle_ms_per_step_by_phase": {k: v / 1e3 / steps for k, v in sorted(by_phase.items(), key=lambda kv: -kv[1])},
-        "largest": [{"ms": g.us / 1e3, "phase": g.phase, "before": g.before[:90], "after": g.after[:90]}
+        "largest": [{"ms": g.us / 1e3, "phase": g.phase, "before": g.before[:90], "after": g.after[:90],
+                     "host": host_at(ops, (g.start_us + g.end_us) / 2)}
                     for g in sorted(gaps, key=lambda g: -g.us)[:top]],
     }
 
@@ -106,5 +126,6 @@ def format_gaps(r: dict[str, Any]) -> str:
              f"{r['idle_ms_per_step']:.2f} ms/step = {r['idle_share']:.1%} of the profiled span, {r['gaps']} gaps",
              f"by what the host was doing (ms/step): {phases}"]
     for g in r["largest"]:
-        lines.append(f"  {g['ms']:.2f} ms in {g['phase']}: after `{g['before']}`, before `{g['after']}`")
+        lines.append(f"  {g['ms']:.2f} ms in {g['phase']}: after `{g['before']}`, before `{g['after']}`; "
+                     f"host in {g.get('host', NO_HOST_OP)}")
     return "\n".join(lines) + "\n"

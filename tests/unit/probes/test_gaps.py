@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from align.probes.gaps import NO_PHASE, format_gaps, gap_report, idle_gaps
+from align.probes.gaps import NO_HOST_OP, NO_PHASE, format_gaps, gap_report, host_at, idle_gaps
 
 
 def k(ts, dur, name="k", stream=7):
@@ -45,3 +45,22 @@ def test_a_gap_outside_every_phase_is_said_so_and_small_gaps_are_ignored():
     r = gap_report([k(0, 10), k(110, 10), k(125, 1)], steps=1, min_us=20)
     assert r["idle_ms_per_step_by_phase"] == {NO_PHASE: 0.1} and r["gaps"] == 1
     assert gap_report([phase(0, 5, "align.x")], steps=1) == {"device_events": 0}
+
+
+def test_the_largest_gaps_name_the_host_ops_open_innermost_first():
+    """160..400 is the aten::item inside align.log (the phase is not repeated); 550..900 has only
+    phases open at its midpoint (725), which the report says rather than guessing."""
+    r = gap_report(TRACE + [{"cat": "python_function", "name": "Logger.log", "ts": 150, "dur": 320}],
+                   steps=1, min_us=15)
+    hosts = {g["ms"]: g["host"] for g in r["largest"]}
+    assert hosts[0.24] == "aten::item < Logger.log"
+    assert hosts[0.35] == NO_HOST_OP
+    assert "host in aten::item < Logger.log" in format_gaps(r)
+
+
+def test_host_at_keeps_the_innermost_ops_up_to_its_depth():
+    ops = sorted([(0.0, 100.0, "outer"), (10.0, 60.0, "middle"), (20.0, 30.0, "inner"), (40.0, 50.0, "later")])
+    assert host_at(ops, 25) == "inner < middle < outer"
+    assert host_at(ops, 25, depth=1) == "inner"
+    assert host_at(ops, 45) == "later < middle < outer"
+    assert host_at(ops, 200) == NO_HOST_OP
