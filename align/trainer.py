@@ -41,6 +41,7 @@ from align.objectives import Objective, build_objective
 from align.objectives.ce import bypass_lm_head
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
+from align.parallel import compile_artifacts
 from align.parallel.compile import block_variants, compile_blocks, expected_compiles_per_frame, plan_compile
 from align.parallel.env import DistEnv, autocast_dtype, init_distributed
 from align.parallel.export import export_model
@@ -437,6 +438,9 @@ class Trainer:
         raise NonFiniteHalt(message)
 
     def finish(self, code: int) -> int:
+        choice = self.model_info["compile_choice"]
+        if self.env.is_main and choice.get("artifacts") is not None:  # every rank compiled the same graphs
+            choice["artifacts"] = compile_artifacts.save(choice["artifacts"])
         self.logger.summary(self.summary())
         if self.history is not None:
             self.history.close()

@@ -239,6 +239,12 @@ class TrainerConfig:
     shape and turns dynamic at its first recompile. false: a graph per shape (bound the shapes with
     sampler.pad_to_multiple_of). Past dynamo's recompile limit (8) a block runs eager, which only the
     manifest's dynamo counters show (docs/pitfalls.md#8)."""
+    compile_artifacts: Optional[str] = None
+    """A file of torch.compiler's portable cache artifacts (align/parallel/compile_artifacts.py): where
+    anything compiles, loaded before the first compile when it exists and written (rank 0, atomically)
+    when the run ends. For machines that start with an empty disk each job: carry the file in and out
+    and the next run skips the compiles it holds. null: off (the on-disk inductor cache still serves
+    runs on the same machine). The manifest's `compile.artifacts` says what was loaded and saved."""
     loss_chunk_tokens: int = 0
     """> 0: compute the LM head and cross-entropy over this many target tokens at a time (recomputed
     in backward), so logits memory stays bounded for large vocabularies; 0: all logits at once."""

@@ -111,6 +111,8 @@ SCHEMA: dict[str, Any] = {
         "trainer": "trainer.compile: requested (true, false, auto), resolved (bool) and why",
         "optimizer": "optimizer.compile: requested, resolved and why",
         "inductor_cache": "the inductor/autotune cache directory this run used and where that came from",
+        "artifacts": "trainer.compile_artifacts: the file, what was loaded from it before the first compile and "
+        "what the run's end saved to it (artifact kinds and counts, bytes)",
         "expected_compiles_per_frame": "graphs one frame may compile before the run warns (null: no bound)",
         "frames_over_expected": "compile counts of the frames that compiled more graphs than expected",
     },

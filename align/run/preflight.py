@@ -281,8 +281,17 @@ def check_device(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     )
 
 
-# Cheapest first: values, git and files fail in milliseconds, before any library import.
-# Each entry is a check function or its "module:function" path; register a new one with one line.
+def check_compile_artifacts(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    """trainer.compile_artifacts names a file torch can read, or one the run will write."""
+    path = cfg.trainer.compile_artifacts
+    if path is None:
+        return
+    from align.parallel.compile_artifacts import problem
+
+    why = problem(path)
+    yield Check("config", "compile artifacts", Status.failed if why else Status.passed,
+                why or f"{path} ({'readable' if Path(path).exists() else 'written at the end of the run'})",
+                "trainer.compile_artifacts")
 
 
 def check_model(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
@@ -299,6 +308,7 @@ CHECKS: list[Callable[[TrainConfig, Context], Iterable[Check]]] = [
     check_cache,
     check_attention,
     check_device,
+    check_compile_artifacts,
     check_kwargs_sites,
     check_model,
 ]

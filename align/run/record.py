@@ -249,6 +249,9 @@ class RunRecord:
         for key in ("trainer", "optimizer", "expected_compiles_per_frame"):
             m.set(f"compile.{key}", choice.get(key), "dynamic=false compiles a graph per shape: no count to expect")
         m.set("compile.inductor_cache", choice.get("inductor_cache"), "nothing compiles in this run")
+        off = "nothing compiles in this run" if choice.get("inductor_cache") is None else \
+            "trainer.compile_artifacts is null"
+        m.set("compile.artifacts", choice.get("artifacts"), off)
         m.null("compile.frames_over_expected", "pending: read at the end of the run")
 
     def _record_data(self, data: dict[str, Any], sampler: dict[str, Any]) -> None:
@@ -309,6 +312,8 @@ class RunRecord:
             )
         if self.trainer is not None:
             self._check_recompiles()
+            if self.manifest.data["compile"].get("artifacts") is not None:  # what the run's end saved
+                m.set("compile.artifacts", self.trainer.model_info["compile_choice"]["artifacts"])
             try:
                 m.set("throughput", self.trainer.summary())
             except Exception as e:  # bookkeeping never masks the run's own outcome

@@ -202,6 +202,7 @@ def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_fir
     assert m["compile"]["trainer"]["requested"] == "auto" and m["compile"]["trainer"]["resolved"] is False
     assert "device cpu" in m["compile"]["trainer"]["why"] and "device cpu" in m["compile"]["optimizer"]["why"]
     assert m["compile"]["inductor_cache"] is None and "compile.inductor_cache" in m["null_reasons"]
+    assert m["null_reasons"]["compile.artifacts"] == "nothing compiles in this run"
     assert m["compile"]["frames_over_expected"] == []
     # the default sampler's budget: what auto resolved to on this CPU, and the identity a resume checks
     assert m["config"]["resolved"]["sampler"]["max_tokens"] == "auto"
@@ -241,3 +242,35 @@ def test_the_manifest_expects_a_compile_per_block_variant(tmp_path, model, expec
     t = build_trainer(tmp_path, f"model={model}", "trainer.compile=true", "trainer.max_steps=1",
                       "trainer.export=false", "data.max_records=8")
     assert t.model_info["compile_choice"]["expected_compiles_per_frame"] == expected
+
+
+def test_compile_artifacts_are_loaded_before_the_first_compile_and_saved_at_the_end(tmp_path, monkeypatch):
+    """The wiring (the mechanism is tests/unit/parallel/test_compile_artifacts.py): the first run finds
+    no file and writes what torch hands it at the end; the next run loads that file before its model
+    compiles; the manifest records both, and is present-and-null without the key."""
+    import torch.compiler
+    from torch.compiler._cache import CacheInfo
+
+    import align.trainer
+    from align.parallel.compile import compile_blocks
+    from align.run.manifest import load
+
+    monkeypatch.setattr(align.trainer, "compile_blocks", lambda m, d: compile_blocks(m, d, backend="eager"))
+    info = CacheInfo()
+    info.artifacts["inductor"] = ["k1", "k2"]
+    loaded: list[bytes] = []
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", info))
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: loaded.append(data) or info)
+    path = tmp_path / "cache" / "artifacts.bin"
+    ov = ["data.max_records=8", "trainer.max_steps=1", "trainer.compile=true", f"trainer.compile_artifacts={path}"]
+    _, run_dir = recorded_run(tmp_path / "a", ov)
+    first = load(run_dir)["compile"]["artifacts"]
+    assert first["loaded"] is None and first["saved"] == {"bytes": 9, "artifacts": {"inductor": 2}}
+    assert path.read_bytes() == b"artifacts" and loaded == []
+    _, run_dir = recorded_run(tmp_path / "b", ov)
+    assert loaded == [b"artifacts"]
+    assert load(run_dir)["compile"]["artifacts"]["loaded"] == {"bytes": 9, "artifacts": {"inductor": 2}}
+    _, run_dir = recorded_run(tmp_path / "c", ["data.max_records=8", "trainer.max_steps=1", "trainer.compile=true"])
+    m = load(run_dir)
+    assert m["compile"]["artifacts"] is None
+    assert m["null_reasons"]["compile.artifacts"] == "trainer.compile_artifacts is null"

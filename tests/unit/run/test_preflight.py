@@ -316,3 +316,17 @@ def test_moe_options_on_a_dense_model_fail_preflight_by_key():
                           ("model.moe.telemetry=false", "model.moe.telemetry")):
         with pytest.raises(ConfigError, match=rf"^{key}: mistral builds a dense model"):
             run_preflight(typed("allow_dirty=true", "logger=none", override))
+
+
+def test_compile_artifacts_that_torch_cannot_read_fail_preflight_by_key(tmp_path):
+    """Refused before the run dir exists (the build's own load is the backstop); a file not there yet
+    passes: the run writes it."""
+    junk = tmp_path / "artifacts.bin"
+    junk.write_bytes(b"junk")
+    with pytest.raises(ConfigError, match="trainer.compile_artifacts.*not torch.compiler cache artifacts"):
+        run_preflight(typed("logger=none", "allow_dirty=true", f"trainer.compile_artifacts={junk}"))
+    with pytest.raises(ConfigError, match="trainer.compile_artifacts.*must name a file"):
+        run_preflight(typed("logger=none", "allow_dirty=true", f"trainer.compile_artifacts={tmp_path}"))
+    report = collect(typed("logger=none", "allow_dirty=true", f"trainer.compile_artifacts={tmp_path / 'new.bin'}"))
+    (item,) = [c for c in report.checks if c.key == "trainer.compile_artifacts"]
+    assert item.status == Status.passed and "written at the end of the run" in item.detail
