@@ -122,13 +122,21 @@ def align_overrides(arm: Arm, a: argparse.Namespace, out: Path) -> list[str]:
     steps = [f"trainer.max_steps={a.steps}"] if a.steps is not None else []
     if own.objective.kind.value == "grpo" and not own.data.path:  # GRPO's bundled prompts: nothing to write
         arm.data_file = ""
-        return [*experiment, f"data.cache_dir={out / 'cache'}", "allow_dirty=true", *steps, *tiny]
+        return [*experiment, f"data.cache_dir={out / 'cache'}", "allow_dirty=true", *steps, *tiny, *artifacts(arm, a)]
     arm.data_file = Path(own.data.path or "").name
     if arm.data_file not in DATA_FILES:
         die(f"{arm.name} (experiment={arm.experiment}): data.path={own.data.path} names no file the harness writes; "
             f"accepted: outputs/bench/<one of {', '.join(DATA_FILES)}> (grpo: bundled prompts, no data.path)")
     return [*experiment, f"data.path={out / arm.data_file}", f"data.cache_dir={out / 'cache'}", "allow_dirty=true",
-            *steps, *tiny]
+            *steps, *tiny, *artifacts(arm, a)]
+
+
+def artifacts(arm: Arm, a: argparse.Namespace) -> list[str]:
+    """--compile-artifacts: each align arm loads and saves torch.compiler's portable artifacts in its own
+    file there (trainer.compile_artifacts), so a later command on a fresh machine skips those compiles."""
+    if a.compile_artifacts is None:
+        return []
+    return [f"trainer.compile_artifacts={Path(a.compile_artifacts).resolve() / (arm.name + '.bin')}"]
 
 
 def _typed_or_die(arm: Arm, overrides: list[str]):
@@ -406,6 +414,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--engine-eval", action="store_true",
                     help="after the arms, measure the generation engine's eval throughput (bench/generation.py) at "
                          "each align GRPO arm's rollout shape, for its `vs engine eval` column")
+    ap.add_argument("--compile-artifacts", default=None, metavar="DIR",
+                    help="every align arm loads and saves torch.compiler's portable cache artifacts as DIR/<arm>.bin "
+                         "(trainer.compile_artifacts): carry DIR to the next fresh machine to skip those compiles")
     ap.add_argument("--tiny", action="store_true", help="every arm's tiny preset on the CPU: checks the harness, "
                                                         "measures nothing")
     a = ap.parse_args(argv)

@@ -135,3 +135,10 @@ def test_the_default_arms_carry_no_performance_override(default, family):
         assert getattr(arm, group) == getattr(plain, group), group
     assert (arm.trainer.compile, arm.optimizer.compile) == ("auto", "auto")
     assert (arm.trainer.loss_chunk_tokens, arm.trainer.grad_accum) == (0, 1)
+
+
+def test_compile_artifacts_give_each_align_arm_its_own_file(out, capsys, tmp_path):
+    cmds = dry_run(capsys, "hf_padded", "dense_best", "--compile-artifacts", str(tmp_path / "art"))
+    assert f"trainer.compile_artifacts={tmp_path / 'art' / 'dense_best.bin'}" in cmds["dense_best"]
+    assert "trainer.compile_artifacts" not in cmds["hf_padded"]
+    assert "trainer.compile_artifacts" not in dry_run(capsys, "dense_best")["dense_best"]
