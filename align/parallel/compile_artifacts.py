@@ -38,8 +38,10 @@ def problem(path: str) -> Optional[str]:
         return None
     if not p.is_file():
         return NOT_A_FILE
-    from torch.compiler._cache import CacheArtifactManager
-
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+    except ImportError:  # a torch release that moved it: the load in Trainer.build still refuses the file
+        return None
     return UNREADABLE if CacheArtifactManager.deserialize(p.read_bytes()) is None else None
 
 
