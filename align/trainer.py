@@ -42,7 +42,7 @@ from align.objectives.ce import bypass_lm_head
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
 from align.parallel import compile_artifacts
-from align.parallel.compile import block_variants, compile_blocks, expected_compiles_per_frame, plan_compile
+from align.parallel.compile import compile_blocks, expected_compiles, plan_compile
 from align.parallel.env import DistEnv, autocast_dtype, init_distributed
 from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
@@ -153,10 +153,8 @@ class Trainer:
         stepper = build_stepper(cfg.optimizer, optimizer, model, env.device)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
                 "optimizer_step": stepper.info(), "cuda_alloc_conf": alloc_conf, "sampler_budget": budget,
-                "compile_choice": {
-                    **compiling, "expected_compiles_per_frame": expected_compiles_per_frame(
-                        cfg.trainer.compile, cfg.trainer.compile_dynamic, stepper.info().get("recompile_limit"),
-                        block_variants(getattr(model.config, "text_config", model.config)))}}
+                "compile_choice": {**compiling, "expected_compiles_per_frame": expected_compiles(
+                    cfg.trainer, model, stepper.info().get("recompile_limit"))}}
 
         throughput = Throughput.build(model, env.device, measure=env.is_main)
         trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler,
@@ -438,9 +436,7 @@ class Trainer:
         raise NonFiniteHalt(message)
 
     def finish(self, code: int) -> int:
-        choice = self.model_info["compile_choice"]
-        if self.env.is_main and choice.get("artifacts") is not None:  # every rank compiled the same graphs
-            choice["artifacts"] = compile_artifacts.save(choice["artifacts"])
+        compile_artifacts.save_at_end(self.model_info["compile_choice"], self.env.is_main)
         self.logger.summary(self.summary())
         if self.history is not None:
             self.history.close()

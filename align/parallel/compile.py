@@ -184,6 +184,12 @@ def expected_compiles_per_frame(trainer_compile: bool, dynamic: Optional[bool],
     return max(blocks, recompile_limit or 0)
 
 
+def expected_compiles(trainer: Any, model: Any, recompile_limit: Optional[int]) -> Optional[int]:
+    """`expected_compiles_per_frame` for the TrainerConfig `trainer` and the built `model`'s blocks."""
+    variants = block_variants(getattr(model.config, "text_config", model.config))
+    return expected_compiles_per_frame(trainer.compile, trainer.compile_dynamic, recompile_limit, variants)
+
+
 def frames_over(expected: Optional[int]) -> list[int]:
     """Compile counts of the frames that compiled more than `expected` graphs (dynamo's per-frame counter)."""
     if expected is None or "torch._dynamo" not in sys.modules:

@@ -91,3 +91,9 @@ def save(record: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     tmp.write_bytes(data)
     os.replace(tmp, path)
     return {**record, "saved": {"bytes": len(data), "artifacts": _counts(info)}}
+
+
+def save_at_end(choice: dict[str, Any], is_main: bool) -> None:
+    """The run's end: rank 0 saves into the compile record `choice` (every rank compiled the same graphs)."""
+    if is_main and choice.get("artifacts") is not None:
+        choice["artifacts"] = save(choice["artifacts"])
