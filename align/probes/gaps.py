@@ -58,10 +58,14 @@ def busy_intervals(events: Iterable[dict[str, Any]]) -> list[tuple[float, float,
     return merged
 
 
-def _phases(events: Iterable[dict[str, Any]]) -> list[tuple[float, float, str]]:
+def _spans(events: Iterable[dict[str, Any]], cats: tuple[str, ...], phases: bool) -> list[tuple[float, float, str]]:
+    """Host events of `cats` as sorted (start, end, name): the align.* phases only, or everything else."""
     return sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e["name"]))
-                  for e in events
-                  if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(PHASE_PREFIX))
+                  for e in events if e.get("cat") in cats and str(e.get("name", "")).startswith(PHASE_PREFIX) == phases)
+
+
+def _phases(events: Iterable[dict[str, Any]]) -> list[tuple[float, float, str]]:
+    return _spans(events, ("user_annotation",), phases=True)
 
 
 def phase_at(phases: list[tuple[float, float, str]], t: float) -> str:
@@ -72,8 +76,7 @@ def phase_at(phases: list[tuple[float, float, str]], t: float) -> str:
 
 
 def _host_ops(events: Iterable[dict[str, Any]]) -> list[tuple[float, float, str]]:
-    return sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e["name"]))
-                  for e in events if e.get("cat") in HOST_CATS and not str(e.get("name", "")).startswith(PHASE_PREFIX))
+    return _spans(events, HOST_CATS, phases=False)
 
 
 def host_at(ops: list[tuple[float, float, str]], t: float, depth: int = HOST_DEPTH) -> str:
