@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from align.config.base import AUTO
+from align.parallel import compile_artifacts
 
 COMPILE = "torch:compile"
 """The callable `nn.Module.compile` hands its kwargs to: the name preflight checks them against."""
@@ -119,8 +120,6 @@ def resolve_compile(cfg: Any, device_type: str) -> tuple[Any, dict[str, Any]]:
 def plan_compile(cfg: Any, device_type: str) -> tuple[Any, dict[str, Any]]:
     """`resolve_compile`, and where anything compiles, the persistent inductor cache (`apply_cache_dir`)
     and the portable artifacts of `trainer.compile_artifacts`, loaded before the first compile."""
-    from align.parallel import compile_artifacts
-
     cfg, record = resolve_compile(cfg, device_type)
     compiling = cfg.trainer.compile or cfg.optimizer.compile
     record["inductor_cache"] = apply_cache_dir() if compiling else None
