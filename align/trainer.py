@@ -261,7 +261,7 @@ class Trainer:
 
     def check_masks(self) -> dict[str, Any]:
         """The mask gate before step 1 (align/probes/mask.py): raises ConfigError on a wrong band."""
-        report = assert_masks(self.model, self.data, self.stream.pad_id)
+        report = assert_masks(self.model, self.data, self.stream.pad_id, autocast=self.autocast)
         return {"ok": True, **{k: report[k] for k in ("attn_implementation", "sliding_window", "by_type")}}
 
     def check_objective(self) -> dict[str, Any]:

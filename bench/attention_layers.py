@@ -8,7 +8,8 @@ budget at several widths, and checks each output against an fp32 reference with 
 
   sliding:  sdpa_mask (a dense window mask: what transformers' sdpa path builds past the window),
             flex (compiled flex_attention, a sliding-window block mask), sdpa_causal (flash;
-            exact only while the width is within the window)
+            exact only while the width is within the window), windowed (align's path past the
+            window: PyTorch's flash kernel with the window as its left bound)
   global:   sdpa_causal (SDPA's own choice), sdpa_cudnn, sdpa_efficient, flex (causal block mask),
             chunked (query chunks of 1024 through bf16 matmuls, compiled per shape)
   both:     layered (align's `chunked_attention`, align/models/layered_attention.py: one pass under
@@ -141,9 +142,17 @@ def chunked_band(q, k, v, window):
     return compiled(chunked_attention, dynamic=True)(q, k, v, None, 1.0, window=window)
 
 
+def windowed(q, k, v, window):
+    """align's attention=layered path for a sliding layer's unpadded row past its window (the flash
+    kernel with the window on CUDA), compiled as the blocks are."""
+    from align.models.layered_attention import windowed_attention
+
+    return compiled(windowed_attention, dynamic=True)(q, k, v, 1.0, window).transpose(1, 2)
+
+
 CANDIDATES = {
     "sliding_attention": {"sdpa_mask": sdpa_mask, "flex": flex, "sdpa_causal": sdpa_backend(None),
-                          "layered": chunked_band},
+                          "layered": chunked_band, "windowed": windowed},
     "full_attention": {"sdpa_causal": sdpa_backend(None), "sdpa_cudnn": sdpa_backend("CUDNN_ATTENTION"),
                        "sdpa_efficient": sdpa_backend("EFFICIENT_ATTENTION"), "flex": flex, "chunked": chunked,
                        "layered": chunked_band},

@@ -3,14 +3,18 @@ attention and mask interfaces (no model code is re-implemented).
 
 Gemma-4 mixes sliding layers (head_dim 256, a 1024-token window) with global layers (head_dim 512,
 keys equal to values). transformers' sdpa path gives the sliding layers a dense window mask past the
-window, which knocks SDPA off flash onto the memory-efficient kernel, and no flash kernel takes head
-dim 512. What each candidate costs at this model's shapes on the H200 is in docs/performance.md
-(bench/attention_layers.py measures it).
+window, which knocks SDPA off its flash kernels onto the dense-mask one (every key of the row
+visited), and no flash kernel takes head dim 512. What each candidate costs at this model's shapes
+on the H200 is in docs/performance.md (bench/attention_layers.py measures it).
 
-The rule, per call: a layer whose head_dim is above flash's 256 (Gemma-4's global layers) runs
-`chunked_attention`, matmul attention (bf16 GEMMs, fp32 softmax) under the causal rule or the dense
-mask it was given; every other layer runs transformers' `sdpa_attention_forward` with transformers'
-own mask (flash first; the sliding layers past their window keep the dense window mask).
+The rule, per call:
+- a layer whose head_dim is above flash's 256 (Gemma-4's global layers) runs `chunked_attention`,
+  matmul attention (bf16 GEMMs, fp32 softmax) under the causal rule or the dense mask it was given;
+- a sliding layer on an unpadded row past its window gets no mask (`layered_mask`) and runs
+  `windowed_attention`: PyTorch's flash kernel with the window as its left bound on CUDA in bf16 or
+  fp16 (only the band's keys are visited), the same band through `chunked_attention` elsewhere;
+- every other call runs transformers' `sdpa_attention_forward` with transformers' own mask (flash
+  within the window; a padded or packed row keeps its dense mask).
 
 Measured and dropped for the sliding layers past the window (docs/performance.md):
 - flex_attention with a sliding-window block mask: 2.8x the dense-mask kernel per call, but a block
@@ -20,9 +24,11 @@ Measured and dropped for the sliding layers past the window (docs/performance.md
   width, which made compiling the blocks take minutes.
 - matmul attention over the full square: it keeps [rows, heads, width, width] probabilities per
   layer for backward, 25 layers of them.
+The flash kernel takes the width as a tensor shape and the window as an argument, so one dynamic
+graph serves every width.
 
 A maskless layer's band is the kernel's business here, so the mask gate (align/probes/mask.py)
-reads it from the kernel's own output (`observed_band`).
+reads it from the kernel's own output (`observed_band`), in the dtype the layers compute in.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import torch
 NAME = "align_layered"
 """The name under which the attention and mask functions are registered with transformers."""
 FLASH_MAX_HEAD_DIM = 256
+FLASH_DTYPES = (torch.bfloat16, torch.float16)
 CHUNK_ROWS = 4096
 """Query rows per pass in `chunked_attention`: one pass for rows up to this width (its fp32 scores for
 16 heads are 1 GiB at 4096 x 4096), fixed-size chunks past it."""
@@ -77,6 +84,31 @@ def _attend(query, key, value, mask, scaling, window, first) -> torch.Tensor:
     return torch.matmul(probs, value).view(B, Hkv, rep, Q, D).reshape(B, H, Q, D)
 
 
+def windowed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float, window: int,
+                       dropout: float = 0.0) -> torch.Tensor:
+    """Causal attention within `window` positions (key k reaches query q iff q - window < k <= q, the
+    band of transformers' sliding-window mask) of q [B, H, S, D] over k, v [B, Hkv, S, D] on one
+    unpadded row each. On CUDA in bf16/fp16 it is PyTorch's flash kernel with `window - 1` as its
+    left bound: it visits only the band's keys, takes grouped key/value heads as they are and has
+    its own backward (aten's derivative passes the window on). Elsewhere `chunked_attention` gives
+    the same band. Under autocast it computes in the autocast dtype, as SDPA does (transformers'
+    rotary embedding leaves fp32 queries under fp32 weights). Returns [B, S, H, D], the attention
+    interface's layout."""
+    if torch.is_autocast_enabled(query.device.type):
+        dtype = torch.get_autocast_dtype(query.device.type)
+        query, key, value = (t.to(dtype) for t in (query, key, value))
+    if query.is_cuda and query.dtype in FLASH_DTYPES and query.shape[-1] <= FLASH_MAX_HEAD_DIM:
+        S = query.shape[2]
+        # transformers' q/k/v are [B, S, H, D] views transposed: transposing back is free.
+        out = torch.ops.aten._flash_attention_forward(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, None, S, S, dropout, True,
+            False, scale=scaling, window_size_left=window - 1, window_size_right=0)[0]
+        return out
+    if dropout > 0:
+        raise ValueError("attention=layered: the matmul path has no attention dropout")
+    return chunked_attention(query, key, value, None, scaling, window=window).transpose(1, 2).contiguous()
+
+
 def layered_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                               attention_mask: Any, scaling: Optional[float] = None, dropout: float = 0.0,
                               sliding_window: Optional[int] = None, **kwargs) -> tuple[torch.Tensor, None]:
@@ -91,30 +123,52 @@ def layered_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         window = sliding_window if attention_mask is None else None  # a dense mask carries its window
         out = chunked_attention(query, key, value, attention_mask, scale, window=window)
         return out.transpose(1, 2).contiguous(), None
+    S = query.shape[2]
+    if attention_mask is None and sliding_window and S > sliding_window and key.shape[2] == S:
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        return windowed_attention(query, key, value, scale, sliding_window, dropout), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                   sliding_window=sliding_window, **kwargs)
 
 
 def layered_mask(*args, **kwargs):
-    """transformers' mask-interface signature: its sdpa mask (None on an unpadded row a layer sees
-    whole, else a dense mask with the window and padding in it)."""
+    """transformers' mask-interface signature: None where the band is plain causal within the layer's
+    window on unpadded rows of a fresh forward (the kernel applies it: `windowed_attention` past the
+    window, sdpa's causal flash within it), else transformers' sdpa mask (None on an unpadded row a
+    global layer sees whole, a dense mask with the window and padding in it otherwise). transformers
+    allows the causal skip only where nothing else shapes the mask (no packing, no extra mask
+    functions), and the skip here keeps to that."""
     from transformers.masking_utils import sdpa_mask
 
+    if _window_only(kwargs):
+        return None
     return sdpa_mask(*args, **kwargs)
+
+
+def _window_only(kw: dict[str, Any]) -> bool:
+    """A sliding layer's mask that is the causal window alone: no padding mask, no cache offset, as
+    many queries as keys, and transformers willing to skip the causal mask."""
+    return (kw.get("local_size") is not None and kw.get("allow_is_causal_skip", True)
+            and kw.get("attention_mask") is None and not kw.get("q_offset", 0) and not kw.get("kv_offset", 0)
+            and kw.get("q_length") == kw.get("kv_length"))
 
 
 def observed_band(module: torch.nn.Module, length: int) -> torch.Tensor:
     """[Q, K] which keys reach which query through the path `module` runs on an unpadded row of
     `length` tokens, read from the kernel itself: all-zero queries and keys give every key the kernel
-    lets in an equal share, and one-hot values name those keys, head_dim of them per call."""
+    lets in an equal share, and one-hot values name those keys, head_dim of them per call. The
+    queries are in the autocast dtype where autocast is on (as the layer's are in training: the
+    kernel a call takes depends on it), else in the weights' dtype."""
     p = next(module.parameters())
+    on = torch.is_autocast_enabled(p.device.type)
+    dtype = torch.get_autocast_dtype(p.device.type) if on else p.dtype
     D, groups = module.head_dim, getattr(module, "num_key_value_groups", 1)
-    zeros_q = torch.zeros(1, groups, length, D, device=p.device, dtype=p.dtype)
-    zeros_k = torch.zeros(1, 1, length, D, device=p.device, dtype=p.dtype)
+    zeros_q = torch.zeros(1, groups, length, D, device=p.device, dtype=dtype)
+    zeros_k = torch.zeros(1, 1, length, D, device=p.device, dtype=dtype)
     seen = torch.zeros(length, length, dtype=torch.bool)
     for start in range(0, length, D):
         n = min(D, length - start)
-        v = torch.zeros(1, 1, length, D, device=p.device, dtype=p.dtype)
+        v = torch.zeros(1, 1, length, D, device=p.device, dtype=dtype)
         v[0, 0, torch.arange(start, start + n), torch.arange(n)] = 1
         with torch.no_grad():
             out, _ = layered_attention_forward(module, zeros_q, zeros_k, v, None, scaling=1.0,
@@ -157,7 +211,8 @@ def plan(config: Any) -> dict[str, dict[str, Any]]:
                                  "kv_heads": layer.num_key_value_heads, "head_dim": head_dim, "window": window}
         if window:
             entry["within_window"] = dense + ", causal"
-            entry["past_window"] = dense + " with transformers' dense window mask"
+            entry["past_window"] = (dense + ", causal, windowed" if wide else "flash with its window as the left "
+                                    "bound (bf16/fp16 on CUDA; chunked matmul attention with the window elsewhere)")
         else:
             entry["unpadded"] = dense + ", causal"
         entry["masked"] = dense + " with the dense mask (window included)"

@@ -21,11 +21,12 @@ reported as such).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import numpy as np
 import torch
@@ -146,8 +147,11 @@ def check_layer(name: str, kind: str, window: Optional[int], mask: Any, module: 
     return out
 
 
-def mask_report(model: torch.nn.Module, batches: dict[str, Batch]) -> dict[str, Any]:
-    """Run one forward per batch with hooks that record each attention module's mask; check them."""
+def mask_report(model: torch.nn.Module, batches: dict[str, Batch],
+                autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, Any]:
+    """Run one forward per batch with hooks that record each attention module's mask; check them.
+    `autocast`: the training forward's autocast context (the trainer's), under which the forwards
+    run and a maskless layer's band is read from its kernel (which kernel runs depends on the dtype)."""
     mods = attention_modules(model)
     if not mods:
         raise ConfigError("model", f"mask probe: found no attention modules in {type(model).__name__}")
@@ -160,27 +164,28 @@ def mask_report(model: torch.nn.Module, batches: dict[str, Batch]) -> dict[str, 
         def grab(module, args, kwargs, name=name):
             seen[name] = kwargs.get("attention_mask")
         hooks.append(mod.register_forward_pre_hook(grab, with_kwargs=True))
-    report: dict[str, Any] = {"attn_implementation": getattr(model.config, "_attn_implementation", None),
-                              "sliding_window": window, "batches": {}}
+    impl = getattr(model.config, "_attn_implementation", None)
+    report: dict[str, Any] = {"attn_implementation": impl, "sliding_window": window, "batches": {}}
     try:
-        for label, b in batches.items():
-            seen.clear()
-            inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.model_inputs().items()}
-            # Eager even when the blocks are compiled (trainer.compile): traced, these no-grad forwards
-            # and this hook's dict filled the blocks' compile caches up to dynamo's recompile limit,
-            # and training then ran eager (docs/pitfalls.md#8).
-            with torch.no_grad(), torch.compiler.set_stance("force_eager"):
-                model(**inputs)
-            B, L = b.input_ids.shape
-            valid = b.attention_mask.bool() if b.attention_mask is not None else torch.ones(B, L, dtype=torch.bool)
-            layers = []
-            for (name, mod), kind in zip(mods, types):
-                if name not in seen:
-                    layers.append({"layer": name, "type": kind, "ok": False, "mask": "not called",
-                                   "detail": "the attention module was never called with attention_mask"})
-                    continue
-                layers.append(check_layer(name, kind, window, seen[name], mod, valid, report["attn_implementation"]))
-            report["batches"][label] = {"shape": [B, L], "padded": b.attention_mask is not None, "layers": layers}
+        with autocast():
+            for label, b in batches.items():
+                seen.clear()
+                inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.model_inputs().items()}
+                # Eager even when the blocks are compiled (trainer.compile): traced, these no-grad forwards
+                # and this hook's dict filled the blocks' compile caches up to dynamo's recompile limit,
+                # and training then ran eager (docs/pitfalls.md#8).
+                with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+                    model(**inputs)
+                B, L = b.input_ids.shape
+                valid = b.attention_mask.bool() if b.attention_mask is not None else torch.ones(B, L, dtype=torch.bool)
+                layers = []
+                for (name, mod), kind in zip(mods, types):
+                    if name not in seen:
+                        layers.append({"layer": name, "type": kind, "ok": False, "mask": "not called",
+                                       "detail": "the attention module was never called with attention_mask"})
+                        continue
+                    layers.append(check_layer(name, kind, window, seen[name], mod, valid, impl))
+                report["batches"][label] = {"shape": [B, L], "padded": b.attention_mask is not None, "layers": layers}
     finally:
         for h in hooks:
             h.remove()
@@ -228,10 +233,10 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def assert_masks(model: torch.nn.Module, data: EncodedDataset, pad_id: int,
-                 length: Optional[int] = None) -> dict[str, Any]:
+def assert_masks(model: torch.nn.Module, data: EncodedDataset, pad_id: int, length: Optional[int] = None,
+                 autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, Any]:
     """The gate `align.train` runs before step 1: raise ConfigError (exit 2) on a wrong band."""
-    report = mask_report(model, probe_batches(data, pad_id, probe_length(model, length)))
+    report = mask_report(model, probe_batches(data, pad_id, probe_length(model, length)), autocast)
     if not report["ok"]:
         bad = next(lay for bt in report["batches"].values() for lay in bt["layers"] if not lay["ok"])
         raise ConfigError("attention",
@@ -252,13 +257,16 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         cfg.data, max_records=min(cfg.data.max_records or cfg.probe.mask.records, cfg.probe.mask.records))
     tok = load_tokenizer(cfg.model)
     data = encode_records(load_records(data_cfg), tok, data_cfg)
-    from align.parallel.env import resolve_device
+    from align.parallel.env import autocast_dtype, resolve_device
 
     torch.manual_seed(cfg.trainer.seed)
     built = build_model(cfg.model, cfg.attention, tok)
-    built.model.to(resolve_device(cfg.trainer.device))
+    device = resolve_device(cfg.trainer.device)
+    built.model.to(device)
+    fast = autocast_dtype(cfg.trainer.precision, device.type)
     report = mask_report(built.model,
-                         probe_batches(data, tok.pad_token_id, probe_length(built.model, cfg.probe.mask.length)))
+                         probe_batches(data, tok.pad_token_id, probe_length(built.model, cfg.probe.mask.length)),
+                         lambda: torch.autocast(device.type, dtype=fast) if fast else contextlib.nullcontext())
     report["model"] = built.info
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "mask.json").write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -12,7 +12,7 @@ import pytest
 
 from bench import attention_layers as bench
 
-ONLY = ("sdpa_mask", "sdpa_causal", "chunked", "layered")
+ONLY = ("sdpa_mask", "sdpa_causal", "chunked", "layered", "windowed")
 WIDTHS = (48, 16)  # the tiny preset's window is 32
 
 

@@ -48,24 +48,30 @@ def test_chunked_attention_applies_a_boolean_or_additive_mask():
 
 @pytest.fixture
 def paths(monkeypatch):
-    """Which kernel path each call took, by (layer type, path): chunked when the call reached
-    `chunked_attention`, sdpa otherwise; the chunked threshold lowered so the tiny presets' global
-    layers (head_dim 64) take it, as the full model's (512) do."""
+    """Which kernel path each call took, by (layer type, path): windowed when the call reached
+    `windowed_attention`, chunked when it reached `chunked_attention` otherwise, sdpa else; the
+    chunked threshold lowered so the tiny presets' global layers (head_dim 64) take it, as the full
+    model's (512) do."""
     seen: set[tuple[str, str]] = set()
     monkeypatch.setattr(la, "FLASH_MAX_HEAD_DIM", 32)
     real_forward, real_chunked = la.layered_attention_forward, la.chunked_attention
-    hits: list[int] = []
+    real_windowed = la.windowed_attention
+    hits: dict[str, int] = {"chunked": 0, "windowed": 0}
 
-    def chunked(*a, **kw):
-        hits.append(1)
-        return real_chunked(*a, **kw)
+    def counted(kind, fn):
+        def inner(*a, **kw):
+            hits[kind] += 1
+            return fn(*a, **kw)
+        return inner
 
     def forward(module, *a, **kw):
-        before = len(hits)
+        before = dict(hits)
         out = real_forward(module, *a, **kw)
-        seen.add((module.layer_type, "chunked" if len(hits) > before else "sdpa"))
+        path = next((k for k in ("windowed", "chunked") if hits[k] > before[k]), "sdpa")
+        seen.add((module.layer_type, path))
         return out
-    monkeypatch.setattr(la, "chunked_attention", chunked)
+    monkeypatch.setattr(la, "chunked_attention", counted("chunked", real_chunked))
+    monkeypatch.setattr(la, "windowed_attention", counted("windowed", real_windowed))
     monkeypatch.setattr(la, "layered_attention_forward", forward)  # what build's register() installs
     yield seen
     monkeypatch.undo()
@@ -85,14 +91,17 @@ def test_layered_logits_equal_eager_attention_on_both_layer_types(build, family,
         got = layered(input_ids=ids, attention_mask=mask, use_cache=False).logits
     real = mask.bool() if mask is not None else torch.ones(ids.shape, dtype=torch.bool)
     torch.testing.assert_close(got[real], want[real], atol=2e-5, rtol=1e-4)
-    assert ("full_attention", "chunked") in paths and ("sliding_attention", "sdpa") in paths
-    assert ("sliding_attention", "chunked") not in paths
+    # an unpadded row past the window takes the windowed kernel; within it, or padded, sdpa
+    sliding = "windowed" if width > eager.config.sliding_window and not pad else "sdpa"
+    assert {p for p in paths if p[0] == "sliding_attention"} == {("sliding_attention", sliding)}
+    assert ("full_attention", "chunked") in paths
 
 
 def test_the_plan_names_each_layer_types_kernel(build):
     info = build(Family.gemma4_moe).info["attention_layers"]
     assert info["sliding_attention"]["window"] == 32 and info["sliding_attention"]["layers"] == 3
-    assert "dense window mask" in info["sliding_attention"]["past_window"]
+    assert info["sliding_attention"]["past_window"].startswith("flash with its window")
+    assert "dense mask" in info["sliding_attention"]["masked"]
     assert info["full_attention"]["layers"] == 1 and info["full_attention"]["head_dim"] == 64
     assert info["full_attention"]["unpadded"].startswith("sdpa")  # 64 <= flash's 256
     # the global layers' key/value heads are per layer (Gemma-4's per_layer_config), the query heads not
@@ -110,9 +119,10 @@ def test_the_plan_names_each_layer_types_kernel(build):
 
 
 def test_the_mask_gate_reads_a_maskless_layers_band_from_its_kernel(build, tokenizer, monkeypatch):
-    """An unpadded global layer gets no mask under attention=layered and runs chunked attention, so
-    the gate (align/probes/mask.py) reads its band from the kernel's output: a kernel that lets a
-    query see the next key fails the gate. The sliding layers' dense window masks are counted."""
+    """An unpadded global layer gets no mask under attention=layered and runs chunked attention, and
+    an unpadded sliding layer past its window none either (the windowed kernel takes the window), so
+    the gate (align/probes/mask.py) reads both bands from the kernels' output: a kernel that lets a
+    query see the next key, or a window one key too wide, fails the gate."""
     import numpy as np
 
     from align.data.collate import collate
@@ -129,8 +139,14 @@ def test_the_mask_gate_reads_a_maskless_layers_band_from_its_kernel(build, token
     layers = report["batches"]["unpadded"]["layers"]
     full = [lay for lay in layers if lay["type"] == "full_attention"]
     sliding = [lay for lay in layers if lay["type"] == "sliding_attention"]
-    assert report["ok"] and all(lay["evidence"].startswith("the kernel") for lay in full)
-    assert all(lay["max_allowed_per_row"] == 32 and lay["evidence"] == "materialised mask" for lay in sliding)
+    assert report["ok"] and all(lay["evidence"].startswith("the kernel") for lay in full + sliding)
+    assert all(lay["max_allowed_per_row"] == 32 for lay in sliding)
+    real_windowed = la.windowed_attention
+    monkeypatch.setattr(la, "windowed_attention", lambda q, k, v, s, w, d=0.0: real_windowed(q, k, v, s, w + 1, d))
+    wide = mask_report(model, batches)
+    assert not wide["ok"] and not any(lay["ok"] for lay in wide["batches"]["unpadded"]["layers"]
+                                      if lay["type"] == "sliding_attention")
+    monkeypatch.setattr(la, "windowed_attention", real_windowed)
     real = la._attend
     monkeypatch.setattr(la, "_attend", lambda q, k, v, m, s, w, first: real(q, k, v, m, s, w, first + 1))
     assert not mask_report(model, batches)["ok"]
@@ -225,3 +241,27 @@ def test_block_variants_count_layer_types_and_windowed_ones(build):
 
     assert block_variants(build(Family.mistral).model.config) == 1
     assert block_variants(build(Family.olmoe).model.config) == 1
+
+
+def test_the_mask_gate_reads_the_band_in_the_trainers_autocast_dtype(build, tokenizer, monkeypatch):
+    """Which kernel a maskless layer runs depends on the query dtype (flash takes bf16/fp16 only), so
+    the windowed kernel computes in the autocast dtype, as SDPA does, and the gate reads the band
+    under the trainer's autocast: the dtype the kernel sees in training."""
+    import numpy as np
+
+    from align.data.collate import collate
+    from align.data.encode import EncodedDataset
+    from align.probes.mask import mask_report
+
+    model = build(Family.gemma4_moe).model.eval()
+    L = 48
+    data = EncodedDataset(tokens=np.arange(2 * L) % 500 + 3, loss_mask=np.ones(2 * L, dtype=bool),
+                          offsets=np.array([0, L, 2 * L]), ids=["a", "b"], roots=["r", "r"])
+    batches = {"unpadded": collate(data, np.arange(2), tokenizer.pad_token_id)}
+    dtypes = []
+    real = la.chunked_attention  # what the windowed kernel runs on a CPU, after its autocast
+    monkeypatch.setattr(la, "chunked_attention", lambda q, *a, **kw: dtypes.append(q.dtype) or real(q, *a, **kw))
+    assert mask_report(model, batches)["ok"] and set(dtypes) == {torch.float32}
+    dtypes.clear()
+    bf16 = mask_report(model, batches, autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert bf16["ok"] and set(dtypes) == {torch.bfloat16}
