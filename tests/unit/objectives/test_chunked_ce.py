@@ -78,3 +78,41 @@ def test_bypass_restores_the_head_when_the_forward_raises():
         with bypass_lm_head(model):
             raise RuntimeError("boom")
     assert model.get_output_embeddings() is head
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+@pytest.mark.parametrize("train_head", [True, False])
+def test_gradients_taken_in_the_forward_equal_autograds(softcap, train_head):
+    """The chunked loss takes its gradients while each chunk's logits exist; they equal autograd's
+    through full logits, for the hidden states and (when it trains) the head, soft-cap and ignored
+    positions included. A frozen head (LoRA) gets no weight gradient and keeps none."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 13, 16, generator=g, dtype=torch.float64)
+    head = torch.nn.Linear(16, 40, bias=False).double()
+    head.weight.requires_grad_(train_head)
+    labels = torch.randint(0, 40, (2, 13), generator=g)
+    labels[0, :3] = -100
+
+    def full(h):
+        logits = head(h)
+        if softcap is not None:
+            logits = torch.tanh(logits.float() / softcap) * softcap  # in fp32, as the trainer applies it
+        return ce_sum(logits, labels)
+
+    h_ref = hidden.clone().requires_grad_()
+    want = full(h_ref)
+    (2.5 * want).backward()
+    w_ref = head.weight.grad.clone() if train_head else None
+    head.weight.grad = None
+    h = hidden.clone().requires_grad_()
+    got = ChunkedCE(head, 5, softcap)(h, labels)
+    (2.5 * got).backward()
+    close = dict(rtol=1e-4, atol=1e-6)  # the softmax is fp32 in both, taken by different kernels
+    torch.testing.assert_close(got, want, **close)
+    torch.testing.assert_close(h.grad, h_ref.grad, **close)
+    if train_head:
+        torch.testing.assert_close(head.weight.grad, w_ref, **close)
+    else:
+        assert head.weight.grad is None
+    with torch.no_grad():  # an eval forward: the loss alone
+        torch.testing.assert_close(ChunkedCE(head, 5, softcap)(hidden, labels), want.detach())
