@@ -49,6 +49,12 @@ MEASURED = [
     ("gemma4_26b_lora_budget8k", GEMMA4_26B_LORA, 65.0),
     # "Gemma-4 26B-A4B LoRA", the kept attention=layered with compiled blocks, 2026-12-01 at 65f0955
     ("gemma4_lora_layered", ["experiment=bench/gemma4_lora_layered"], 64.9),
+    # "Gemma-4 26B-A4B LoRA", "Past the kept layered arm", 2026-12-01: the 16,384 budget at 11f9c59;
+    # no activation checkpointing with the windowed flash path and the chunked CE taking its gradients in
+    # its forward at c52572b, and the default's resolved 4,096 budget in the same command
+    ("gemma4_lora_layered_16k", ["experiment=bench/gemma4_lora_layered_16k"], 66.3),
+    ("gemma4_lora_noac", ["experiment=bench/gemma4_lora_noac"], 104.8),
+    ("gemma4_lora_default", ["experiment=bench/gemma4_lora_default", "sampler.max_tokens=4096"], 82.5),
     # "Fast by default", the MoE half, 2026-12-01 at 152e358: budget auto resolved to 16,384 there
     ("moe_default", ["experiment=bench/moe_default", "sampler.max_tokens=16384", "model.allow_over_memory=false"],
      86.2),
