@@ -123,10 +123,15 @@ def layered_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         window = sliding_window if attention_mask is None else None  # a dense mask carries its window
         out = chunked_attention(query, key, value, attention_mask, scale, window=window)
         return out.transpose(1, 2).contiguous(), None
-    S = query.shape[2]
-    if attention_mask is None and sliding_window and S > sliding_window and key.shape[2] == S:
+    S, K = query.shape[2], key.shape[2]
+    if attention_mask is None and sliding_window and K > sliding_window:  # `layered_mask` left the window to us
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        return windowed_attention(query, key, value, scale, sliding_window, dropout), None
+        if K == S:
+            return windowed_attention(query, key, value, scale, sliding_window, dropout), None
+        if dropout > 0:
+            raise ValueError("attention=layered: chunked attention has no attention dropout")
+        out = chunked_attention(query, key, value, None, scale, window=sliding_window)  # the last S of K positions
+        return out.transpose(1, 2).contiguous(), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                   sliding_window=sliding_window, **kwargs)
 
@@ -150,7 +155,7 @@ def _window_only(kw: dict[str, Any]) -> bool:
     many queries as keys, and transformers willing to skip the causal mask."""
     return (kw.get("local_size") is not None and kw.get("allow_is_causal_skip", True)
             and kw.get("attention_mask") is None and not kw.get("q_offset", 0) and not kw.get("kv_offset", 0)
-            and kw.get("q_length") == kw.get("kv_length"))
+            and "q_length" in kw and kw.get("q_length") == kw.get("kv_length"))
 
 
 def observed_band(module: torch.nn.Module, length: int) -> torch.Tensor:

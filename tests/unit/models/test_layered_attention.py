@@ -265,3 +265,18 @@ def test_the_mask_gate_reads_the_band_in_the_trainers_autocast_dtype(build, toke
     dtypes.clear()
     bf16 = mask_report(model, batches, autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
     assert bf16["ok"] and set(dtypes) == {torch.bfloat16}
+
+
+def test_a_cached_generation_past_the_window_equals_eager_attention(build):
+    """Prefill of a prompt past the window (no mask: the kernel takes the window) then cached decode
+    steps (transformers' masks), against eager attention with its dense masks: the same logits."""
+    eager = perturb_(build(Family.gemma4_moe, AttentionConfig(implementation=AttnImpl.eager)).model).eval()
+    layered = build(Family.gemma4_moe, AttentionConfig(implementation=AttnImpl.auto)).model.eval()
+    layered.load_state_dict(eager.state_dict())
+    assert eager.config.sliding_window == 32
+    ids, _ = batch(eager.config.vocab_size, s=48)
+    with torch.no_grad():
+        want = eager.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        got = layered.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=2e-5, rtol=1e-4)
+    assert torch.equal(got.sequences, want.sequences)
