@@ -181,7 +181,9 @@ def test_mask_gate_failure_before_step_1_ends_the_run_with_exit_2_on_record(tmp_
     import transformers.models.gemma4.modeling_gemma4 as g4
 
     monkeypatch.setattr(g4, "create_sliding_window_causal_mask", lambda **kw: None)
-    typed, record, run_dir, checks = _record(tmp_path, "model=gemma4", "logger=none")
+    # sdpa: a skipped mask is full causal attention there (attention=layered applies the window itself
+    # when a sliding layer gets no mask, and its gate passes on the kernel's own band)
+    typed, record, run_dir, checks = _record(tmp_path, "model=gemma4", "attention=sdpa", "logger=none")
     with pytest.raises(ConfigError):
         with record:
             record.start(checks)
