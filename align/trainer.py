@@ -43,7 +43,7 @@ from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
 from align.parallel import compile_artifacts
 from align.parallel.compile import compile_blocks, expected_compiles, plan_compile
-from align.parallel.env import DistEnv, autocast_dtype, init_distributed
+from align.parallel.env import DistEnv, autocast_context, init_distributed
 from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
 from align.parallel.launch import log_rank_to_file
@@ -281,8 +281,7 @@ class Trainer:
         return sdpa_priority(self.cfg.attention, self.cfg.model.family)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        dtype = autocast_dtype(self.cfg.trainer.precision, self.env.device.type)
-        return torch.autocast(self.env.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        return autocast_context(self.cfg.trainer.precision, self.env.device.type)()
 
     def fit(self) -> int:
         """Train to `trainer.max_steps`. Returns 0, or 143 after a coordinated stop (checkpoint

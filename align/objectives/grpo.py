@@ -46,7 +46,7 @@ from align.objectives.reference import (
 from align.objectives.rollout import Rollout, RolloutBatch
 from align.objectives.rollout_stats import Sums, state_sha256
 from align.objectives.router_flips import RouterRecorder, flips, generation_topk
-from align.parallel.env import DistEnv, autocast_dtype
+from align.parallel.env import DistEnv, autocast_context
 from align.rewards import WeightedReward
 
 _GEN_DTYPES = {GenerationDtype.bf16: torch.bfloat16, GenerationDtype.fp32: torch.float32}
@@ -104,9 +104,7 @@ class GRPO:
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.device = next(model.parameters()).device
         # The engine generates under the trainer's autocast, so both sides compute in the same precision.
-        dtype, kind = autocast_dtype(self.train_cfg.trainer.precision, self.device.type), self.device.type
-        self.autocast: Callable[[], Any] = (contextlib.nullcontext if dtype is None
-                                            else lambda: torch.autocast(kind, dtype=dtype))
+        self.autocast: Callable[[], Any] = autocast_context(self.train_cfg.trainer.precision, self.device.type)
         if self.reference_kind == ReferenceKind.adapters_off:
             self.reference = AdaptersOff(model)
         # Sharded weights make every decode step collective: ranks decode until all have finished.

@@ -4,11 +4,13 @@ process group of the job, created with a timeout and the flight recorder set fro
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -131,3 +133,12 @@ def autocast_dtype(precision: Precision, device_type: str) -> Optional[torch.dty
     None (no autocast: the parameters' dtype) otherwise. The trainer and the objectives' gates share it."""
     bf16 = precision == Precision.bf16 or (precision == Precision.auto and device_type == "cuda")
     return torch.bfloat16 if bf16 else None
+
+
+def autocast_context(precision: Precision, device_type: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """A factory of the trainer's forward autocast (`autocast_dtype`; a null context where there is none):
+    the trainer, the mask gate and GRPO's generation enter the same one."""
+    dtype = autocast_dtype(precision, device_type)
+    if dtype is None:
+        return contextlib.nullcontext
+    return functools.partial(torch.autocast, device_type, dtype=dtype)

@@ -257,16 +257,15 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
         cfg.data, max_records=min(cfg.data.max_records or cfg.probe.mask.records, cfg.probe.mask.records))
     tok = load_tokenizer(cfg.model)
     data = encode_records(load_records(data_cfg), tok, data_cfg)
-    from align.parallel.env import autocast_dtype, resolve_device
+    from align.parallel.env import autocast_context, resolve_device
 
     torch.manual_seed(cfg.trainer.seed)
     built = build_model(cfg.model, cfg.attention, tok)
     device = resolve_device(cfg.trainer.device)
     built.model.to(device)
-    fast = autocast_dtype(cfg.trainer.precision, device.type)
     report = mask_report(built.model,
                          probe_batches(data, tok.pad_token_id, probe_length(built.model, cfg.probe.mask.length)),
-                         lambda: torch.autocast(device.type, dtype=fast) if fast else contextlib.nullcontext())
+                         autocast_context(cfg.trainer.precision, device.type))
     report["model"] = built.info
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "mask.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
