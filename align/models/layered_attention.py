@@ -100,13 +100,17 @@ def windowed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     if query.is_cuda and query.dtype in FLASH_DTYPES and query.shape[-1] <= FLASH_MAX_HEAD_DIM:
         S = query.shape[2]
         # transformers' q/k/v are [B, S, H, D] views transposed: transposing back is free.
-        out = torch.ops.aten._flash_attention_forward(
+        return torch.ops.aten._flash_attention_forward(
             query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, None, S, S, dropout, True,
             False, scale=scaling, window_size_left=window - 1, window_size_right=0)[0]
-        return out
+    return _matmul(query, key, value, None, scaling, window, dropout)
+
+
+def _matmul(query, key, value, mask, scaling, window, dropout) -> torch.Tensor:
+    """`chunked_attention` in the attention interface's [B, Q, H, D] layout; it has no dropout."""
     if dropout > 0:
-        raise ValueError("attention=layered: the matmul path has no attention dropout")
-    return chunked_attention(query, key, value, None, scaling, window=window).transpose(1, 2).contiguous()
+        raise ValueError("attention=layered: chunked attention has no attention dropout")
+    return chunked_attention(query, key, value, mask, scaling, window=window).transpose(1, 2).contiguous()
 
 
 def layered_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -116,22 +120,15 @@ def layered_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     is what the attention module passes (Gemma-4: its window on sliding layers, None on the rest)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     if query.shape[-1] > FLASH_MAX_HEAD_DIM:
-        if dropout > 0:
-            raise ValueError("attention=layered: chunked attention has no attention dropout")
-        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         window = sliding_window if attention_mask is None else None  # a dense mask carries its window
-        out = chunked_attention(query, key, value, attention_mask, scale, window=window)
-        return out.transpose(1, 2).contiguous(), None
+        return _matmul(query, key, value, attention_mask, scale, window, dropout), None
     S, K = query.shape[2], key.shape[2]
     if attention_mask is None and sliding_window and K > sliding_window:  # `layered_mask` left the window to us
-        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         if K == S:
             return windowed_attention(query, key, value, scale, sliding_window, dropout), None
-        if dropout > 0:
-            raise ValueError("attention=layered: chunked attention has no attention dropout")
-        out = chunked_attention(query, key, value, None, scale, window=sliding_window)  # the last S of K positions
-        return out.transpose(1, 2).contiguous(), None
+        return _matmul(query, key, value, None, scale, sliding_window, dropout), None  # the last S of K positions
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                   sliding_window=sliding_window, **kwargs)
 
