@@ -48,8 +48,8 @@ class _ChunkedCE(torch.autograd.Function):
             h, y = hidden[i : i + chunk], labels[i : i + chunk]
             s = F.linear(h, w).float()
             t = None
-            if softcap is not None:
-                t = torch.tanh(s / softcap)
+            if softcap is not None:  # in place: two [chunk, vocab] fp32 tensors at once, not three
+                t = s.div_(softcap).tanh_()
                 s = t * softcap
             lse = torch.logsumexp(s, -1)
             total += (lse - s.gather(1, y[:, None]).squeeze(1)).sum()
