@@ -192,7 +192,10 @@ def logits_bytes(cfg: TrainConfig, tokens: int, vocab: int, softcap: Optional[fl
     """The LM head's output in the compute dtype plus the loss's fp32 upcast, log-softmax and gradient
     (and, under a final logit soft-cap, its division and tanh: two fp32 copies more), over the tokens
     one loss call holds: all of them, or under `trainer.loss_chunk_tokens > 0` one chunk (the chunked
-    loss takes each chunk's gradients in the forward and keeps no logits for backward)."""
+    loss takes each chunk's gradients in the forward and keeps no logits for backward). For a chunk the
+    count is an upper bound: the chunked loss holds the compute-dtype logits, two fp32 copies under a
+    soft-cap (one without) and a compute-dtype gradient. It is kept because the chunked rows of
+    docs/performance.md's estimate-vs-peak table were measured with an earlier loss that held more."""
     chunk = cfg.trainer.loss_chunk_tokens
     held = min(tokens, chunk) if chunk > 0 else tokens
     return held * vocab * (compute_bytes + 3 * 4 + (2 * 4 if softcap else 0))
