@@ -118,23 +118,28 @@ def test_the_plan_names_each_layer_types_kernel(build):
     assert (full["full_attention"]["heads"], full["full_attention"]["kv_heads"]) == (16, 2)
 
 
+def _unpadded_batches(tokenizer, L: int = 48):
+    """The mask gate's input: two unpadded rows of L tokens (past the tiny window, 32), through collate."""
+    import numpy as np
+
+    from align.data.collate import collate
+    from align.data.encode import EncodedDataset
+
+    data = EncodedDataset(tokens=np.arange(2 * L) % 500 + 3, loss_mask=np.ones(2 * L, dtype=bool),
+                          offsets=np.array([0, L, 2 * L]), ids=["a", "b"], roots=["r", "r"])
+    return {"unpadded": collate(data, np.arange(2), tokenizer.pad_token_id)}
+
+
 def test_the_mask_gate_reads_a_maskless_layers_band_from_its_kernel(build, tokenizer, monkeypatch):
     """An unpadded global layer gets no mask under attention=layered and runs chunked attention, and
     an unpadded sliding layer past its window none either (the windowed kernel takes the window), so
     the gate (align/probes/mask.py) reads both bands from the kernels' output: a kernel that lets a
     query see the next key, or a window one key too wide, fails the gate."""
-    import numpy as np
-
-    from align.data.collate import collate
-    from align.data.encode import EncodedDataset
     from align.probes.mask import mask_report
 
     monkeypatch.setattr(la, "FLASH_MAX_HEAD_DIM", 32)  # the tiny global layers (64) take the chunked path
     model = build(Family.gemma4_moe).model.eval()
-    L = 48
-    data = EncodedDataset(tokens=np.arange(2 * L) % 500 + 3, loss_mask=np.ones(2 * L, dtype=bool),
-                          offsets=np.array([0, L, 2 * L]), ids=["a", "b"], roots=["r", "r"])
-    batches = {"unpadded": collate(data, np.arange(2), tokenizer.pad_token_id)}
+    batches = _unpadded_batches(tokenizer)
     report = mask_report(model, batches)
     layers = report["batches"]["unpadded"]["layers"]
     full = [lay for lay in layers if lay["type"] == "full_attention"]
@@ -247,17 +252,10 @@ def test_the_mask_gate_reads_the_band_in_the_trainers_autocast_dtype(build, toke
     """Which kernel a maskless layer runs depends on the query dtype (flash takes bf16/fp16 only), so
     the windowed kernel computes in the autocast dtype, as SDPA does, and the gate reads the band
     under the trainer's autocast: the dtype the kernel sees in training."""
-    import numpy as np
-
-    from align.data.collate import collate
-    from align.data.encode import EncodedDataset
     from align.probes.mask import mask_report
 
     model = build(Family.gemma4_moe).model.eval()
-    L = 48
-    data = EncodedDataset(tokens=np.arange(2 * L) % 500 + 3, loss_mask=np.ones(2 * L, dtype=bool),
-                          offsets=np.array([0, L, 2 * L]), ids=["a", "b"], roots=["r", "r"])
-    batches = {"unpadded": collate(data, np.arange(2), tokenizer.pad_token_id)}
+    batches = _unpadded_batches(tokenizer)
     dtypes = []
     real = la.chunked_attention  # what the windowed kernel runs on a CPU, after its autocast
     monkeypatch.setattr(la, "chunked_attention", lambda q, *a, **kw: dtypes.append(q.dtype) or real(q, *a, **kw))
