@@ -24,7 +24,7 @@ from align.control.nonfinite import SkipStats, halt_message, nonfinite_parameter
 from align.control.nonfinite import inject as inject_nan
 from align.control.resume import check_resumable, resume_points, run_identity, trim_history
 from align.control.signals import StopSignals
-from align.data.budget_auto import plan_budget
+from align.data.budget_auto import plan_sizes
 from align.data.collate import Batch
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream
@@ -121,7 +121,7 @@ class Trainer:
         alloc_conf = apply_cuda_alloc_conf(cfg.trainer.cuda_alloc_conf)
         env = init_distributed(cfg.parallel, cfg.trainer.device, run_dir)
         cfg, compiling = plan_compile(cfg, env.device.type)  # trainer/optimizer.compile=auto: bools from here on
-        cfg, budget = plan_budget(cfg, env.device)  # sampler.max_tokens=auto: an int from here on (identity too)
+        cfg, sizes = plan_sizes(cfg, env.device)  # loss chunk and token budget: ints from here on (identity too)
         log_rank_to_file(env, run_dir)
         torch.manual_seed(cfg.trainer.seed)
         if cfg.trainer.deterministic:
@@ -152,7 +152,7 @@ class Trainer:
         scheduler = build_scheduler(cfg.optimizer, optimizer, cfg.trainer.max_steps)
         stepper = build_stepper(cfg.optimizer, optimizer, model, env.device)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
-                "optimizer_step": stepper.info(), "cuda_alloc_conf": alloc_conf, "sampler_budget": budget,
+                "optimizer_step": stepper.info(), "cuda_alloc_conf": alloc_conf, **sizes,
                 "compile_choice": {**compiling, "expected_compiles_per_frame": expected_compiles(
                     cfg.trainer, model, stepper.info().get("recompile_limit"))}}
 

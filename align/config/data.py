@@ -242,8 +242,9 @@ class SamplerConfig:
     """Token budget of a micro-batch (budget sampler): rows x padded length <= max_tokens (packed:
     the sum of the padded row lengths). Must hold the longest record. auto (the default of
     sampler=budget): resolved where the device is known (align/data/budget_auto.py): on a CPU 4096
-    tokens; on CUDA the largest of 4096 x k (k = 1..8) whose training-memory estimate is at most 0.75
-    of the device's memory; never below the longest record (`data.max_seq_len` rounded up to
+    tokens; on CUDA the largest of 4096 x k (k = 1..8) whose training-memory estimate (with the
+    resolved `trainer.loss_chunk_tokens`) is at most 0.85 of the device's memory for compiled blocks,
+    0.75 for eager ones; never below the longest record (`data.max_seq_len` rounded up to
     `pad_to_multiple_of`). The manifest's `sampler_budget` says what it resolved to and why."""
     pad_to_multiple_of: int = 1
     """Round each micro-batch's padded length up to a multiple of this (bounds the set of shapes)."""

@@ -245,9 +245,13 @@ class TrainerConfig:
     when the run ends. For machines that start with an empty disk each job: carry the file in and out
     and the next run skips the compiles it holds. null: off (the on-disk inductor cache still serves
     runs on the same machine). The manifest's `compile.artifacts` says what was loaded and saved."""
-    loss_chunk_tokens: int = 0
-    """> 0: compute the LM head and cross-entropy over this many target tokens at a time (recomputed
-    in backward), so logits memory stays bounded for large vocabularies; 0: all logits at once."""
+    loss_chunk_tokens: Any = AUTO
+    """> 0: the LM head and cross-entropy over this many target tokens at a time, each chunk's
+    gradients taken in its forward (align/objectives/ce.py), so logits memory stays bounded for large
+    vocabularies; 0: all logits at once. auto: resolved where the device is known
+    (align/objectives/chunk_auto.py): 0 on a CPU; on CUDA 2048 where the full logits of a token
+    would weigh at least half of what the decoder layers keep for it (large vocabularies: Gemma-4),
+    else 0. The manifest's `loss_chunk` says what it resolved to and why."""
     eval_every: int = 0
     """Run the `eval` group's eval on the model being trained every N optimizer steps and at the last
     step (docs/evaluation.md); 0: never. > 0 needs an eval (`eval=gsm8k`)."""
@@ -265,7 +269,9 @@ class TrainerConfig:
                  self.max_consecutive_skipped_steps)
         _require(self.grad_accum >= 1, "trainer.grad_accum", "must be >= 1", self.grad_accum)
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1", self.log_every)
-        _require(self.loss_chunk_tokens >= 0, "trainer.loss_chunk_tokens", "must be >= 0", self.loss_chunk_tokens)
+        _require(self.loss_chunk_tokens == AUTO or (isinstance(self.loss_chunk_tokens, int)
+                 and not isinstance(self.loss_chunk_tokens, bool) and self.loss_chunk_tokens >= 0),
+                 "trainer.loss_chunk_tokens", "must be an int >= 0 or auto", self.loss_chunk_tokens)
 
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`)."""

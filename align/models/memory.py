@@ -35,6 +35,7 @@ from align.config import (
 )
 from align.config.data import require_resolved
 from align.models.registry import FAMILIES, MoEShape, ParamCount, count_params
+from align.objectives.chunk_auto import require_resolved as require_chunk_resolved
 
 GiB = 1024**3
 
@@ -188,17 +189,21 @@ def tokens_per_micro_batch(cfg: TrainConfig) -> int:
     return rows * cfg.data.max_seq_len
 
 
-def logits_bytes(cfg: TrainConfig, tokens: int, vocab: int, softcap: Optional[float], compute_bytes: int) -> int:
+def logits_bytes(chunk: int, tokens: int, vocab: int, softcap: Optional[float], compute_bytes: int) -> int:
     """The LM head's output in the compute dtype plus the loss's fp32 upcast, log-softmax and gradient
     (and, under a final logit soft-cap, its division and tanh: two fp32 copies more), over the tokens
-    one loss call holds: all of them, or under `trainer.loss_chunk_tokens > 0` one chunk (the chunked
-    loss takes each chunk's gradients in the forward and keeps no logits for backward). For a chunk the
-    count is an upper bound: the chunked loss holds the compute-dtype logits, two fp32 copies under a
-    soft-cap (one without) and a compute-dtype gradient. It is kept because the chunked rows of
-    docs/performance.md's estimate-vs-peak table were measured with an earlier loss that held more."""
-    chunk = cfg.trainer.loss_chunk_tokens
+    one loss call holds: all of them, or under a `chunk` > 0 one chunk (the chunked loss takes each
+    chunk's gradients in the forward and keeps no logits for backward). For a chunk the count is an
+    upper bound: the chunked loss holds the compute-dtype logits, two fp32 copies under a soft-cap (one
+    without) and a compute-dtype gradient. It is kept because the chunked rows of docs/performance.md's
+    estimate-vs-peak table were measured with an earlier loss that held more."""
     held = min(tokens, chunk) if chunk > 0 else tokens
     return held * vocab * (compute_bytes + 3 * 4 + (2 * 4 if softcap else 0))
+
+
+def compute_bytes(cfg: TrainConfig, device: torch.device) -> int:
+    """Bytes per element of the activations: 2 under CUDA autocast (bf16/fp16), else the weights'."""
+    return 2 if (device.type == "cuda" and cfg.trainer.precision.value != "fp32") else _nbytes(cfg.model.dtype)
 
 
 def layer_activation_bytes(cfg: TrainConfig, model: torch.nn.Module, config: Any, moe: Optional[MoEShape],
@@ -240,10 +245,12 @@ def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1) -> 
     wbytes = _nbytes(cfg.model.dtype)
     counts, weights, grads, optimizer = _states(cfg, model, moe, wbytes)
     tokens = tokens_per_micro_batch(cfg)
-    compute_bytes = 2 if (device.type == "cuda" and cfg.trainer.precision.value != "fp32") else wbytes
-    acts = layer_activation_bytes(cfg, model, config, moe, tokens, compute_bytes)
-    logits = logits_bytes(cfg, tokens, config.vocab_size, getattr(config, "final_logit_softcapping", None),
-                          compute_bytes)
+    chunk = cfg.trainer.loss_chunk_tokens
+    require_chunk_resolved(chunk, "the memory estimate")
+    nbytes = compute_bytes(cfg, device)
+    acts = layer_activation_bytes(cfg, model, config, moe, tokens, nbytes)
+    logits = logits_bytes(chunk, tokens, config.vocab_size, getattr(config, "final_logit_softcapping", None),
+                          nbytes)
     ref = reference_bytes(cfg, counts.total, wbytes)
     s = max(1, shards)
     return MemoryEstimate(counts, tokens, weights // s, grads // s, optimizer // s, acts, str(device),

@@ -16,8 +16,10 @@ def build_objective(cfg: "TrainConfig") -> Objective:
     from align.config import ObjectiveKind
     from align.objectives.dpo import DPO
     from align.objectives.grpo import GRPO
+    from align.objectives.chunk_auto import require_resolved
     from align.objectives.sft import SFT
 
+    require_resolved(cfg.trainer.loss_chunk_tokens, "the objective")
     builders = {ObjectiveKind.sft: SFT, ObjectiveKind.dpo: DPO, ObjectiveKind.grpo: GRPO}
     return builders[cfg.objective.kind](cfg)
 

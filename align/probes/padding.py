@@ -85,10 +85,10 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def run(cfg: TrainConfig, out_dir: Path) -> int:
-    from align.data.budget_auto import plan_budget
+    from align.data.budget_auto import plan_sizes
     from align.parallel.env import resolve_device
 
-    cfg, _ = plan_budget(cfg, resolve_device(cfg.trainer.device))  # the budget a run on this device takes
+    cfg, _ = plan_sizes(cfg, resolve_device(cfg.trainer.device))  # the budget a run on this device takes
     tokenizer = load_tokenizer(cfg.model)
     data = load_dataset(cfg.data, cfg.model, tokenizer)
     window = cfg.probe.padding.window or cfg.trainer.grad_accum

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 
 from align.config import TrainConfig
-from align.data.budget_auto import plan_budget
+from align.data.budget_auto import plan_sizes
 from align.errors import ConfigError
 from align.models.attention import resolve_attention
 from align.models.build import check_router_losses
@@ -77,7 +77,7 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
                     f"{s['target_modules']} modules {s['targets']}; not adapted: "
                     f"{s['skipped_fused_expert_params'] + s['not_adapted_linears']}", "model.lora")
 
-    est = estimate_memory(plan_budget(cfg, device)[0], device, shards=shards)  # the budget the trainer will take
+    est = estimate_memory(plan_sizes(cfg, device)[0], device, shards=shards)  # the sizes the trainer will take
     if est.fits is False and not m.allow_over_memory:
         yield Check("config", "params and memory", Status.failed,
                     f"the training-memory estimate does not fit: {est.line()}; shrink sampler.max_tokens or the "

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import run as harness
 from bench.common import EXPERIMENTS, add_ratios, compose_typed, experiment_names, summarise
@@ -124,17 +125,49 @@ def test_the_handwritten_arm_steps_on_uniform_unpadded_rows_at_dense_bests_budge
     assert m["seconds"] > 0 and m["final_loss"] == m["final_loss"]
 
 
-@pytest.mark.parametrize("default, family", [("dense_default", "mistral"), ("moe_default", "olmoe")])
-def test_the_default_arms_carry_no_performance_override(default, family):
-    """dense_default / moe_default are the runs a user types: every performance knob at its default."""
+GEMMA4_26B_LORA = ["model=gemma4_moe", "model.preset=full", "model.lora.enabled=true"]
+
+
+@pytest.mark.parametrize("default, model", [("dense_default", ["model=mistral"]), ("moe_default", ["model=olmoe"]),
+                                            ("gemma4_lora_default", GEMMA4_26B_LORA)])
+def test_the_default_arms_carry_no_performance_override(default, model):
+    """The *_default arms are the runs a user types: every performance knob at its default."""
     from bench.common import compose_typed, experiment_config
 
     arm = experiment_config(f"bench/{default}")
-    plain = compose_typed([f"model={family}", "data=tokens", "data.path=rows.jsonl"])
+    plain = compose_typed([*model, "data=tokens", "data.path=rows.jsonl"])
     for group in ("sampler", "attention", "parallel"):
         assert getattr(arm, group) == getattr(plain, group), group
     assert (arm.trainer.compile, arm.optimizer.compile) == ("auto", "auto")
-    assert (arm.trainer.loss_chunk_tokens, arm.trainer.grad_accum) == (0, 1)
+    assert (arm.trainer.loss_chunk_tokens, arm.trainer.grad_accum) == ("auto", 1)
+
+
+def test_the_gemma4_lora_default_resolves_on_an_h200_to_the_fastest_measured_arm(monkeypatch):
+    """What `model=gemma4_moe model.preset=full model.lora.enabled=true` resolves to on an H200 is
+    gemma4_lora_noac, the fastest arm measured on it (docs/performance.md#gemma-4-26b-a4b-lora), in
+    every field: the compile switches, the loss's chunk and the token budget as the trainer resolves
+    them (align/trainer.py's build), the attention the family picks."""
+    import dataclasses
+
+    from align.data.budget_auto import plan_sizes
+    from align.models import memory
+    from align.parallel.compile import resolve_compile
+    from bench.common import experiment_config
+
+    h200 = 143_771 * 1024**2  # the device's total memory as docs/performance.md records it
+    monkeypatch.setattr(memory, "device_memory", lambda device: h200)
+
+    def on_h200(name):
+        cfg, _ = resolve_compile(experiment_config(f"bench/{name}"), "cuda")
+        cfg, sizes = plan_sizes(cfg, torch.device("cuda"), h200)
+        attention = dataclasses.replace(cfg.attention, implementation=cfg.attention.chosen(cfg.model.family))
+        return dataclasses.replace(cfg, attention=attention), sizes
+
+    default, sizes = on_h200("gemma4_lora_default")
+    fastest, _ = on_h200("gemma4_lora_noac")
+    assert sizes["loss_chunk"]["requested"] == sizes["sampler_budget"]["requested"] == "auto"
+    for group in (f.name for f in dataclasses.fields(default)):
+        assert getattr(default, group) == getattr(fastest, group), group
 
 
 def test_compile_artifacts_give_each_align_arm_its_own_file(out, capsys, tmp_path):

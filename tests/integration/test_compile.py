@@ -208,6 +208,9 @@ def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_fir
     assert m["config"]["resolved"]["sampler"]["max_tokens"] == "auto"
     assert m["sampler_budget"]["requested"] == "auto" and m["sampler_budget"]["resolved"] == 4096
     assert "on cpu" in m["sampler_budget"]["why"] and t.identity["sampler"]["max_tokens"] == 4096
+    assert m["config"]["resolved"]["trainer"]["loss_chunk_tokens"] == "auto"  # and the loss's chunk: all logits
+    assert m["loss_chunk"] == {"requested": "auto", "resolved": 0, "why": m["loss_chunk"]["why"]}
+    assert "on cpu" in m["loss_chunk"]["why"] and t.objective.chunk_tokens == 0
     assert t.model_info["compile"] is None and t.model_info["optimizer_step"]["kind"] == "plain"
     assert m["throughput"]["throughput/first_step_s"] > 0
     assert 0 <= m["throughput"]["throughput/compile_share"] <= 1

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from align.config import to_typed
-from align.data.budget_auto import HEADROOM, STEP, plan_budget
+from align.data.budget_auto import HEADROOM, STEP, plan_budget, plan_sizes
 from align.errors import ConfigError
 
 GiB = 2**30
@@ -20,6 +20,13 @@ CUDA = torch.device("cuda")
 
 def _cfg(compose, *ov):
     return to_typed(compose(["allow_dirty=true", *ov]))
+
+
+def _cuda(compose, *ov):
+    """A config with `trainer.loss_chunk_tokens` resolved for CUDA, as plan_sizes hands the budget search one."""
+    from align.objectives.chunk_auto import plan_loss_chunk
+
+    return plan_loss_chunk(_cfg(compose, *ov), CUDA)[0]
 
 
 def _estimate(cfg, tokens):
@@ -45,30 +52,44 @@ def test_on_a_cpu_auto_never_falls_below_the_longest_record(compose):
 
 
 def test_on_an_h200_the_dense_bench_model_takes_the_largest_budget_whose_estimate_fits(compose):
-    cfg = _cfg(compose, "experiment=bench/dense_default")
+    cfg = _cuda(compose, "experiment=bench/dense_default")
     _, record = plan_budget(cfg, CUDA, device_bytes=H200)
     tokens = record["resolved"]
     assert tokens % STEP == 0 and STEP <= tokens <= 8 * STEP
-    assert _estimate(cfg, tokens) <= HEADROOM * H200
-    assert tokens == 8 * STEP or _estimate(cfg, tokens + STEP) > HEADROOM * H200  # the largest that fits
-    assert tokens == 32768 and "0.75 x 139.8 GiB" in record["why"]
+    assert _estimate(cfg, tokens) <= HEADROOM["compiled"] * H200
+    assert tokens == 8 * STEP or _estimate(cfg, tokens + STEP) > HEADROOM["compiled"] * H200  # the largest that fits
+    assert tokens == 32768 and "0.85 x 139.8 GiB (compiled blocks)" in record["why"]
 
 
 def test_the_moe_bench_model_stops_where_its_estimate_would_pass_the_headroom(compose):
-    cfg = _cfg(compose, "experiment=bench/moe_default")
+    cfg = _cuda(compose, "experiment=bench/moe_default")
     _, record = plan_budget(cfg, CUDA, device_bytes=H200)
     tokens = record["resolved"]
-    assert _estimate(cfg, tokens) <= HEADROOM * H200 < _estimate(cfg, tokens + STEP)
+    assert _estimate(cfg, tokens) <= HEADROOM["compiled"] * H200 < _estimate(cfg, tokens + STEP)
+
+
+def test_eager_blocks_get_the_smaller_share_of_the_device(compose):
+    """The estimate undercounts what eager blocks keep (tests/unit/models/test_memory_vs_measured.py
+    holds both shares to the measured peaks), so the same model without compiled blocks stops earlier."""
+    compiled = _cuda(compose, "experiment=bench/moe_default")
+    eager = _cuda(compose, "experiment=bench/moe_default", "trainer.compile=false")
+    _, fast = plan_budget(compiled, CUDA, device_bytes=H200)
+    _, slow = plan_budget(eager, CUDA, device_bytes=H200)
+    assert "(compiled blocks)" in fast["why"] and "(eager blocks)" in slow["why"]
+    assert _estimate(eager, slow["resolved"]) <= HEADROOM["eager"] * H200 < _estimate(eager, slow["resolved"] + STEP)
+    assert slow["resolved"] < fast["resolved"]
+    off_cuda = _cuda(compose, "experiment=bench/moe_default", "optimizer.overlap=true", "optimizer.compile=false")
+    assert "(eager blocks)" in plan_budget(off_cuda, CUDA, device_bytes=H200)[1]["why"]  # auto resolved off
 
 
 def test_on_a_device_too_small_for_any_step_auto_is_the_longest_record(compose):
-    cfg = _cfg(compose, "experiment=bench/dense_default", "data.max_seq_len=4000")
+    cfg = _cuda(compose, "experiment=bench/dense_default", "data.max_seq_len=4000")
     _, record = plan_budget(cfg, CUDA, device_bytes=GiB)
     assert record["resolved"] == 4000 and "longest record" in record["why"]
 
 
 def test_a_given_budget_is_kept_and_a_sampler_without_one_has_no_record(compose):
-    cfg, record = plan_budget(_cfg(compose, "sampler.max_tokens=3000"), CUDA, device_bytes=GiB)
+    cfg, record = plan_budget(_cuda(compose, "sampler.max_tokens=3000"), CUDA, device_bytes=GiB)
     assert cfg.sampler.max_tokens == 3000 and record == {"requested": 3000, "resolved": 3000,
                                                          "why": "sampler.max_tokens as given"}
     assert plan_budget(_cfg(compose, "sampler=shuffle"), CUDA)[1] is None
@@ -112,8 +133,8 @@ def test_the_search_builds_the_meta_model_once(compose, monkeypatch):
     monkeypatch.setattr(memory, "_build_meta_model", lambda m: built.append(m) or real(m))
     monkeypatch.setattr(memory, "_META", {})
     cfg = _cfg(compose, "experiment=bench/dense_default")
-    plan_budget(cfg, CUDA, device_bytes=H200)
-    plan_budget(cfg, CUDA, device_bytes=H200)
+    plan_sizes(cfg, CUDA, device_bytes=H200)  # the chunk's ratio reads it too
+    plan_sizes(cfg, CUDA, device_bytes=H200)
     assert len(built) == 1
     other = _cfg(compose, "experiment=bench/dense_default", "model.overrides.num_hidden_layers=2")
     assert memory.meta_model(other.model)[1].num_hidden_layers == 2 and len(built) == 2  # the key is the config

@@ -12,8 +12,11 @@ from align.models.memory import estimate_memory
 
 
 def _cfg(compose, *ov):
-    """The estimates below were written for sampler=shuffle (micro_batch_size rows at data.max_seq_len)."""
+    """The estimates below were written for sampler=shuffle (micro_batch_size rows at data.max_seq_len)
+    and all logits at once unless a test names a chunk."""
     pinned = [] if any(o.startswith("sampler=") for o in ov) else ["sampler=shuffle"]
+    if not any(o.startswith("trainer.loss_chunk_tokens=") for o in ov):
+        pinned.append("trainer.loss_chunk_tokens=0")
     return to_typed(compose(["allow_dirty=true", *pinned, *ov]))
 
 

@@ -54,7 +54,8 @@ MEASURED = [
     # its forward at c52572b, and the default's resolved 4,096 budget in the same command
     ("gemma4_lora_layered_16k", ["experiment=bench/gemma4_lora_layered_16k"], 66.3),
     ("gemma4_lora_noac", ["experiment=bench/gemma4_lora_noac"], 104.8),
-    ("gemma4_lora_default", ["experiment=bench/gemma4_lora_default", "sampler.max_tokens=4096"], 82.5),
+    ("gemma4_lora_default", ["experiment=bench/gemma4_lora_default", "sampler.max_tokens=4096",
+                             "trainer.loss_chunk_tokens=0"], 82.5),  # what the default resolved to then
     # "Fast by default", the MoE half, 2026-12-01 at 152e358: budget auto resolved to 16,384 there
     ("moe_default", ["experiment=bench/moe_default", "sampler.max_tokens=16384", "model.allow_over_memory=false"],
      86.2),
@@ -63,7 +64,11 @@ H200_BYTES = 143_771 * 1024**2  # the device's total memory as docs/performance.
 
 
 def _cfg(compose, *ov: str):
-    return to_typed(compose(["allow_dirty=true", *ov]))
+    """The row's config with `trainer.loss_chunk_tokens=auto` resolved as on the GPU it ran on (every
+    auto row ran at 0 there: its ratio is below the threshold, as test_chunk_auto.py holds)."""
+    from align.objectives.chunk_auto import plan_loss_chunk
+
+    return plan_loss_chunk(to_typed(compose(["allow_dirty=true", *ov])), torch.device("cuda"))[0]
 
 
 @pytest.mark.parametrize("name,overrides,peak_gib", MEASURED, ids=[r[0] for r in MEASURED])
@@ -75,6 +80,28 @@ def test_estimate_is_within_25_percent_of_the_measured_peak(compose, name, overr
                                   f"({ratio:.2f}x): {est.line()}"
     # it ran on an H200, so preflight must let it start there without the override
     assert not cfg.model.allow_over_memory and est.total <= H200_BYTES, est.line()
+
+
+def test_the_budget_search_headroom_is_one_the_measured_error_allows(compose):
+    """`sampler.max_tokens=auto` lets the estimate fill a share of the device by how the blocks run
+    (align/data/budget_auto.py). A configuration whose estimate sits at that share and errs as a
+    measured row of its kind does must still peak below PEAK_SHARE of the device. The shuffle and
+    bucket samplers take no budget, so their rows do not bound the search."""
+    from align.config import SamplerKind
+    from align.data.budget_auto import PEAK_SHARE, headroom
+
+    worst: dict[str, tuple[float, str]] = {}
+    for name, overrides, peak_gib in MEASURED:
+        cfg = _cfg(compose, *overrides)
+        if cfg.sampler.kind != SamplerKind.budget:
+            continue
+        share, kind = headroom(cfg, torch.device("cuda"))
+        reach = share / (estimate_memory(cfg, torch.device("cuda")).total / GiB / peak_gib)
+        worst[kind] = max(worst.get(kind, (0.0, "")), (reach, name))
+    assert set(worst) == {"compiled", "eager"}, worst  # both shares are held by rows of their kind
+    for kind, (reach, name) in worst.items():
+        assert reach <= PEAK_SHARE, f"{kind} blocks: {name}'s error puts an estimate at the headroom at " \
+                                    f"{reach:.3f} of the device, over {PEAK_SHARE}"
 
 
 def _gemma(rows, max_tokens: int) -> list[str]:
