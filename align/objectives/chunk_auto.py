@@ -46,7 +46,8 @@ def per_token_bytes(cfg: Any, device: torch.device) -> tuple[int, int]:
 def resolve_loss_chunk(cfg: Any, device: torch.device) -> tuple[int, str]:
     """The chunk `auto` stands for on `device`, and why."""
     if device.type != "cuda":
-        return 0, f"trainer.loss_chunk_tokens=auto on {device.type}: 0 (all logits at once; no accelerator memory to bound)"
+        return 0, (f"trainer.loss_chunk_tokens=auto on {device.type}: 0 (all logits at once; no accelerator "
+                   "memory to bound)")
     logits, acts = per_token_bytes(cfg, device)
     ratio = logits / max(acts, 1)
     if ratio >= RATIO:
