@@ -207,19 +207,37 @@ def compute_bytes(cfg: TrainConfig, device: torch.device) -> int:
 
 
 def layer_activation_bytes(cfg: TrainConfig, model: torch.nn.Module, config: Any, moe: Optional[MoEShape],
-                           tokens: int, compute_bytes: int) -> int:
+                           tokens: int, compute_bytes: int, budget: float = 1.0) -> int:
     """What the decoder layers keep for backward at `tokens`: every layer's saved tensors, or under
     activation checkpointing only the inputs of the checkpointed blocks (the fraction the config asks)
-    plus the full activations of the one block being recomputed."""
+    plus the full activations of the one block being recomputed. `budget` (trainer.compile_memory_budget
+    of compiled blocks): a layer that is not checkpointed keeps its input plus that share of the rest,
+    as the partitioner's knob is defined (0: the inputs, 1: its default)."""
     layers = max(config.num_hidden_layers, 1)
-    all_layers = activation_elements_per_token(model, moe) * compute_bytes * tokens
+    per_layer = activation_elements_per_token(model, moe) * compute_bytes * tokens // layers
+    block_input = config.hidden_size * compute_bytes * tokens
+    kept = per_layer if budget >= 1 else block_input + int(budget * max(per_layer - block_input, 0))
     if not cfg.parallel.activation_checkpointing:
-        return all_layers
+        return layers * kept
     from align.parallel.wrap import checkpointed_indices
 
-    per_layer = all_layers // layers
     k = len(checkpointed_indices(layers, cfg.parallel.activation_checkpointing_fraction))
-    return k * config.hidden_size * compute_bytes * tokens + (layers - k) * per_layer + per_layer
+    return k * block_input + (layers - k) * kept + per_layer
+
+
+def partitioner_budget(cfg: TrainConfig, device: torch.device) -> float:
+    """trainer.compile_memory_budget where the blocks compile (trainer.compile=auto resolved as the
+    trainer will), else 1: eager blocks keep what autograd saves."""
+    from align.config.base import AUTO
+    from align.parallel.compile import resolve_trainer_compile
+
+    budget = cfg.trainer.compile_memory_budget
+    if budget is None:
+        return 1.0
+    compiled = cfg.trainer.compile
+    if compiled == AUTO:
+        compiled, _ = resolve_trainer_compile(cfg, device.type)
+    return float(budget) if compiled else 1.0
 
 
 def reference_bytes(cfg: TrainConfig, params: int, wbytes: int) -> int:
@@ -248,7 +266,7 @@ def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1) -> 
     chunk = cfg.trainer.loss_chunk_tokens
     require_chunk_resolved(chunk, "the memory estimate")
     nbytes = compute_bytes(cfg, device)
-    acts = layer_activation_bytes(cfg, model, config, moe, tokens, nbytes)
+    acts = layer_activation_bytes(cfg, model, config, moe, tokens, nbytes, partitioner_budget(cfg, device))
     logits = logits_bytes(chunk, tokens, config.vocab_size, getattr(config, "final_logit_softcapping", None),
                           nbytes)
     ref = reference_bytes(cfg, counts.total, wbytes)

@@ -124,7 +124,33 @@ def plan_compile(cfg: Any, device_type: str) -> tuple[Any, dict[str, Any]]:
     compiling = cfg.trainer.compile or cfg.optimizer.compile
     record["inductor_cache"] = apply_cache_dir() if compiling else None
     record["artifacts"] = compile_artifacts.load(cfg.trainer.compile_artifacts) if compiling else None
+    record["memory_budget"] = apply_memory_budget(cfg.trainer.compile_memory_budget) if cfg.trainer.compile else None
     return cfg, record
+
+
+MEMORY_BUDGET = "activation_memory_budget"
+"""The name of the partitioner's knob in torch._functorch.config that trainer.compile_memory_budget sets."""
+
+
+def apply_memory_budget(requested: Optional[float]) -> dict[str, Any]:
+    """Set the partitioner's activation memory budget for this process before anything compiles:
+    `requested`, or torch's own default where it is null (a run never inherits an earlier run's value
+    in the same process). Refused in one line where this torch has no such knob. The record reads the
+    value back from torch."""
+    import torch._functorch.config as functorch_config
+
+    from align.errors import ConfigError
+
+    if not hasattr(functorch_config, MEMORY_BUDGET):
+        if requested is None:
+            return {"requested": None, "applied": None, "why": f"this torch has no {MEMORY_BUDGET}"}
+        raise ConfigError("trainer.compile_memory_budget", f"this torch has no torch._functorch.config.{MEMORY_BUDGET} "
+                          "(set it to null)", requested)
+    # 1 is the knob's definition of the partitioner's own runtime-optimized choice, not a tuned number.
+    setattr(functorch_config, MEMORY_BUDGET, float(1 if requested is None else requested))
+    applied = getattr(functorch_config, MEMORY_BUDGET)
+    return {"requested": requested, "applied": applied,
+            "why": "torch's default" if requested is None else "trainer.compile_memory_budget"}
 
 
 # ------------------------------------------------------------------------------ cost, cache
