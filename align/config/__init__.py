@@ -24,12 +24,13 @@ from align.config.checks import check_composed, check_ignored, schema_fields, un
 from align.config.data import *  # noqa: F403
 from align.config.eval import EvalConfig, EvalTask  # noqa: F401
 from align.config.model import *  # noqa: F403
+from align.config.objective import *  # noqa: F403
 from align.config.probe import *  # noqa: F403
 from align.config.root import GROUP_SCHEMAS, TrainConfig, register  # noqa: F401
 from align.config.train import *  # noqa: F403
 
-SCHEMA_MODULES = ("align.config.model", "align.config.data", "align.config.train", "align.config.probe",
-                  "align.config.eval", "align.config.root")
+SCHEMA_MODULES = ("align.config.model", "align.config.data", "align.config.train", "align.config.objective",
+                  "align.config.probe", "align.config.eval", "align.config.root")
 """The modules that hold the schema dataclasses (the docs generator and the docstring test read them)."""
 
 

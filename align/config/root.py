@@ -11,18 +11,15 @@ from align.config.base import AUTO, _require
 from align.config.data import DataConfig, SamplerConfig, SamplerKind, Truncation
 from align.config.eval import EvalConfig
 from align.config.model import AttentionConfig, ModelConfig
+from align.config.objective import GenerationDtype, ObjectiveConfig, ObjectiveKind, RewardConfig
 from align.config.probe import ProbeConfig
 from align.config.train import (
-    GenerationDtype,
     LoggerConfig,
     LoggerKind,
-    ObjectiveConfig,
-    ObjectiveKind,
     OptimizerConfig,
     OptimizerName,
     ParallelConfig,
     ParallelKind,
-    RewardConfig,
     TrainerConfig,
 )
 from align.generation.engine import EngineConfig

@@ -34,8 +34,8 @@ from align.config import (
     TrainConfig,
 )
 from align.config.data import require_resolved
+from align.config.train import require_chunk_resolved
 from align.models.registry import FAMILIES, MoEShape, ParamCount, count_params
-from align.objectives.chunk_auto import require_resolved as require_chunk_resolved
 
 GiB = 1024**3
 

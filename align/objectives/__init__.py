@@ -14,12 +14,12 @@ if TYPE_CHECKING:
 def build_objective(cfg: "TrainConfig") -> Objective:
     """The objective the config names; `bind(model)` attaches it to the model once parallelized."""
     from align.config import ObjectiveKind
-    from align.objectives.chunk_auto import require_resolved
+    from align.config.train import require_chunk_resolved
     from align.objectives.dpo import DPO
     from align.objectives.grpo import GRPO
     from align.objectives.sft import SFT
 
-    require_resolved(cfg.trainer.loss_chunk_tokens, "the objective")
+    require_chunk_resolved(cfg.trainer.loss_chunk_tokens, "the objective")
     builders = {ObjectiveKind.sft: SFT, ObjectiveKind.dpo: DPO, ObjectiveKind.grpo: GRPO}
     return builders[cfg.objective.kind](cfg)
 

@@ -24,13 +24,6 @@ RATIO = 0.5
 """Full logits at or above this share of the layers' kept activations per token: chunk."""
 
 
-def require_resolved(value: Any, where: str) -> None:
-    """An unresolved `trainer.loss_chunk_tokens=auto` must not reach a loss or an estimate."""
-    if value == AUTO:
-        raise ValueError(f"trainer.loss_chunk_tokens={value!r} reached {where} unresolved "
-                         "(align.objectives.chunk_auto.plan_loss_chunk)")
-
-
 def per_token_bytes(cfg: Any, device: torch.device) -> tuple[int, int]:
     """(full logits, kept layer activations) in bytes per token, as the memory estimate counts them."""
     from align.models.memory import compute_bytes, layer_activation_bytes, logits_bytes, meta_model

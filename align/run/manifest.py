@@ -114,6 +114,8 @@ SCHEMA: dict[str, Any] = {
         "inductor_cache": "the inductor/autotune cache directory this run used and where that came from",
         "artifacts": "trainer.compile_artifacts: the file, what was loaded from it before the first compile and "
         "what the run's end saved to it (artifact kinds and counts, bytes)",
+        "memory_budget": "trainer.compile_memory_budget: requested (null or 0..1) and the value torch's partitioner "
+        "was set to (read back), and why",
         "expected_compiles_per_frame": "graphs one frame may compile before the run warns (null: no bound)",
         "frames_over_expected": "compile counts of the frames that compiled more graphs than expected",
     },

@@ -210,11 +210,13 @@ class RunRecord:
             "experts_implementation_requested",
             "compile_choice",
             "sampler_budget",
+            "loss_chunk",
         }
         m.set("model.extra", {k: v for k, v in info.items() if k not in known})
         self._record_compile(info.get("compile_choice") or {})
         kind = self.cfg.sampler.kind.value
         m.set("sampler_budget", info.get("sampler_budget"), f"sampler={kind} takes no token budget")
+        m.set("loss_chunk", info.get("loss_chunk"))
         dev, reasons = device_info(d["device"])
         m.update({f"device.{k}": v for k, v in dev.items()}, reasons)
         m.set("parallel.world_size", d["world_size"])
@@ -252,6 +254,7 @@ class RunRecord:
         off = "nothing compiles in this run" if choice.get("inductor_cache") is None else \
             "trainer.compile_artifacts is null"
         m.set("compile.artifacts", choice.get("artifacts"), off)
+        m.set("compile.memory_budget", choice.get("memory_budget"), "trainer.compile is off: no partitioner runs")
         m.null("compile.frames_over_expected", "pending: read at the end of the run")
 
     def _record_data(self, data: dict[str, Any], sampler: dict[str, Any]) -> None:

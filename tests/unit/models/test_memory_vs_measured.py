@@ -59,6 +59,13 @@ MEASURED = [
     # "Fast by default", the MoE half, 2026-12-01 at 152e358: budget auto resolved to 16,384 there
     ("moe_default", ["experiment=bench/moe_default", "sampler.max_tokens=16384", "model.allow_over_memory=false"],
      86.2),
+    # "Past the kept layered arm", commands 11 and 12 (2026-12-01, cd42d61 and d0f7dad): the defaults as they
+    # resolve now (Gemma-4: budget 8,192 and chunk 2,048; OLMoE: budget 20,480 under the compiled headroom),
+    # and the 16,384 budget under the partitioner's memory budget
+    ("gemma4_lora_default_resolved", ["experiment=bench/gemma4_lora_default", "sampler.max_tokens=8192"], 104.8),
+    ("moe_default_20k", ["experiment=bench/moe_default", "sampler.max_tokens=20480", "model.allow_over_memory=false"],
+     98.2),
+    ("gemma4_lora_16k_budget", ["experiment=bench/gemma4_lora_16k_budget"], 102.6),
 ]
 H200_BYTES = 143_771 * 1024**2  # the device's total memory as docs/performance.md records it
 

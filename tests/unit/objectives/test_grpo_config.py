@@ -9,7 +9,7 @@ import pytest
 
 from align.config import ObjectiveConfig, ObjectiveKind, to_typed
 from align.config.checks import check_ignored
-from align.config.train import _READ_BY
+from align.config.objective import _READ_BY
 from align.errors import ConfigError
 
 

@@ -138,12 +138,12 @@ class Estimate:
 
 
 def test_on_cpu_viability_gives_the_estimate_and_a_null_fit_with_why(no_vllm):
-    from align.data.budget_auto import plan_budget
+    from align.data.budget_auto import plan_sizes
     from align.models.memory import estimate_memory
 
     cfg = typed("model=mistral")
     v = serving_path(cfg)["viability"]
-    resolved, _ = plan_budget(cfg, torch.device("cpu"))  # sampler.max_tokens=auto, as the trainer resolves it
+    resolved, _ = plan_sizes(cfg, torch.device("cpu"))  # the auto sizes, as the trainer resolves them
     assert v["estimate_bytes"] == estimate_memory(resolved, torch.device("cpu")).total > 0  # the one estimate
     assert v["fits"] is None and v["device_bytes"] is None and v["why"].startswith("trainer device is cpu")
 
