@@ -120,8 +120,8 @@ class Trainer:
         and W&B alone (ranks > 0 do open their own rank<r>/train.log first)."""
         alloc_conf = apply_cuda_alloc_conf(cfg.trainer.cuda_alloc_conf)
         env = init_distributed(cfg.parallel, cfg.trainer.device, run_dir)
+        cfg, sizes = plan_sizes(cfg, env.device)  # loss chunk, memory and token budgets: resolved from here on
         cfg, compiling = plan_compile(cfg, env.device.type)  # trainer/optimizer.compile=auto: bools from here on
-        cfg, sizes = plan_sizes(cfg, env.device)  # loss chunk and token budget: ints from here on (identity too)
         log_rank_to_file(env, run_dir)
         torch.manual_seed(cfg.trainer.seed)
         if cfg.trainer.deterministic:

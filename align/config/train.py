@@ -237,14 +237,17 @@ class TrainerConfig:
     shape and turns dynamic at its first recompile. false: a graph per shape (bound the shapes with
     sampler.pad_to_multiple_of). Past dynamo's recompile limit (8) a block runs eager, which only the
     manifest's dynamo counters show (docs/pitfalls.md#8)."""
-    compile_memory_budget: Optional[float] = None
+    compile_memory_budget: Any = AUTO
     """Under trainer.compile: the share (0 to 1) of a compiled block's saved activations, between what
     full activation checkpointing of the block would keep (0: its inputs) and what inductor's
     partitioner keeps by default (1), that the partitioner may keep; below 1 it recomputes the ops
     cheapest per byte (by its FLOP estimate) in backward instead of saving them
     (`torch._functorch.config.activation_memory_budget`, set for the run). A finer trade than
-    parallel.activation_checkpointing, which recomputes whole blocks. null: torch's default. The
-    memory estimate counts it; the manifest's `compile.memory_budget` says what torch was set to."""
+    parallel.activation_checkpointing, which recomputes whole blocks. null: torch's default. auto
+    (align/data/budget_auto.py): null, unless compiled blocks on CUDA cannot hold the longest record
+    within the memory headroom; then the largest share in tenths that can. The memory estimate counts
+    it; the manifest's `memory_budget` says what auto resolved to, `compile.memory_budget` what torch
+    was set to."""
     compile_artifacts: Optional[str] = None
     """A file of torch.compiler's portable cache artifacts (align/parallel/compile_artifacts.py): where
     anything compiles, loaded before the first compile when it exists and written (rank 0, atomically)
@@ -279,8 +282,8 @@ class TrainerConfig:
                  and not isinstance(self.loss_chunk_tokens, bool) and self.loss_chunk_tokens >= 0),
                  "trainer.loss_chunk_tokens", "must be an int >= 0 or auto", self.loss_chunk_tokens)
         b = self.compile_memory_budget
-        _require(b is None or (isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b <= 1),
-                 "trainer.compile_memory_budget", "must be null or a number from 0 to 1", b)
+        _require(b is None or b == AUTO or (isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b <= 1),
+                 "trainer.compile_memory_budget", "must be null, auto or a number from 0 to 1", b)
 
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`)."""

@@ -98,13 +98,66 @@ def plan_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = No
 
 
 
+PARTITIONER_STEPS = 10
+"""trainer.compile_memory_budget=auto tries 1, then (k / PARTITIONER_STEPS) for k = PARTITIONER_STEPS - 1 .. 0."""
+
+
+def _with_memory_budget(cfg: Any, budget: Optional[float]) -> Any:
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, compile_memory_budget=budget))
+
+
+def resolve_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
+                          ) -> tuple[Optional[float], str]:
+    """What `trainer.compile_memory_budget=auto` stands for, and why: null (torch's default) unless the
+    blocks compile on CUDA and the least micro-batch the run can take (under sampler=budget with
+    `max_tokens=auto`, the longest record) does not fit the headroom with it; then the largest share
+    k / PARTITIONER_STEPS that does, so the longest rows fit by recomputing inside the blocks rather than
+    not at all. Where none fits, null: preflight then refuses the estimate."""
+    from align.models.memory import device_memory, estimate_memory
+
+    key = "trainer.compile_memory_budget=auto"
+    share, kind = headroom(cfg, device)
+    if device.type != "cuda" or kind != "compiled":
+        return None, f"{key}: null (torch's default): {kind} blocks on {device.type}"
+    total = device_bytes if device_bytes is not None else device_memory(device)
+    if total is None:
+        return None, f"{key}: null (torch's default): the memory of {device} cannot be read"
+    least = cfg
+    if cfg.sampler.kind == SamplerKind.budget and cfg.sampler.max_tokens == AUTO:
+        least = _with_budget(cfg, longest_record(cfg))
+    limit, gib = int(share * total), 2**30
+    if estimate_memory(_with_memory_budget(least, None), device).total <= limit:
+        return None, f"{key}: null (torch's default): the least micro-batch fits {share:.2f} x {total / gib:.1f} GiB"
+    for k in range(PARTITIONER_STEPS - 1, -1, -1):
+        budget = k / PARTITIONER_STEPS
+        est = estimate_memory(_with_memory_budget(least, budget), device).total
+        if est <= limit:
+            return budget, (f"{key}: {budget}, the largest share whose estimate at the least micro-batch "
+                            f"({est / gib:.1f} GiB at {least.sampler.max_tokens or 'its'} tokens) is within "
+                            f"{share:.2f} x {total / gib:.1f} GiB")
+    return None, f"{key}: null (torch's default): no share fits {share:.2f} x {total / gib:.1f} GiB"
+
+
+def plan_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
+                       ) -> tuple[Any, dict[str, Any]]:
+    """`cfg` with `trainer.compile_memory_budget` null or a number, and the manifest's `memory_budget`
+    record (requested, resolved, why)."""
+    requested = cfg.trainer.compile_memory_budget
+    if requested != AUTO:
+        return cfg, {"requested": requested, "resolved": requested, "why": "trainer.compile_memory_budget as given"}
+    budget, why = resolve_memory_budget(cfg, device, device_bytes)
+    return _with_memory_budget(cfg, budget), {"requested": AUTO, "resolved": budget, "why": why}
+
+
 def plan_sizes(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
                ) -> tuple[Any, dict[str, Optional[dict[str, Any]]]]:
     """Every size `auto` leaves to the device, in the order they depend on each other: the loss's chunk
-    (align.objectives.chunk_auto), then the token budget, whose estimate counts that chunk. `cfg` with
-    both resolved, and the manifest's `loss_chunk` and `sampler_budget` records."""
+    (align.objectives.chunk_auto), the partitioner's memory budget (what the least micro-batch needs),
+    then the token budget, whose estimate counts both. `cfg` with all three resolved, and the
+    manifest's `loss_chunk`, `memory_budget` and `sampler_budget` records."""
     from align.objectives.chunk_auto import plan_loss_chunk
 
     cfg, chunk = plan_loss_chunk(cfg, device)
+    cfg, memory_budget = plan_memory_budget(cfg, device, device_bytes)
     cfg, budget = plan_budget(cfg, device, device_bytes)
-    return cfg, {"loss_chunk": chunk, "sampler_budget": budget}
+    return cfg, {"loss_chunk": chunk, "memory_budget": memory_budget, "sampler_budget": budget}

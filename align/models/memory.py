@@ -232,6 +232,9 @@ def partitioner_budget(cfg: TrainConfig, device: torch.device) -> float:
     from align.parallel.compile import resolve_trainer_compile
 
     budget = cfg.trainer.compile_memory_budget
+    if budget == AUTO:
+        raise ValueError("trainer.compile_memory_budget='auto' reached the memory estimate unresolved "
+                         "(align.data.budget_auto.plan_memory_budget)")
     if budget is None:
         return 1.0
     compiled = cfg.trainer.compile

@@ -141,6 +141,9 @@ def apply_memory_budget(requested: Optional[float]) -> dict[str, Any]:
 
     from align.errors import ConfigError
 
+    if requested == AUTO:
+        raise ValueError("trainer.compile_memory_budget='auto' reached the compile unresolved "
+                         "(align.data.budget_auto.plan_memory_budget)")
     if not hasattr(functorch_config, MEMORY_BUDGET):
         if requested is None:
             return {"requested": None, "applied": None, "why": f"this torch has no {MEMORY_BUDGET}"}

@@ -104,6 +104,7 @@ SCHEMA: dict[str, Any] = {
     "sampler_budget": "sampler.max_tokens under sampler=budget: requested (an int or auto), resolved (int) and why; "
     "null when the sampler takes no budget",
     "loss_chunk": "trainer.loss_chunk_tokens: requested (an int or auto), resolved (int) and why",
+    "memory_budget": "trainer.compile_memory_budget: requested (null, auto or 0..1), resolved (null or 0..1) and why",
     "seed": "trainer.seed",
     "objective": "what the objective resolved to: kind, loss, reference strategy and identity (weights sha256, "
     "cache key and hit), the step-0 gate's report (null with a reason where it cannot apply)",

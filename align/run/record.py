@@ -211,12 +211,14 @@ class RunRecord:
             "compile_choice",
             "sampler_budget",
             "loss_chunk",
+            "memory_budget",
         }
         m.set("model.extra", {k: v for k, v in info.items() if k not in known})
         self._record_compile(info.get("compile_choice") or {})
         kind = self.cfg.sampler.kind.value
         m.set("sampler_budget", info.get("sampler_budget"), f"sampler={kind} takes no token budget")
         m.set("loss_chunk", info.get("loss_chunk"))
+        m.set("memory_budget", info.get("memory_budget"))
         dev, reasons = device_info(d["device"])
         m.update({f"device.{k}": v for k, v in dev.items()}, reasons)
         m.set("parallel.world_size", d["world_size"])

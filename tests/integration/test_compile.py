@@ -211,6 +211,9 @@ def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_fir
     assert m["config"]["resolved"]["trainer"]["loss_chunk_tokens"] == "auto"  # and the loss's chunk: all logits
     assert m["loss_chunk"] == {"requested": "auto", "resolved": 0, "why": m["loss_chunk"]["why"]}
     assert "on cpu" in m["loss_chunk"]["why"] and t.objective.chunk_tokens == 0
+    assert m["memory_budget"]["requested"] == "auto" and m["memory_budget"]["resolved"] is None  # torch's default
+    assert "on cpu" in m["memory_budget"]["why"]
+    assert m["compile"]["memory_budget"] is None and "compile.memory_budget" in m["null_reasons"]  # nothing compiled
     assert t.model_info["compile"] is None and t.model_info["optimizer_step"]["kind"] == "plain"
     assert m["throughput"]["throughput/first_step_s"] > 0
     assert 0 <= m["throughput"]["throughput/compile_share"] <= 1

@@ -23,10 +23,12 @@ def _cfg(compose, *ov):
 
 
 def _cuda(compose, *ov):
-    """A config with `trainer.loss_chunk_tokens` resolved for CUDA, as plan_sizes hands the budget search one."""
+    """A config with `trainer.loss_chunk_tokens` and `trainer.compile_memory_budget` resolved for an H200,
+    as plan_sizes hands the budget search one."""
+    from align.data.budget_auto import plan_memory_budget
     from align.objectives.chunk_auto import plan_loss_chunk
 
-    return plan_loss_chunk(_cfg(compose, *ov), CUDA)[0]
+    return plan_memory_budget(plan_loss_chunk(_cfg(compose, *ov), CUDA)[0], CUDA, H200)[0]
 
 
 def _estimate(cfg, tokens):
@@ -138,3 +140,56 @@ def test_the_search_builds_the_meta_model_once(compose, monkeypatch):
     assert len(built) == 1
     other = _cfg(compose, "experiment=bench/dense_default", "model.overrides.num_hidden_layers=2")
     assert memory.meta_model(other.model)[1].num_hidden_layers == 2 and len(built) == 2  # the key is the config
+
+
+GEMMA4_DEFAULT = "experiment=bench/gemma4_lora_default"
+
+
+def _chunked(cfg):
+    from align.objectives.chunk_auto import plan_loss_chunk
+
+    return plan_loss_chunk(cfg, CUDA)[0]  # the memory budget's estimates count the chunk, resolved first
+
+
+def test_compile_memory_budget_auto_is_torchs_default_where_the_longest_record_fits(compose):
+    from align.data.budget_auto import plan_memory_budget
+
+    cfg = _cfg(compose, GEMMA4_DEFAULT)
+    assert cfg.trainer.compile_memory_budget == "auto"
+    _, rec = plan_memory_budget(_chunked(cfg), CUDA, H200)
+    assert rec["resolved"] is None and "the least micro-batch fits" in rec["why"]
+    _, rec = plan_memory_budget(cfg, torch.device("cpu"))
+    assert rec["resolved"] is None and "on cpu" in rec["why"]
+    _, rec = plan_memory_budget(_chunked(_cfg(compose, GEMMA4_DEFAULT, "trainer.compile=false")), CUDA, H200)
+    assert rec["resolved"] is None and "eager blocks" in rec["why"]
+    _, rec = plan_memory_budget(_chunked(_cfg(compose, GEMMA4_DEFAULT, "trainer.compile_memory_budget=0.3")), CUDA,
+                                H200)
+    assert rec == {"requested": 0.3, "resolved": 0.3, "why": "trainer.compile_memory_budget as given"}
+
+
+def test_rows_too_long_for_the_saved_activations_get_the_largest_share_that_fits(compose, monkeypatch):
+    """16,384-token rows on the Gemma-4 26B-A4B LoRA default: the partitioner keeps the largest tenth of
+    its activations that fits, and the run resolves to gemma4_lora_16k_budget, the arm measured at that
+    budget (docs/performance.md#gemma-4-26b-a4b-lora)."""
+    from align.data.budget_auto import headroom
+    from align.models import memory
+    from align.parallel.compile import resolve_compile
+
+    monkeypatch.setattr(memory, "device_memory", lambda device: H200)
+    cfg = _cfg(compose, GEMMA4_DEFAULT, "data.max_seq_len=16384")
+    resolved, sizes = plan_sizes(cfg, CUDA, H200)
+    assert sizes["memory_budget"]["resolved"] == 0.5 and sizes["sampler_budget"]["resolved"] == 16384
+    share, _ = headroom(resolved, CUDA)
+    wider = dataclasses.replace(resolved, trainer=dataclasses.replace(resolved.trainer, compile_memory_budget=0.6))
+    assert memory.estimate_memory(resolved, CUDA).total <= share * H200 < memory.estimate_memory(wider, CUDA).total
+    arm, _ = plan_sizes(_cfg(compose, "experiment=bench/gemma4_lora_16k_budget"), CUDA, H200)
+    ours, theirs = resolve_compile(resolved, "cuda")[0], resolve_compile(arm, "cuda")[0]
+    for group in ("trainer", "sampler", "parallel", "optimizer"):
+        assert getattr(ours, group) == getattr(theirs, group), group
+
+
+def test_where_no_share_fits_auto_leaves_the_refusal_to_preflight(compose):
+    from align.data.budget_auto import plan_memory_budget
+
+    _, rec = plan_memory_budget(_chunked(_cfg(compose, GEMMA4_DEFAULT, "data.max_seq_len=16384")), CUDA, 60 * GiB)
+    assert rec["resolved"] is None and "no share fits" in rec["why"]

@@ -12,12 +12,15 @@ from align.models.memory import estimate_memory
 
 
 def _cfg(compose, *ov):
-    """The estimates below were written for sampler=shuffle (micro_batch_size rows at data.max_seq_len)
-    and all logits at once unless a test names a chunk."""
+    """The estimates below were written for sampler=shuffle (micro_batch_size rows at data.max_seq_len),
+    all logits at once and torch's partitioner default unless a test names them."""
     pinned = [] if any(o.startswith("sampler=") for o in ov) else ["sampler=shuffle"]
+    from align.data.budget_auto import plan_memory_budget
+
     if not any(o.startswith("trainer.loss_chunk_tokens=") for o in ov):
         pinned.append("trainer.loss_chunk_tokens=0")
-    return to_typed(compose(["allow_dirty=true", *pinned, *ov]))
+    cfg = to_typed(compose(["allow_dirty=true", *pinned, *ov]))
+    return plan_memory_budget(cfg, torch.device("cpu"))[0]  # auto is torch's default off CUDA
 
 
 def test_active_params_drop_exactly_the_unrouted_expert_share(build):

@@ -72,10 +72,13 @@ H200_BYTES = 143_771 * 1024**2  # the device's total memory as docs/performance.
 
 def _cfg(compose, *ov: str):
     """The row's config with `trainer.loss_chunk_tokens=auto` resolved as on the GPU it ran on (every
-    auto row ran at 0 there: its ratio is below the threshold, as test_chunk_auto.py holds)."""
+    auto row ran at 0 there: its ratio is below the threshold, as test_chunk_auto.py holds), and the
+    partitioner at torch's default, as every row without a budget of its own ran."""
+    from align.data.budget_auto import plan_memory_budget
     from align.objectives.chunk_auto import plan_loss_chunk
 
-    return plan_loss_chunk(to_typed(compose(["allow_dirty=true", *ov])), torch.device("cuda"))[0]
+    cfg = plan_loss_chunk(to_typed(compose(["allow_dirty=true", *ov])), torch.device("cuda"))[0]
+    return plan_memory_budget(cfg, torch.device("cpu"))[0]  # auto is torch's default off CUDA
 
 
 @pytest.mark.parametrize("name,overrides,peak_gib", MEASURED, ids=[r[0] for r in MEASURED])

@@ -60,7 +60,7 @@ def test_a_compiling_run_sets_the_budget_or_torchs_default_and_records_what_torc
     _, rec = plan_compile(typed("trainer.compile=true", "trainer.compile_memory_budget=0.3"), "cpu")
     assert getattr(functorch_config, MEMORY_BUDGET) == 0.3
     assert rec["memory_budget"] == {"requested": 0.3, "applied": 0.3, "why": "trainer.compile_memory_budget"}
-    _, rec = plan_compile(typed("trainer.compile=true"), "cpu")  # a later run in the process: torch's default again
+    _, rec = plan_compile(typed("trainer.compile=true", "trainer.compile_memory_budget=null"), "cpu")  # torch's
     assert getattr(functorch_config, MEMORY_BUDGET) == 1.0 and rec["memory_budget"]["requested"] is None
     _, rec = plan_compile(typed(), "cpu")  # auto resolves off on a CPU: nothing compiles, no record
     assert rec["memory_budget"] is None
@@ -90,6 +90,17 @@ def test_a_budget_without_compiled_blocks_is_refused_as_ignored():
     assert e.value.key == "trainer.compile_memory_budget" and "compile" in e.value.message
 
 
+def test_an_unresolved_auto_reaches_no_compile_or_estimate():
+    from align.models.memory import estimate_memory
+
+    cfg = typed("experiment=bench/gemma4_lora_noac")
+    assert cfg.trainer.compile_memory_budget == "auto"
+    with pytest.raises(ValueError, match="compile_memory_budget='auto' reached the compile unresolved"):
+        plan_compile(cfg, "cuda")
+    with pytest.raises(ValueError, match="compile_memory_budget='auto' reached the memory estimate unresolved"):
+        estimate_memory(cfg, torch.device("cuda"))
+
+
 def test_the_estimate_keeps_each_blocks_input_plus_the_budgets_share_of_the_rest():
     from align.models.memory import estimate_memory
 
@@ -97,7 +108,7 @@ def test_the_estimate_keeps_each_blocks_input_plus_the_budgets_share_of_the_rest
     base = ["experiment=bench/gemma4_lora_noac", "sampler.max_tokens=16384"]
     acts = {b: estimate_memory(typed(*base, f"trainer.compile_memory_budget={b}"), cuda).activations
             for b in (0.0, 0.5, 1.0)}
-    assert acts[1.0] == estimate_memory(typed(*base), cuda).activations  # 1: the partitioner's default
+    assert acts[1.0] == estimate_memory(typed(*base, "trainer.compile_memory_budget=null"), cuda).activations
     assert acts[0.0] < acts[0.5] < acts[1.0]
     assert acts[0.5] - acts[0.0] == pytest.approx((acts[1.0] - acts[0.0]) / 2, rel=1e-6)
     layers, hidden = 30, 2816  # Gemma-4 26B-A4B: at 0 every block keeps its bf16 input alone
