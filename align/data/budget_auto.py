@@ -97,7 +97,6 @@ def plan_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = No
     return _with_budget(cfg, tokens), {"requested": AUTO, "resolved": tokens, "why": why}
 
 
-
 PARTITIONER_STEPS = 10
 """trainer.compile_memory_budget=auto tries 1, then (k / PARTITIONER_STEPS) for k = PARTITIONER_STEPS - 1 .. 0."""
 
@@ -113,7 +112,7 @@ def resolve_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional
     `max_tokens=auto`, the longest record) does not fit the headroom with it; then the largest share
     k / PARTITIONER_STEPS that does, so the longest rows fit by recomputing inside the blocks rather than
     not at all. Where none fits, null: preflight then refuses the estimate."""
-    from align.models.memory import device_memory, estimate_memory
+    from align.models.memory import device_memory, estimate_memory, tokens_per_micro_batch
 
     key = "trainer.compile_memory_budget=auto"
     share, kind = headroom(cfg, device)
@@ -133,7 +132,7 @@ def resolve_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional
         est = estimate_memory(_with_memory_budget(least, budget), device).total
         if est <= limit:
             return budget, (f"{key}: {budget}, the largest share whose estimate at the least micro-batch "
-                            f"({est / gib:.1f} GiB at {least.sampler.max_tokens or 'its'} tokens) is within "
+                            f"({est / gib:.1f} GiB at {tokens_per_micro_batch(least)} tokens) is within "
                             f"{share:.2f} x {total / gib:.1f} GiB")
     return None, f"{key}: null (torch's default): no share fits {share:.2f} x {total / gib:.1f} GiB"
 
