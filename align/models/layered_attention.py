@@ -33,9 +33,11 @@ reads it from the kernel's own output (`observed_band`), in the dtype the layers
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import torch
+import torch.utils.checkpoint
 
 NAME = "align_layered"
 """The name under which the attention and mask functions are registered with transformers."""
@@ -47,7 +49,7 @@ CHUNK_ROWS = 4096
 
 
 def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor],
-                      scaling: float, window: Optional[int] = None, chunk_rows: int = CHUNK_ROWS) -> torch.Tensor:
+                      scaling: float, window: Optional[int] = None, chunk_rows: Optional[int] = None) -> torch.Tensor:
     """Softmax attention of q [B, H, Q, D] over k, v [B, Hkv, K, D] (H a multiple of Hkv; the
     queries are the last Q of the K positions) through batched matmuls (bf16 GEMMs, fp32 softmax).
     With `mask` None: causal, and within `window` positions when given; else the boolean (True =
@@ -55,12 +57,19 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     into the rows, so keys and values are never repeated. Up to `chunk_rows` queries run in one pass
     with no width-dependent slicing, so one dynamic compiled graph serves every ragged width (slice
     bounds computed from the width made dynamo's symbolic shapes explode: minutes of compiling).
-    Returns [B, H, Q, D]."""
+    Returns [B, H, Q, D]. `chunk_rows`: default CHUNK_ROWS."""
     Q, K = query.shape[2], key.shape[2]
+    chunk_rows = chunk_rows or CHUNK_ROWS
     if Q <= chunk_rows:
         return _attend(query, key, value, mask, scaling, window, K - Q)
-    outs = [_attend(query[:, :, s:s + chunk_rows], key, value,
-                    None if mask is None else mask[:, :, s:s + chunk_rows], scaling, window, K - Q + s)
+    # Past one pass, each pass is recomputed in backward rather than keeping its [H, chunk, K]
+    # probabilities (in fp32 and the value dtype) for it: at 16 heads and a 16,384-token row those
+    # would be about 24 GiB per layer, so backward holds one pass's scores at a time instead.
+    attend = _attend
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        attend = functools.partial(torch.utils.checkpoint.checkpoint, _attend, use_reentrant=False)
+    outs = [attend(query[:, :, s:s + chunk_rows], key, value,
+                   None if mask is None else mask[:, :, s:s + chunk_rows], scaling, window, K - Q + s)
             for s in range(0, Q, chunk_rows)]
     return torch.cat(outs, dim=2)
 

@@ -278,3 +278,51 @@ def test_a_cached_generation_past_the_window_equals_eager_attention(build):
         got = layered.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
     torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=2e-5, rtol=1e-4)
     assert torch.equal(got.sequences, want.sequences)
+
+
+def _saved_bytes(fn):
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
+                                                  lambda t: t):
+        out = fn()
+    return sum(saved), out
+
+
+def test_a_row_past_one_pass_keeps_no_probabilities_for_backward_and_the_same_gradients():
+    """A row wider than `chunk_rows` recomputes each pass in backward: what autograd keeps is the
+    inputs, not [H, chunk, K] probabilities per pass (at 16 heads and a 16,384-token row those were
+    about 24 GiB per global layer); values and gradients are those of one pass over the whole row."""
+    g = torch.Generator().manual_seed(0)
+
+    def run(rows):
+        q, k, v = (torch.randn(1, h, 64, 8, generator=torch.Generator().manual_seed(i), requires_grad=True)
+                   for i, h in enumerate((4, 2, 2)))
+        saved, out = _saved_bytes(lambda: la.chunked_attention(q, k, v, None, 0.3, window=24, chunk_rows=rows))
+        (out * torch.randn(out.shape, generator=g.manual_seed(1))).sum().backward()
+        return saved, out, [t.grad for t in (q, k, v)]
+
+    one_saved, one_out, one_grads = run(64)
+    chunked_saved, chunked_out, chunked_grads = run(16)
+    probabilities = 4 * 64 * 64 * (4 + 4)  # one pass keeps its fp32 probabilities and their value-dtype copy
+    inputs = 4 * (4 * 16 * 8 + 2 * 64 * 8 + 2 * 64 * 8) * 4  # per pass: its queries, all keys and values
+    assert one_saved > probabilities and chunked_saved == inputs, (one_saved, chunked_saved)
+    torch.testing.assert_close(chunked_out, one_out)
+    for a, b in zip(chunked_grads, one_grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_compiled_block_takes_rows_past_one_pass_without_a_graph_break(build, monkeypatch):
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from align.parallel.compile import compile_blocks
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = build(Family.gemma4_moe).model.train()
+    compile_blocks(model, True, backend="eager")
+    monkeypatch.setattr(la, "FLASH_MAX_HEAD_DIM", 32)  # the tiny global layers (64) take the chunked path
+    monkeypatch.setattr(la, "CHUNK_ROWS", 16)  # every row below is past one pass
+    model(input_ids=torch.randint(3, 400, (2, 40)), use_cache=False).logits.sum().backward()
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert int(counters["stats"]["unique_graphs"]) > 0
