@@ -219,6 +219,8 @@ def write_data(arms: list[Arm], a: argparse.Namespace, out: Path) -> Data:
     data = Data()
     if ROWS_FILE in need:
         lengths = bimodal_lengths(a.rows)
+        if a.long_rows:  # rows past the bimodal clip, for arms that hold them (data.max_seq_len at least this)
+            lengths = np.concatenate([lengths, np.full(a.long_rows, a.long_len, dtype=lengths.dtype)])
         vocab = min(x.vocab for x in arms if x.data_file == ROWS_FILE)
         write_rows(out / ROWS_FILE, token_rows(lengths, vocab))
         mean, m2 = float(lengths.mean()), float((lengths.astype(float) ** 2).mean())
@@ -402,6 +404,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--hf-steps", type=int, default=30, help="steps of the reference arms, the warm-up included")
     ap.add_argument("--hf-warmup", type=int, default=8, help="reference steps not measured")
     ap.add_argument("--rows", type=int, default=4000, help="bimodal rows in the shared data file")
+    ap.add_argument("--long-rows", type=int, default=0,
+                    help="rows of exactly --long-len tokens added to the bimodal rows (an arm whose data.max_seq_len "
+                         "is shorter drops them: data.truncation=drop)")
+    ap.add_argument("--long-len", type=int, default=16384, help="the length of the --long-rows rows")
     ap.add_argument("--pairs", type=int, default=1024, help="DPO bench pairs in the shared pair files")
     ap.add_argument("--nproc", type=int, default=2, help="processes (GPUs) of an arm with parallel=fsdp or ep")
     ap.add_argument("--baseline", default=None,
@@ -423,6 +429,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     a.profile = [x for x in (arm_name(p) for p in a.profile.split(",")) if x]
     a.baseline = [x for x in (arm_name(p) for p in a.baseline.split(",")) if x] if a.baseline is not None else \
         [arm_name(t) for t in a.arms if arm_name(t) in REFERENCE_ARMS]
+    if a.long_rows < 0 or a.long_len < 1:
+        die(f"--long-rows {a.long_rows} --long-len {a.long_len}: accepted: rows >= 0 of length >= 1")
     if a.deadline is not None and a.deadline <= 0:
         die(f"--deadline {a.deadline}: accepted: seconds > 0")
     a.started = time.time()

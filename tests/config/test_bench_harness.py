@@ -175,3 +175,20 @@ def test_compile_artifacts_give_each_align_arm_its_own_file(out, capsys, tmp_pat
     assert f"trainer.compile_artifacts={tmp_path / 'art' / 'dense_best.bin'}" in cmds["dense_best"]
     assert "trainer.compile_artifacts" not in cmds["hf_padded"]
     assert "trainer.compile_artifacts" not in dry_run(capsys, "dense_best")["dense_best"]
+
+
+def test_long_rows_join_the_bimodal_rows_at_their_length(tmp_path):
+    """`--long-rows N --long-len L` adds N rows of exactly L tokens to the shared rows file, for an arm
+    whose data.max_seq_len holds them (gemma4_lora_16k_rows); the bimodal rows stay as they were."""
+    from bench.run import ROWS_FILE, parse_args, plan, write_data
+
+    a = parse_args(["gemma4_lora_16k_rows", "--rows", "50", "--long-rows", "3", "--long-len", "5000"])
+    data = write_data(plan(a.arms, a, tmp_path), a, tmp_path)
+    lengths = [len(json.loads(line)["input_ids"]) for line in (tmp_path / ROWS_FILE).read_text().splitlines()]
+    assert len(lengths) == 53 and lengths[-3:] == [5000] * 3 and max(lengths[:50]) <= 4096
+    assert list(data.lengths[ROWS_FILE]) == lengths and "max 5000" in data.lines[0]
+    plain = parse_args(["gemma4_lora_16k_rows", "--rows", "50"])
+    write_data(plan(plain.arms, plain, tmp_path), plain, tmp_path)
+    assert [len(json.loads(x)["input_ids"]) for x in (tmp_path / ROWS_FILE).read_text().splitlines()] == lengths[:50]
+    with pytest.raises(SystemExit):
+        parse_args(["gemma4_lora_16k_rows", "--long-rows", "-1"])
