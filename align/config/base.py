@@ -47,6 +47,13 @@ def _read(rules: dict[str, Optional[str]]) -> dict[str, str]:
 AUTO = "auto"
 
 
+def require_auto_resolved(key: str, value: Any, where: str, resolver: str) -> None:
+    """An `auto` the trainer resolves once the device is known (`resolver`) must not reach `where`,
+    which reads a number: an error there, never a guess."""
+    if value == AUTO:
+        raise ValueError(f"{key}={value!r} reached {where} unresolved ({resolver})")
+
+
 def _switch(key: str, value: Any) -> Any:
     """A true/false/auto switch: bools as given, "auto" kept for the trainer to resolve where the
     device is known (align.parallel.compile.resolve_compile)."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from align.config.base import AUTO, _only, _read, _require
+from align.config.base import AUTO, _only, _read, _require, require_auto_resolved
 from align.errors import ConfigError
 
 # ------------------------------------------------------------------------------------------ data
@@ -221,9 +221,7 @@ def _budget(key: str, value: Any) -> Any:
 
 def require_resolved(value: Any, where: str) -> None:
     """An unresolved `sampler.max_tokens=auto` must not reach a sampler or an estimate, which read a number."""
-    if value == AUTO:
-        raise ValueError(f"sampler.max_tokens={value!r} reached {where} unresolved "
-                         "(align.data.budget_auto.plan_budget)")
+    require_auto_resolved("sampler.max_tokens", value, where, "align.data.budget_auto.plan_budget")
 
 
 @dataclass

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from align.config.base import AUTO, _only, _read, _require, _switch
+from align.config.base import AUTO, _only, _read, _require, _switch, require_auto_resolved
 
 # ------------------------------------------------------------------------------------- optimizer
 
@@ -294,6 +294,9 @@ class TrainerConfig:
 
 def require_chunk_resolved(value: Any, where: str) -> None:
     """An unresolved `trainer.loss_chunk_tokens=auto` must not reach a loss or an estimate, which read a number."""
-    if value == AUTO:
-        raise ValueError(f"trainer.loss_chunk_tokens={value!r} reached {where} unresolved "
-                         "(align.objectives.chunk_auto.plan_loss_chunk)")
+    require_auto_resolved("trainer.loss_chunk_tokens", value, where, "align.objectives.chunk_auto.plan_loss_chunk")
+
+
+def require_memory_budget_resolved(value: Any, where: str) -> None:
+    """An unresolved `trainer.compile_memory_budget=auto` must not reach the compile or an estimate."""
+    require_auto_resolved("trainer.compile_memory_budget", value, where, "align.data.budget_auto.plan_memory_budget")

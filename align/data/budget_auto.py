@@ -37,13 +37,17 @@ PEAK_SHARE = 0.92
 def headroom(cfg: Any, device: torch.device) -> tuple[float, str]:
     """The share of `device`'s memory the estimate of `cfg` may fill, and the kind of blocks it is for
     (trainer.compile=auto resolved as the trainer will resolve it)."""
-    from align.parallel.compile import resolve_trainer_compile
+    from align.parallel.compile import blocks_compile
 
-    compiled = cfg.trainer.compile
-    if compiled == AUTO:
-        compiled, _ = resolve_trainer_compile(cfg, device.type)
-    kind = "compiled" if compiled else "eager"
+    kind = "compiled" if blocks_compile(cfg, device.type) else "eager"
     return HEADROOM[kind], kind
+
+
+def _device_bytes(device: torch.device, device_bytes: Optional[int]) -> Optional[int]:
+    """The memory to plan for: `device_bytes` where the caller names it, else read from the device."""
+    from align.models.memory import device_memory
+
+    return device_bytes if device_bytes is not None else device_memory(device)
 
 
 def longest_record(cfg: Any) -> int:
@@ -59,13 +63,13 @@ def _with_budget(cfg: Any, tokens: int) -> Any:
 def resolve_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = None) -> tuple[int, str]:
     """The budget `auto` stands for on `device`, and why. `device_bytes`: the device's memory (default:
     read from the device; a caller may name it to plan for a device it does not hold)."""
-    from align.models.memory import device_memory, estimate_memory
+    from align.models.memory import estimate_memory
 
     floor = longest_record(cfg)
     if device.type != "cuda":
         return max(STEP, floor), (f"sampler.max_tokens=auto on {device.type}: {STEP} tokens (no accelerator "
                                   f"memory to fill), at least the longest record ({floor})")
-    total = device_bytes if device_bytes is not None else device_memory(device)
+    total = _device_bytes(device, device_bytes)
     if total is None:
         return max(STEP, floor), f"sampler.max_tokens=auto: the memory of {device} cannot be read: {STEP} tokens"
     share, kind = headroom(cfg, device)
@@ -112,13 +116,13 @@ def resolve_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional
     `max_tokens=auto`, the longest record) does not fit the headroom with it; then the largest share
     k / PARTITIONER_STEPS that does, so the longest rows fit by recomputing inside the blocks rather than
     not at all. Where none fits, null: preflight then refuses the estimate."""
-    from align.models.memory import device_memory, estimate_memory, tokens_per_micro_batch
+    from align.models.memory import estimate_memory, tokens_per_micro_batch
 
     key = "trainer.compile_memory_budget=auto"
     share, kind = headroom(cfg, device)
     if device.type != "cuda" or kind != "compiled":
         return None, f"{key}: null (torch's default): {kind} blocks on {device.type}"
-    total = device_bytes if device_bytes is not None else device_memory(device)
+    total = _device_bytes(device, device_bytes)
     if total is None:
         return None, f"{key}: null (torch's default): the memory of {device} cannot be read"
     least = cfg

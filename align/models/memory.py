@@ -34,7 +34,7 @@ from align.config import (
     TrainConfig,
 )
 from align.config.data import require_resolved
-from align.config.train import require_chunk_resolved
+from align.config.train import require_chunk_resolved, require_memory_budget_resolved
 from align.models.registry import FAMILIES, MoEShape, ParamCount, count_params
 
 GiB = 1024**3
@@ -228,19 +228,13 @@ def layer_activation_bytes(cfg: TrainConfig, model: torch.nn.Module, config: Any
 def partitioner_budget(cfg: TrainConfig, device: torch.device) -> float:
     """trainer.compile_memory_budget where the blocks compile (trainer.compile=auto resolved as the
     trainer will), else 1: eager blocks keep what autograd saves."""
-    from align.config.base import AUTO
-    from align.parallel.compile import resolve_trainer_compile
+    from align.parallel.compile import blocks_compile
 
     budget = cfg.trainer.compile_memory_budget
-    if budget == AUTO:
-        raise ValueError("trainer.compile_memory_budget='auto' reached the memory estimate unresolved "
-                         "(align.data.budget_auto.plan_memory_budget)")
+    require_memory_budget_resolved(budget, "the memory estimate")
     if budget is None:
         return 1.0
-    compiled = cfg.trainer.compile
-    if compiled == AUTO:
-        compiled, _ = resolve_trainer_compile(cfg, device.type)
-    return float(budget) if compiled else 1.0
+    return float(budget) if blocks_compile(cfg, device.type) else 1.0
 
 
 def reference_bytes(cfg: TrainConfig, params: int, wbytes: int) -> int:

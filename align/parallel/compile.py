@@ -75,6 +75,13 @@ def resolve_trainer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
     return _verdict("trainer.compile", t.compile, why)
 
 
+def blocks_compile(cfg: Any, device_type: str) -> bool:
+    """Whether the decoder blocks will compile: `trainer.compile` as given, or auto resolved as the
+    trainer will resolve it on `device_type` (for what is planned before the trainer resolves it)."""
+    compiled = cfg.trainer.compile
+    return resolve_trainer_compile(cfg, device_type)[0] if compiled == AUTO else bool(compiled)
+
+
 def resolve_optimizer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
     """What `optimizer.compile=auto` means: on for torch's AdamW over full weights on one CUDA device
     (the tested case); off under LoRA (docs/performance.md#gemma-4-26b-a4b-lora)."""
@@ -139,11 +146,10 @@ def apply_memory_budget(requested: Optional[float]) -> dict[str, Any]:
     value back from torch."""
     import torch._functorch.config as functorch_config
 
+    from align.config.train import require_memory_budget_resolved
     from align.errors import ConfigError
 
-    if requested == AUTO:
-        raise ValueError("trainer.compile_memory_budget='auto' reached the compile unresolved "
-                         "(align.data.budget_auto.plan_memory_budget)")
+    require_memory_budget_resolved(requested, "the compile")
     if not hasattr(functorch_config, MEMORY_BUDGET):
         if requested is None:
             return {"requested": None, "applied": None, "why": f"this torch has no {MEMORY_BUDGET}"}
