@@ -42,7 +42,7 @@ from align.objectives.ce import bypass_lm_head
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
 from align.parallel import compile_artifacts
-from align.parallel.compile import compile_blocks, expected_compiles, plan_compile
+from align.parallel.compile import compile_blocks, compile_choice, plan_compile
 from align.parallel.env import DistEnv, autocast_context, init_distributed
 from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
@@ -153,8 +153,8 @@ class Trainer:
         stepper = build_stepper(cfg.optimizer, optimizer, model, env.device)
         info = {**built.info, "parallel": parallel, "optimizer_impl": optimizer_impl(optimizer), "compile": compiled,
                 "optimizer_step": stepper.info(), "cuda_alloc_conf": alloc_conf, **sizes,
-                "compile_choice": {**compiling, "expected_compiles_per_frame": expected_compiles(
-                    cfg.trainer, model, stepper.info().get("recompile_limit"))}}
+                "compile_choice": {**compiling, **compile_choice(cfg, model, stepper.info().get("recompile_limit"),
+                                                                  env.device.type)}}
 
         throughput = Throughput.build(model, env.device, measure=env.is_main)
         trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler,

@@ -188,18 +188,34 @@ def plan(tokens: Sequence[str], a: argparse.Namespace, out: Path) -> list[Arm]:
     for n in a.baseline:
         if n not in names:
             die(f"--baseline {n}: not an arm of this command ({' '.join(names)})")
-    for n in a.profile:
+    for probe, n in a.probes:
         if n not in names or n in REFERENCE_ARMS:
-            die(f"--profile {n}: not an align arm of this command ({' '.join(names)})")
+            die(f"--{'profile' if probe == 'kernels' else probe} {n}: not an align arm of this command "
+                f"({' '.join(names)})")
     return [plan_reference(x, a, out) if x.experiment is None else plan_align(x, a, out) for x in arms]
 
 
-def profile_command(arm: Arm, out: Path) -> list[str]:
-    """The kernel table (align.tools.probe probe=kernels) of an align arm's exact configuration."""
+PROBES = {
+    "kernels": ["probe.kernels.warmup=6", "probe.kernels.timed_steps=4", "probe.kernels.steps=3"],
+    # Three widths a factor of two apart up to the bench's clip, at the rows the budget holds at the
+    # longest: the fit's points stay inside what the arm's memory plan was sized for.
+    "scaling": ["probe.scaling.warmup=2", "probe.scaling.repeats=3", "probe.scaling.measure_steps=4"],
+}
+"""What each probe `--profile` / `--scaling` runs takes besides the arm's own overrides."""
+
+
+def probe_command(arm: Arm, out: Path, probe: str = "kernels") -> list[str]:
+    """An align.tools.probe run (the kernel table, or the scaling fit) on an align arm's exact configuration."""
     overrides = [o for o in arm.overrides if not o.startswith("trainer.max_steps=")]  # the probe counts its own
-    return [sys.executable, "-m", "align.tools.probe", "probe=kernels", "probe.kernels.warmup=6",
-            "probe.kernels.timed_steps=4", "probe.kernels.steps=3", *overrides,
-            f"hydra.run.dir={out / 'runs' / ('kernels_' + arm.name)}"]
+    extra = list(PROBES[probe])
+    if probe == "scaling":
+        longest = min(arm.typed.data.max_seq_len, 4096)
+        budget = arm.typed.sampler.max_tokens
+        rows = max(1, budget // longest) if isinstance(budget, int) else 1
+        extra += [f"probe.scaling.lengths=[{longest // 4},{longest // 2},{longest}]",
+                  f"probe.scaling.batch_size={rows}"]
+    return [sys.executable, "-m", "align.tools.probe", f"probe={probe}", *extra, *overrides,
+            f"hydra.run.dir={out / 'runs' / (probe + '_' + arm.name)}"]
 
 
 # -------------------------------------------------------------------------------------- the data
@@ -220,7 +236,7 @@ def write_data(arms: list[Arm], a: argparse.Namespace, out: Path) -> Data:
     if ROWS_FILE in need:
         lengths = bimodal_lengths(a.rows)
         if a.long_rows:  # rows past the bimodal clip, for arms that hold them (data.max_seq_len at least this)
-            lengths = np.concatenate([lengths, np.full(a.long_rows, a.long_len, dtype=lengths.dtype)])
+            lengths = np.concatenate([lengths, np.resize(np.asarray(a.long_len, dtype=lengths.dtype), a.long_rows)])
         vocab = min(x.vocab for x in arms if x.data_file == ROWS_FILE)
         write_rows(out / ROWS_FILE, token_rows(lengths, vocab))
         mean, m2 = float(lengths.mean()), float((lengths.astype(float) ** 2).mean())
@@ -405,15 +421,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--hf-warmup", type=int, default=8, help="reference steps not measured")
     ap.add_argument("--rows", type=int, default=4000, help="bimodal rows in the shared data file")
     ap.add_argument("--long-rows", type=int, default=0,
-                    help="rows of exactly --long-len tokens added to the bimodal rows (an arm whose data.max_seq_len "
+                    help="rows of --long-len tokens added to the bimodal rows (an arm whose data.max_seq_len "
                          "is shorter drops them: data.truncation=drop)")
-    ap.add_argument("--long-len", type=int, default=16384, help="the length of the --long-rows rows")
+    ap.add_argument("--long-len", default="16384",
+                    help="the length of the --long-rows rows, or comma-separated lengths the rows cycle through "
+                         "(ragged long rows: each width past one attention pass is a shape the compiled blocks meet)")
     ap.add_argument("--pairs", type=int, default=1024, help="DPO bench pairs in the shared pair files")
     ap.add_argument("--nproc", type=int, default=2, help="processes (GPUs) of an arm with parallel=fsdp or ep")
     ap.add_argument("--baseline", default=None,
                     help="comma-separated arms of this command to give ratios against (default: its reference arms)")
     ap.add_argument("--profile", default="",
                     help="comma-separated align arms whose kernel table to print after the arms")
+    ap.add_argument("--scaling", default="",
+                    help="comma-separated align arms whose scaling fit (probe=scaling) to print after the arms")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds from the command's start: no arm starts after it, a running arm is killed at it "
                          "(both recorded as errors); the table is written either way")
@@ -426,11 +446,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true", help="every arm's tiny preset on the CPU: checks the harness, "
                                                         "measures nothing")
     a = ap.parse_args(argv)
-    a.profile = [x for x in (arm_name(p) for p in a.profile.split(",")) if x]
+    a.probes = [(probe, x) for probe, names in (("kernels", a.profile), ("scaling", a.scaling))
+                for x in (arm_name(p) for p in names.split(",")) if x]
     a.baseline = [x for x in (arm_name(p) for p in a.baseline.split(",")) if x] if a.baseline is not None else \
         [arm_name(t) for t in a.arms if arm_name(t) in REFERENCE_ARMS]
-    if a.long_rows < 0 or a.long_len < 1:
-        die(f"--long-rows {a.long_rows} --long-len {a.long_len}: accepted: rows >= 0 of length >= 1")
+    try:
+        a.long_len = [int(x) for x in str(a.long_len).split(",")]
+    except ValueError:
+        a.long_len = []
+    if a.long_rows < 0 or not a.long_len or min(a.long_len) < 1:
+        die(f"--long-rows {a.long_rows} --long-len {a.long_len}: accepted: rows >= 0 of comma-separated lengths >= 1")
     if a.deadline is not None and a.deadline <= 0:
         die(f"--deadline {a.deadline}: accepted: seconds > 0")
     a.started = time.time()
@@ -461,8 +486,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.dry_run:
         for arm in arms:
             print(f"{arm.name}: {shlex.join(arm.cmd)}")
-        for name in a.profile:
-            print(f"kernels of {name}: {shlex.join(profile_command(next(x for x in arms if x.name == name), out))}")
+        for probe, name in a.probes:
+            arm = next(x for x in arms if x.name == name)
+            print(f"{probe} of {name}: {shlex.join(probe_command(arm, out, probe))}")
         return 0
     return execute(arms, a, out)
 
@@ -533,15 +559,15 @@ def execute(arms: list[Arm], a: argparse.Namespace, out: Path) -> int:
     (out / "bench.json").write_text(json.dumps(_clean({"ceiling_tflops": ceiling, "rows": a.rows, "pairs": a.pairs,
                                                        "data": data.lines, "baselines": a.baseline,
                                                        "results": results}), indent=1))
-    for name in a.profile:
+    for probe, name in a.probes:
         arm = next(x for x in arms if x.name == name)
-        run_dir = out / "runs" / f"kernels_{name}"
-        cmd = profile_command(arm, out)
-        with (out / f"kernels_{name}.log").open("w") as f:
+        run_dir = out / "runs" / f"{probe}_{name}"
+        cmd = probe_command(arm, out, probe)
+        with (out / f"{probe}_{name}.log").open("w") as f:
             rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
-        report = run_dir / "kernels.md"
-        print(f"---- kernels of {name} (exit {rc}) ----")
-        print(report.read_text() if report.exists() else (out / f"kernels_{name}.log").read_text()[-3000:], flush=True)
+        report = run_dir / f"{probe}.md"
+        print(f"---- {probe} of {name} (exit {rc}) ----")
+        print(report.read_text() if report.exists() else (out / f"{probe}_{name}.log").read_text()[-3000:], flush=True)
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -68,9 +68,12 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     attend = _attend
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         attend = functools.partial(torch.utils.checkpoint.checkpoint, _attend, use_reentrant=False)
-    outs = [attend(query[:, :, s:s + chunk_rows], key, value,
-                   None if mask is None else mask[:, :, s:s + chunk_rows], scaling, window, K - Q + s)
-            for s in range(0, Q, chunk_rows)]
+    # torch.split, not a loop over range(0, Q, chunk_rows): dynamo then guards on the number of passes
+    # rather than on Q itself, so ragged rows past one pass compile one graph per pass count, not one
+    # per width (which reached the recompile limit and ran the blocks eager).
+    masks = [None] * -(-Q // chunk_rows) if mask is None else torch.split(mask, chunk_rows, dim=2)
+    outs = [attend(q, key, value, m, scaling, window, K - Q + i * chunk_rows)
+            for i, (q, m) in enumerate(zip(torch.split(query, chunk_rows, dim=2), masks))]
     return torch.cat(outs, dim=2)
 
 
@@ -196,6 +199,19 @@ def register() -> str:
     AttentionInterface.register(NAME, layered_attention_forward)
     AttentionMaskInterface.register(NAME, layered_mask)
     return NAME
+
+
+def pass_variants(config: Any, max_seq_len: int, device_type: str) -> int:
+    """Graphs a compiled block frame adds for rows past one `chunked_attention` pass: one per pass
+    count beyond the first (dynamo guards on the count, not the width), for each layer type whose
+    long rows take that path (the wide head dims everywhere; the windowed layers too off CUDA, where
+    `windowed_attention` falls back to it). `config`: the model's (text) config."""
+    extra_passes = max(0, -(-max_seq_len // CHUNK_ROWS) - 1)
+    if not extra_passes:
+        return 0
+    chunked = {kind for kind, entry in plan(config).items()
+               if entry["head_dim"] > FLASH_MAX_HEAD_DIM or (entry["window"] and device_type != "cuda")}
+    return extra_passes * len(chunked)
 
 
 def plan(config: Any) -> dict[str, dict[str, Any]]:

@@ -218,10 +218,36 @@ def expected_compiles_per_frame(trainer_compile: bool, dynamic: Optional[bool],
     return max(blocks, recompile_limit or 0)
 
 
-def expected_compiles(trainer: Any, model: Any, recompile_limit: Optional[int]) -> Optional[int]:
-    """`expected_compiles_per_frame` for the TrainerConfig `trainer` and the built `model`'s blocks."""
-    variants = block_variants(getattr(model.config, "text_config", model.config))
-    return expected_compiles_per_frame(trainer.compile, trainer.compile_dynamic, recompile_limit, variants)
+def expected_compiles(cfg: Any, model: Any, recompile_limit: Optional[int], device_type: str) -> Optional[int]:
+    """`expected_compiles_per_frame` for the TrainConfig `cfg` and the built `model`'s blocks; under
+    layered attention, rows up to `data.max_seq_len` past one attention pass add a graph per pass count
+    (align.models.layered_attention.pass_variants)."""
+    config = getattr(model.config, "text_config", model.config)
+    variants = block_variants(config)
+    if cfg.trainer.compile:
+        from align.models import layered_attention
+
+        if getattr(config, "_attn_implementation", None) == layered_attention.NAME:
+            variants += layered_attention.pass_variants(config, cfg.data.max_seq_len, device_type)
+    return expected_compiles_per_frame(cfg.trainer.compile, cfg.trainer.compile_dynamic, recompile_limit, variants)
+
+
+def compile_choice(cfg: Any, model: Any, recompile_limit: Optional[int], device_type: str) -> dict[str, Any]:
+    """The graphs one frame is expected to compile, and dynamo's per-frame recompile limit raised to
+    that count where it is lower: past the limit dynamo runs the frame eager for good, so a configuration
+    whose expected graphs exceed it (Gemma-4's blocks with rows past four attention passes) would lose
+    its compiled blocks by design. Returns {expected_compiles_per_frame, recompile_limit}; the limit is
+    the one in force (None when nothing compiles)."""
+    expected = expected_compiles(cfg, model, recompile_limit, device_type)
+    if not cfg.trainer.compile:
+        return {"expected_compiles_per_frame": expected, "recompile_limit": recompile_limit}
+    import torch._dynamo.config
+
+    config = torch._dynamo.config
+    if expected is not None and expected > config.recompile_limit:
+        config.recompile_limit = expected
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, expected)
+    return {"expected_compiles_per_frame": expected, "recompile_limit": int(config.recompile_limit)}
 
 
 def frames_over(expected: Optional[int]) -> list[int]:

@@ -118,6 +118,7 @@ SCHEMA: dict[str, Any] = {
         "memory_budget": "trainer.compile_memory_budget: requested (null or 0..1) and the value torch's partitioner "
         "was set to (read back), and why",
         "expected_compiles_per_frame": "graphs one frame may compile before the run warns (null: no bound)",
+        "recompile_limit": "dynamo's per-frame recompile limit in force (raised to the expected count where lower)",
         "frames_over_expected": "compile counts of the frames that compiled more graphs than expected",
     },
     "dynamo": "torch._dynamo counters at the end: frames, unique graphs, graph breaks, recompiles, "

@@ -252,6 +252,8 @@ class RunRecord:
         m = self.manifest
         for key in ("trainer", "optimizer", "expected_compiles_per_frame"):
             m.set(f"compile.{key}", choice.get(key), "dynamic=false compiles a graph per shape: no count to expect")
+        m.set("compile.recompile_limit", choice.get("recompile_limit"),
+              "the blocks do not compile and the optimizer step sets no limit")
         m.set("compile.inductor_cache", choice.get("inductor_cache"), "nothing compiles in this run")
         off = "nothing compiles in this run" if choice.get("inductor_cache") is None else \
             "trainer.compile_artifacts is null"

@@ -190,5 +190,26 @@ def test_long_rows_join_the_bimodal_rows_at_their_length(tmp_path):
     plain = parse_args(["gemma4_lora_16k_rows", "--rows", "50"])
     write_data(plan(plain.arms, plain, tmp_path), plain, tmp_path)
     assert [len(json.loads(x)["input_ids"]) for x in (tmp_path / ROWS_FILE).read_text().splitlines()] == lengths[:50]
-    with pytest.raises(SystemExit):
-        parse_args(["gemma4_lora_16k_rows", "--long-rows", "-1"])
+    ragged = parse_args(["gemma4_lora_16k_rows", "--rows", "50", "--long-rows", "5", "--long-len", "5000,9000"])
+    write_data(plan(ragged.arms, ragged, tmp_path), ragged, tmp_path)
+    got = [len(json.loads(x)["input_ids"]) for x in (tmp_path / ROWS_FILE).read_text().splitlines()]
+    assert got[:50] == lengths[:50] and got[50:] == [5000, 9000, 5000, 9000, 5000]  # the lengths cycle
+    for bad in (["--long-rows", "-1"], ["--long-len", "5000,x"], ["--long-len", "0"]):
+        with pytest.raises(SystemExit):
+            parse_args(["gemma4_lora_16k_rows", *bad])
+
+
+def test_scaling_runs_the_fit_on_the_arms_own_configuration_at_widths_it_was_sized_for(out, capsys):
+    """--scaling: probe=scaling with the arm's overrides, three widths a factor of two apart up to the
+    bench's clip, and the rows a budget of the arm's size holds at the longest (an explicit budget; one
+    row where the budget is auto)."""
+    cmds = dry_run(capsys, "gemma4_lora_noac", "gemma4_lora_default",
+                   "--scaling", "gemma4_lora_noac,gemma4_lora_default")
+    fit = cmds["scaling of gemma4_lora_noac"]
+    assert "-m align.tools.probe probe=scaling" in fit and "experiment=bench/gemma4_lora_noac" in fit
+    assert "'probe.scaling.lengths=[1024,2048,4096]' probe.scaling.batch_size=2" in fit  # shlex-quoted
+    assert fit.endswith(f"hydra.run.dir={out}/runs/scaling_gemma4_lora_noac") and "trainer.max_steps" not in fit
+    assert "probe.scaling.batch_size=1" in cmds["scaling of gemma4_lora_default"]
+    with pytest.raises(SystemExit) as e:
+        harness.main(["--dry-run", "hf_padded", "--scaling", "hf_padded"])
+    assert e.value.code == 2 and "--scaling hf_padded: not an align arm" in capsys.readouterr().err

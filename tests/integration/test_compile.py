@@ -147,6 +147,9 @@ def test_a_compiled_runs_manifest_counts_its_recompiles_and_graph_breaks(tmp_pat
     assert dyn["graph_breaks"] >= t.model.config.num_hidden_layers
     assert any("disable" in reason for reason in dyn["graph_break_reasons"])
     assert dyn["recompile_limit_hits"] == 0
+    import torch._dynamo.config
+
+    assert load(run_dir)["compile"]["recompile_limit"] == torch._dynamo.config.recompile_limit  # read back
 
 
 def test_token_ids_outside_the_vocabulary_are_refused(tmp_path):
@@ -204,6 +207,7 @@ def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_fir
     assert m["compile"]["inductor_cache"] is None and "compile.inductor_cache" in m["null_reasons"]
     assert m["null_reasons"]["compile.artifacts"] == "nothing compiles in this run"
     assert m["compile"]["frames_over_expected"] == []
+    assert m["compile"]["recompile_limit"] is None and "compile.recompile_limit" in m["null_reasons"]
     # the default sampler's budget: what auto resolved to on this CPU, and the identity a resume checks
     assert m["config"]["resolved"]["sampler"]["max_tokens"] == "auto"
     assert m["sampler_budget"]["requested"] == "auto" and m["sampler_budget"]["resolved"] == 4096

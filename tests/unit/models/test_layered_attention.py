@@ -326,3 +326,67 @@ def test_a_compiled_block_takes_rows_past_one_pass_without_a_graph_break(build, 
     model(input_ids=torch.randint(3, 400, (2, 40)), use_cache=False).logits.sum().backward()
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert int(counters["stats"]["unique_graphs"]) > 0
+
+
+
+def test_ragged_rows_past_one_pass_compile_a_graph_per_pass_count_within_the_expected_count(build, monkeypatch):
+    """Past one pass the loop runs over torch.split's pieces, so dynamo guards on the number of passes:
+    widths with the same count share a graph (a loop over range(0, width, c) specialised every width,
+    and ragged long rows reached the recompile limit). The expected count adds a graph per pass count
+    for each layer type on that path, so the end-of-run warning stays quiet on such rows."""
+    from types import SimpleNamespace
+
+    import torch._dynamo
+    from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
+    from torch._dynamo.utils import counters
+
+    from align.parallel.compile import block_variants, compile_blocks, expected_compiles, frames_over
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = build(Family.gemma4_moe).model.train()
+    compile_blocks(model, True, backend="eager")
+    monkeypatch.setattr(la, "FLASH_MAX_HEAD_DIM", 32)  # the tiny global layers (64) take the chunked path
+    monkeypatch.setattr(la, "CHUNK_ROWS", 16)
+
+    def graphs_after(widths):
+        for width in widths:
+            model(input_ids=torch.randint(3, 400, (2, width)), use_cache=False).logits.sum().backward()
+        return int(counters["stats"]["unique_graphs"])
+
+    first = graphs_after((12, 24, 40, 56))  # 1 to 4 passes; 24 is within the tiny window (32)
+    assert graphs_after((36, 44, 47, 50, 58, 61, 63)) == first, "a width with a pass count already seen recompiled"
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    cfg = SimpleNamespace(trainer=SimpleNamespace(compile=True, compile_dynamic=True),
+                          data=SimpleNamespace(max_seq_len=64))
+    assert la.pass_variants(model.config, 64, "cpu") == 3 * 2  # 3 more pass counts, both layer types off CUDA
+    assert la.pass_variants(model.config, 64, "cuda") == 3  # on CUDA the sliding layers stay on flash
+    assert la.pass_variants(model.config, 16, "cpu") == 0
+    compiled = max(FRAME_COMPILE_COUNTER.values())
+    over = frames_over(expected_compiles(cfg, model, None, "cpu"))
+    without_passes = frames_over(2 * block_variants(model.config))
+    torch._dynamo.reset()
+    assert over == [] and without_passes == [compiled], (compiled, over, without_passes)
+
+
+def test_the_recompile_limit_is_raised_to_the_expected_count_where_lower(build, monkeypatch):
+    """Past dynamo's per-frame limit a frame runs eager for good: a configuration expected to compile
+    more graphs than the limit allows would lose its compiled blocks by design."""
+    from types import SimpleNamespace
+
+    import torch._dynamo.config
+
+    from align.parallel.compile import compile_choice
+
+    model = build(Family.gemma4_moe).model
+    monkeypatch.setattr(la, "CHUNK_ROWS", 16)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 4)
+    cfg = SimpleNamespace(trainer=SimpleNamespace(compile=True, compile_dynamic=True),
+                          data=SimpleNamespace(max_seq_len=64))
+    got = compile_choice(cfg, model, None, "cpu")
+    assert got == {"expected_compiles_per_frame": 2 * (3 + 3), "recompile_limit": 12}
+    assert torch._dynamo.config.recompile_limit == 12
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)
+    assert compile_choice(cfg, model, None, "cpu")["recompile_limit"] == 64  # never lowered
+    cfg.trainer.compile = False
+    assert compile_choice(cfg, model, None, "cpu") == {"expected_compiles_per_frame": 1, "recompile_limit": None}
