@@ -380,13 +380,14 @@ def test_the_recompile_limit_is_raised_to_the_expected_count_where_lower(build, 
 
     model = build(Family.gemma4_moe).model
     monkeypatch.setattr(la, "CHUNK_ROWS", 16)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 4)
     cfg = SimpleNamespace(trainer=SimpleNamespace(compile=True, compile_dynamic=True),
                           data=SimpleNamespace(max_seq_len=64))
-    got = compile_choice(cfg, model, None, "cpu")
-    assert got == {"expected_compiles_per_frame": 2 * (3 + 3), "recompile_limit": 12}
-    assert torch._dynamo.config.recompile_limit == 12
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)
-    assert compile_choice(cfg, model, None, "cpu")["recompile_limit"] == 64  # never lowered
+    # dynamo's own patch: monkeypatch's undo deletes a ConfigModule entry instead of restoring it
+    with torch._dynamo.config.patch(recompile_limit=4, accumulated_recompile_limit=256):
+        got = compile_choice(cfg, model, None, "cpu")
+        assert got == {"expected_compiles_per_frame": 2 * (3 + 3), "recompile_limit": 12}
+        assert torch._dynamo.config.recompile_limit == 12
+    with torch._dynamo.config.patch(recompile_limit=64):
+        assert compile_choice(cfg, model, None, "cpu")["recompile_limit"] == 64  # never lowered
     cfg.trainer.compile = False
     assert compile_choice(cfg, model, None, "cpu") == {"expected_compiles_per_frame": 1, "recompile_limit": None}
