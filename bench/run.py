@@ -274,6 +274,7 @@ def read_align_run(arm: Arm, warmup: int, useful_per_token: float) -> dict[str, 
     extra = model.get("extra") or {}
     counted = [r.get("model_flops") for r in m]
     pairs = [r.get("pairs") for r in m]
+    compiled = [r.get("compile_s") for r in (rows[warmup - 1], m[-1])]
     reference = ((prov.get("objective") or {}).get("reference") or {}).get("resolved")
     return measurement(
         arm.name, seconds, len(m), real, sum(r["tokens"] for r in m) / arm.gpus,
@@ -282,7 +283,7 @@ def read_align_run(arm: Arm, warmup: int, useful_per_token: float) -> dict[str, 
         alloc_retries=rows[-1].get("mem_alloc_retries"), attn=model.get("attn_implementation_resolved"),
         experts=model.get("experts_implementation_resolved"), optimizer=extra.get("optimizer_impl"),
         optimizer_step=(extra.get("optimizer_step") or {}).get("kind"), dynamo=prov.get("dynamo"),
-        **eval_cost(prov, rows),
+        compile_s_measured=None if None in compiled else compiled[1] - compiled[0], **eval_cost(prov, rows),
         **({"pairs": sum(pairs) / arm.gpus, "reference": reference} if None not in pairs else {}))
 
 
@@ -336,10 +337,19 @@ def run_arm(arm: Arm, a: argparse.Namespace, out: Path, env: dict, data: Data,
     return read_align_run(arm, a.warmup, useful_flops_per_token(model_flops(arm.typed), data.lengths[arm.data_file]))
 
 
+COMPILE_IN_WINDOW_S = 0.5
+"""Compile seconds inside an arm's measured steps past which its row says the rate includes a compile
+(dynamo's own timers tick by a little on cache hits and guard checks)."""
+
+
 def notes(r: dict[str, Any]) -> str:
     if "error" in r:
         return r["error"]
-    parts = [f"{k}={r[k]}" for k in ("reference", "attn", "experts", "optimizer_step") if r.get(k)]
+    parts = []
+    if (r.get("compile_s_measured") or 0) > COMPILE_IN_WINDOW_S:
+        parts.append(f"COMPILED {r['compile_s_measured']:.1f} s INSIDE THE MEASURED STEPS: the rate includes it "
+                     "(raise --warmup)")
+    parts += [f"{k}={r[k]}" for k in ("reference", "attn", "experts", "optimizer_step") if r.get(k)]
     trl = r.get("trl") or {}
     if trl.get("generation_batch_size") is not None:  # GRPOTrainer's rollout shape and generation backend
         parts.append(f"TRL {trl.get('version')}, {trl['generation_batch_size']} completions per step in "

@@ -332,6 +332,9 @@ class Throughput:
         for k in MFU_REASONS:
             out.pop(k)  # history rows and W&B charts stay numeric; the run summary says why MFU is null
         out["model_flops"] = flops
+        # Cumulative, so a reader of any window of steps can tell whether it paid a compile (a benchmark
+        # whose warm-up ended before the last graph compiled would otherwise report the compile as speed).
+        out["compile_s"] = compile_seconds() - self._compile0
         return out
 
     def summary(self) -> dict[str, Any]:

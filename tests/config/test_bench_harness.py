@@ -100,6 +100,23 @@ def test_an_align_run_is_measured_after_warmup_and_per_gpu(tmp_path):
     assert r["real_tokens_per_s"] == 400 and r["padding_waste"] == pytest.approx(0.2)
     assert r["useful_mfu"] == pytest.approx(0.2) and r["counted_mfu"] == pytest.approx(1.0)
     assert "per GPU of 2" in harness.notes(r)
+    assert m["compile_s_measured"] is None and "COMPILED" not in harness.notes(r)  # a history without the key
+
+
+def test_a_compile_inside_the_measured_steps_is_named_on_the_arms_row(tmp_path):
+    """History rows carry the run's cumulative compile seconds: a graph compiled after the warm-up
+    (a shape first met in step 2 of 3) puts its seconds into the rate, and the row says so."""
+    arm = harness.Arm("late", "bench/dense_best", run_dir=tmp_path / "late")
+    _write_run(arm.run_dir, [(5.0, 800, 800, 1e12), (47.0, 800, 800, 1e12), (48.0, 800, 800, 1e12)])
+    rows = [json.loads(x) for x in (arm.run_dir / "history.jsonl").read_text().splitlines()]
+    for r, spent in zip(rows, (40.0, 81.4, 81.5)):
+        r["compile_s"] = spent
+    (arm.run_dir / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = harness.read_align_run(arm, warmup=1, useful_per_token=1.0)
+    assert m["compile_s_measured"] == pytest.approx(41.5)
+    assert "COMPILED 41.5 s INSIDE THE MEASURED STEPS" in harness.notes(summarise(m, ceiling_tflops=None))
+    clean = harness.read_align_run(arm, warmup=2, useful_per_token=1.0)  # the warm-up took the compile
+    assert clean["compile_s_measured"] == pytest.approx(0.1) and "COMPILED" not in harness.notes(clean)
 
 
 def test_ratios_and_the_table_read_the_same_command(tmp_path):

@@ -145,8 +145,9 @@ def test_every_training_step_reports_throughput(compose, tmp_path):
 
     rows = read_history(tmp_path / "history.jsonl")
     for key in ("tokens_per_s", "real_tokens_per_s", "loss_tokens_per_s", "flops_per_token", "achieved_tflops",
-                "mfu_measured", "mfu_datasheet", "model_flops"):
+                "mfu_measured", "mfu_datasheet", "model_flops", "compile_s"):
         assert key in rows[-1], key
+    assert rows[0]["compile_s"] == 0.0  # nothing compiles on a CPU run: the bench reads it from here
     r = rows[-1]
     assert r["loss_tokens_per_s"] == pytest.approx(r["loss_tokens"] / r["step_time_s"])
     assert r["mfu_measured"] is None and r["mfu_datasheet"] is None  # CPU: no trustworthy ceiling, no datasheet
