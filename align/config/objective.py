@@ -97,8 +97,9 @@ class ObjectiveConfig:
     """dpo, grpo: what the loss is measured against. model: a frozen copy of the starting policy;
     adapters_off: the LoRA base (adapters disabled, no copy); precomputed (dpo only): the starting
     policy's log-probs computed once and cached on their meaning; none: no reference. auto: dpo: none
-    for simpo/orpo, adapters_off with LoRA, else model; grpo: none when kl_coef is 0, else adapters_off
-    with LoRA, else model."""
+    for simpo/orpo, adapters_off with LoRA, else precomputed where the run reads at least one epoch of
+    the pairs and model where it reads less; grpo: none when kl_coef is 0, else adapters_off with LoRA,
+    else model."""
     reference_dtype: ReferenceDtype = ReferenceDtype.same
     """dpo, grpo, reference=model: the frozen copy's parameter dtype (bf16 halves its memory)."""
     gate_tolerance: Optional[float] = None

@@ -239,7 +239,8 @@ def partitioner_budget(cfg: TrainConfig, device: torch.device) -> float:
 
 def reference_bytes(cfg: TrainConfig, params: int, wbytes: int) -> int:
     """A frozen copy of the policy (dpo, grpo with `objective.reference=model`) in its dtype; the other
-    references (the LoRA base with adapters off, precomputed log-probs, none) hold no second copy."""
+    references (the LoRA base with adapters off, precomputed log-probs, none) hold no second copy. DPO's
+    `auto` is counted as the copy: whether it precomputes depends on the planned pair stream."""
     from align.objectives.reference import kl_reference, preference_reference
 
     o = cfg.objective

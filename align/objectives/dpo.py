@@ -38,7 +38,7 @@ from align.objectives.reference import (
     cache_key,
     load_table,
     model_config_meaning,
-    preference_reference,
+    preference_reference_why,
     prepare_reference,
     save_table,
 )
@@ -55,7 +55,7 @@ class DPO:
         self.cfg: ObjectiveConfig = cfg.objective
         self.train_cfg = cfg
         self.loss = PreferenceLoss(cfg.objective.loss)
-        self.reference_kind = preference_reference(cfg)
+        self.reference_kind, self.reference_why = preference_reference_why(cfg)
         self.chunk = cfg.trainer.loss_chunk_tokens
         self.env: Optional[DistEnv] = None
         self.reference: Any = None
@@ -76,6 +76,9 @@ class DPO:
         self.pairs = load_pairs(cfg, tokenizer)
         stream = build_pair_stream(cfg, self.pairs, tokenizer.pad_token_id, env.rank, env.world,
                                    pin_memory=env.device.type == "cuda")
+        # auto picks precomputed from one epoch on: known only now that the stream is planned
+        epochs = cfg.trainer.max_steps * cfg.trainer.grad_accum / len(stream.sampler.inner.rank_batches(0))
+        self.reference_kind, self.reference_why = preference_reference_why(cfg, epochs)
         return self.pairs, stream
 
     def prepare(self, model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -274,6 +277,7 @@ class DPO:
             "reference": {
                 "requested": self.cfg.reference.value,
                 "resolved": None if self.reference_kind is None else self.reference_kind.value,
+                "why": self.reference_why,
                 "why_null": free_why if self.reference_kind is None else None,
                 **self._reference_source(free_why),
                 "weights_sha256": self.reference_sha256,

@@ -123,16 +123,34 @@ def save_table(path: Path, table: torch.Tensor) -> None:
     tmp.replace(path)
 
 
-def preference_reference(cfg: TrainConfig) -> Optional[ReferenceKind]:
-    """DPO's reference: none for a reference-free loss; auto: the LoRA base, else a frozen copy."""
+def preference_reference(cfg: TrainConfig, epochs: Optional[float] = None) -> Optional[ReferenceKind]:
+    """DPO's reference: none for a reference-free loss; auto: the LoRA base, else precomputed where the
+    run reads every pair at least once (`epochs`, once the pair stream is planned), else a frozen copy
+    (also before the stream is planned: the memory estimate then counts the copy)."""
+    return preference_reference_why(cfg, epochs)[0]
+
+
+def preference_reference_why(cfg: TrainConfig, epochs: Optional[float] = None) -> tuple[Optional[ReferenceKind], str]:
+    """`preference_reference` and why. Precomputed log-probs cost one reference forward per pair of the
+    file, up front (none on a cache hit); a frozen copy costs one per pair trained, and a second copy
+    of the weights. So from one epoch on, precomputed does less work, holds less memory and gives the
+    same reference: the starting policy's log-probs (measured: docs/performance.md, section "DPO")."""
     o = cfg.objective
     if not needs_reference(o.loss):
-        return None
+        return None, f"loss={o.loss} is reference-free"
     if o.reference != ReferenceKind.auto:
         if o.reference == ReferenceKind.adapters_off and not cfg.model.lora.enabled:
             raise ConfigError("objective.reference", "adapters_off needs model.lora.enabled=true", "adapters_off")
-        return o.reference
-    return ReferenceKind.adapters_off if cfg.model.lora.enabled else ReferenceKind.model
+        return o.reference, "as given"
+    if cfg.model.lora.enabled:
+        return ReferenceKind.adapters_off, "auto: LoRA: the base with the adapters off needs no copy"
+    if epochs is None:
+        return ReferenceKind.model, "auto: the pair stream is not planned yet: a frozen copy, the upper bound"
+    if epochs >= 1:
+        return ReferenceKind.precomputed, (f"auto: the run reads {epochs:.2f} epochs of the pairs: one reference "
+                                           "forward per pair up front costs less than one per pair trained")
+    return ReferenceKind.model, (f"auto: the run reads {epochs:.2f} of an epoch: a frozen copy's forward per pair "
+                                 "trained costs less than precomputing every pair")
 
 
 def kl_reference(cfg: TrainConfig) -> Optional[ReferenceKind]:

@@ -230,3 +230,21 @@ def test_scaling_runs_the_fit_on_the_arms_own_configuration_at_widths_it_was_siz
     with pytest.raises(SystemExit) as e:
         harness.main(["--dry-run", "hf_padded", "--scaling", "hf_padded"])
     assert e.value.code == 2 and "--scaling hf_padded: not an align arm" in capsys.readouterr().err
+
+
+def test_the_dpo_default_arm_carries_no_performance_override_and_compiles_on_cuda():
+    """dpo_default is the DPO run a user types; on CUDA its switches resolve to dpo_best's levers
+    (compiled blocks; the reference auto picks precomputed once the run reads an epoch of the pairs:
+    tests/unit/objectives/test_reference_auto.py)."""
+    from align.config import ReferenceKind
+    from align.parallel.compile import resolve_compile
+    from bench.common import compose_typed, experiment_config
+
+    arm = experiment_config("bench/dpo_default")
+    plain = compose_typed(["model=mistral", "objective=dpo", "data=preference", "data.path=pairs.jsonl"])
+    for group in ("sampler", "attention", "parallel"):
+        assert getattr(arm, group) == getattr(plain, group), group
+    assert (arm.trainer.compile, arm.optimizer.compile, arm.trainer.loss_chunk_tokens) == ("auto", "auto", "auto")
+    assert arm.objective.reference == ReferenceKind.auto and arm.trainer.grad_accum == 1
+    on, _ = resolve_compile(arm, "cuda")
+    assert on.trainer.compile is True and experiment_config("bench/dpo_best").trainer.compile is True

@@ -75,10 +75,13 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dpo2")
     d = {k: root / k for k in ("parity", "precomputed", "full", "stopped", "nosampler", "otherref", "nan", "single")}
     fsdp = ["parallel=fsdp"]
-    resume = dpo_cfg(root, *fsdp, f"trainer.grad_accum={ACCUM}", f"trainer.max_steps={STEPS}", "trainer.export=true")
+    # reference=model pinned: auto would precompute for runs that read a whole epoch of these pairs
+    resume = dpo_cfg(root, *fsdp, f"trainer.grad_accum={ACCUM}", f"trainer.max_steps={STEPS}", "trainer.export=true",
+                     "objective.reference=model")
     keep = ["trainer.save_every=2", "trainer.keep_last=2"]
     jobs = [
-        {"run_dir": str(d["parity"]), "overrides": dpo_cfg(root, *fsdp, "trainer.max_steps=4"),
+        {"run_dir": str(d["parity"]),
+         "overrides": dpo_cfg(root, *fsdp, "trainer.max_steps=4", "objective.reference=model"),
          "hook": gate_and_sharding},
         {"run_dir": str(d["precomputed"]), "overrides": dpo_cfg(root, *fsdp, "trainer.max_steps=2",
                                                                  "objective.reference=precomputed"),

@@ -20,7 +20,7 @@ from tests.unit.objectives.conftest import dpo_trainer, first_batch
 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
-    return dpo_trainer(tmp_path_factory.mktemp("gate"))
+    return dpo_trainer(tmp_path_factory.mktemp("gate"), "objective.reference=model")  # a copy the tests can break
 
 
 def test_the_gate_passes_on_a_correct_start_and_reports_what_it_compared(trainer):
@@ -82,7 +82,7 @@ def test_packed_sequences_that_attend_to_each_other_fail_the_gate(tmp_path):
 
 
 def test_a_bf16_frozen_copy_passes_at_bf16_tolerance_and_a_wrong_one_still_fails(tmp_path):
-    t = dpo_trainer(tmp_path, "objective.reference_dtype=bf16")
+    t = dpo_trainer(tmp_path, "objective.reference=model", "objective.reference_dtype=bf16")
     ref = t.objective.reference.module
     assert next(ref.parameters()).dtype == torch.bfloat16 and next(t.model.parameters()).dtype == torch.float32
     report = t.objective.gate(first_batch(t))
