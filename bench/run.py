@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import grpo_rows, handwritten_arm, hf_arm, trl_arm, trl_grpo  # noqa: E402
 from bench.common import (  # noqa: E402
+    MAX_LEN,
     add_ratios,
     bimodal_lengths,
     compose_typed,
@@ -197,8 +198,6 @@ def plan(tokens: Sequence[str], a: argparse.Namespace, out: Path) -> list[Arm]:
 
 PROBES = {
     "kernels": ["probe.kernels.warmup=6", "probe.kernels.timed_steps=4", "probe.kernels.steps=3"],
-    # Three widths a factor of two apart up to the bench's clip, at the rows the budget holds at the
-    # longest: the fit's points stay inside what the arm's memory plan was sized for.
     "scaling": ["probe.scaling.warmup=2", "probe.scaling.repeats=3", "probe.scaling.measure_steps=4"],
 }
 """What each probe `--profile` / `--scaling` runs takes besides the arm's own overrides."""
@@ -209,11 +208,14 @@ def probe_command(arm: Arm, out: Path, probe: str = "kernels") -> list[str]:
     overrides = [o for o in arm.overrides if not o.startswith("trainer.max_steps=")]  # the probe counts its own
     extra = list(PROBES[probe])
     if probe == "scaling":
-        longest = min(arm.typed.data.max_seq_len, 4096)
+        # Four widths a factor of two apart up to the bench rows' clip, at the rows the budget holds at the
+        # longest: the points stay inside what the arm's memory plan was sized for, and the fourth checks
+        # a constant term that three points cannot (the probe asks for one when the two-term fit misses).
+        longest = min(arm.typed.data.max_seq_len, MAX_LEN)
         budget = arm.typed.sampler.max_tokens
         rows = max(1, budget // longest) if isinstance(budget, int) else 1
-        extra += [f"probe.scaling.lengths=[{longest // 4},{longest // 2},{longest}]",
-                  f"probe.scaling.batch_size={rows}"]
+        widths = ",".join(str(longest >> k) for k in (3, 2, 1, 0))
+        extra += [f"probe.scaling.lengths=[{widths}]", f"probe.scaling.batch_size={rows}"]
     return [sys.executable, "-m", "align.tools.probe", f"probe={probe}", *extra, *overrides,
             f"hydra.run.dir={out / 'runs' / (probe + '_' + arm.name)}"]
 

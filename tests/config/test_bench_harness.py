@@ -217,14 +217,14 @@ def test_long_rows_join_the_bimodal_rows_at_their_length(tmp_path):
 
 
 def test_scaling_runs_the_fit_on_the_arms_own_configuration_at_widths_it_was_sized_for(out, capsys):
-    """--scaling: probe=scaling with the arm's overrides, three widths a factor of two apart up to the
-    bench's clip, and the rows a budget of the arm's size holds at the longest (an explicit budget; one
-    row where the budget is auto)."""
+    """--scaling: probe=scaling with the arm's overrides, four widths a factor of two apart up to the
+    bench's clip (a fourth point checks the constant term three cannot), and the rows a budget of the
+    arm's size holds at the longest (an explicit budget; one row where the budget is auto)."""
     cmds = dry_run(capsys, "gemma4_lora_noac", "gemma4_lora_default",
                    "--scaling", "gemma4_lora_noac,gemma4_lora_default")
     fit = cmds["scaling of gemma4_lora_noac"]
     assert "-m align.tools.probe probe=scaling" in fit and "experiment=bench/gemma4_lora_noac" in fit
-    assert "'probe.scaling.lengths=[1024,2048,4096]' probe.scaling.batch_size=2" in fit  # shlex-quoted
+    assert "'probe.scaling.lengths=[512,1024,2048,4096]' probe.scaling.batch_size=2" in fit  # shlex-quoted
     assert fit.endswith(f"hydra.run.dir={out}/runs/scaling_gemma4_lora_noac") and "trainer.max_steps" not in fit
     assert "probe.scaling.batch_size=1" in cmds["scaling of gemma4_lora_default"]
     with pytest.raises(SystemExit) as e:
