@@ -76,8 +76,11 @@ class DPO:
         self.pairs = load_pairs(cfg, tokenizer)
         stream = build_pair_stream(cfg, self.pairs, tokenizer.pad_token_id, env.rank, env.world,
                                    pin_memory=env.device.type == "cuda")
-        # auto picks precomputed from one epoch on: known only now that the stream is planned
-        epochs = cfg.trainer.max_steps * cfg.trainer.grad_accum / len(stream.sampler.inner.rank_batches(0))
+        # auto picks precomputed from one epoch on: known only now that the stream is planned. The plan
+        # already counted epoch 0's micro-batches (align.data.stats.plan_stats): no second pass over them.
+        plan = stream.sampler.plan
+        per_epoch = (plan["micro_batches"] - plan["dropped_by_rank_trim"]) // env.world
+        epochs = cfg.trainer.max_steps * cfg.trainer.grad_accum / per_epoch
         self.reference_kind, self.reference_why = preference_reference_why(cfg, epochs)
         return self.pairs, stream
 
