@@ -261,6 +261,13 @@ class TrainerConfig:
     (align/objectives/chunk_auto.py): 0 on a CPU; on CUDA 2048 where the full logits of a token
     would weigh at least half of what the decoder layers keep for it (large vocabularies: Gemma-4),
     else 0. The manifest's `loss_chunk` says what it resolved to and why."""
+    compile_loss: Any = AUTO
+    """true, false or auto. true: under a chunked loss (`loss_chunk_tokens` > 0, objective=sft) each
+    chunk's elementwise passes (upcast, soft-cap, log-sum-exp, softmax, one-hot, the soft-cap's
+    derivative, the cast back) run as one torch.compile'd function instead of about ten eager kernels
+    over [chunk, vocab] fp32 (align/objectives/ce.py `chunk_terms`); the head's GEMMs stay eager. auto:
+    as `trainer.compile` resolves. The manifest's `compile.loss` says what it resolved to and why; what
+    it was worth is in docs/performance.md."""
     eval_every: int = 0
     """Run the `eval` group's eval on the model being trained every N optimizer steps and at the last
     step (docs/evaluation.md); 0: never. > 0 needs an eval (`eval=gsm8k`)."""
@@ -271,6 +278,7 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, "trainer.max_steps", "must be >= 1", self.max_steps)
         self.compile = _switch("trainer.compile", self.compile)
+        self.compile_loss = _switch("trainer.compile_loss", self.compile_loss)
         _require(self.save_every >= 0, "trainer.save_every", "must be >= 0", self.save_every)
         _require(self.eval_every >= 0, "trainer.eval_every", "must be >= 0 (0: never)", self.eval_every)
         _require(self.keep_last >= 0, "trainer.keep_last", "must be >= 0", self.keep_last)

@@ -12,12 +12,19 @@ Two ways to the same number:
   GEMM runs once forward and once per gradient, never again to recompute logits (under activation
   checkpointing it ran a third time; at 262k x 2,816 the head is a fifth of Gemma-4 26B-A4B's
   active matmul work per token).
+
+A chunk's loss and logit gradient are elementwise passes over [chunk, vocab] fp32 (the upcast, the
+soft-cap's division and tanh, log-sum-exp, the softmax, the one-hot, the soft-cap's derivative, the
+cast back): eager, each is its own kernel reading and writing the whole chunk. With `compiled`
+(trainer.compile_loss) those passes are one torch.compile'd function, which inductor turns into a
+reduction and one pointwise kernel that read the head's output and write the gradient; the GEMMs stay
+outside it, as they are.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +38,44 @@ def ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
                            reduction="sum")
 
 
+def chunk_terms(s: torch.Tensor, y: torch.Tensor, softcap: Optional[float],
+                grad_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One chunk's summed CE and, given `grad_dtype`, its gradient w.r.t. the head's output `s`, as
+    `_ChunkedCE.forward` computes them, written out of place so that torch.compile can fuse them."""
+    s = s.float()
+    t = None
+    if softcap is not None:
+        t = torch.tanh(s / softcap)
+        s = t * softcap
+    lse = torch.logsumexp(s, -1)
+    loss = (lse - s.gather(1, y[:, None]).squeeze(1)).sum()
+    if grad_dtype is None:
+        return loss, None
+    onehot = torch.arange(s.shape[1], device=s.device)[None, :] == y[:, None]
+    g = torch.exp(s - lse[:, None]) - onehot.float()
+    if t is not None:
+        g = g * (1 - t * t)
+    return loss, g.to(grad_dtype)
+
+
+_COMPILED: dict[Any, Callable] = {}
+
+
+def compiled_chunk_terms(backend: Any) -> Callable:
+    """`chunk_terms` compiled once per backend for the process (the CPU tests use "eager"); the chunk's
+    row count is marked dynamic at each call, so ragged last chunks share its graph."""
+    if backend not in _COMPILED:
+        _COMPILED[backend] = torch.compile(chunk_terms, backend=backend)
+    return _COMPILED[backend]
+
+
+def _call_compiled(fn: Callable, s: torch.Tensor, y: torch.Tensor, softcap: Optional[float],
+                   grad_dtype: Optional[torch.dtype]):
+    torch._dynamo.maybe_mark_dynamic(s, 0)
+    torch._dynamo.maybe_mark_dynamic(y, 0)
+    return fn(s, y, softcap, grad_dtype)
+
+
 class _ChunkedCE(torch.autograd.Function):
     """Sum of token cross-entropies of `hidden @ weight.T` (soft-capped), `chunk` rows at a time, with
     the gradients taken in the forward: p = softmax(s), ds = p - onehot(y), and under a soft-cap
@@ -38,7 +83,7 @@ class _ChunkedCE(torch.autograd.Function):
     logits on, as `ce_sum`; the GEMMs in the hidden states' dtype, as F.linear's backward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk, softcap, need_h, need_w):
+    def forward(ctx, hidden, weight, labels, chunk, softcap, need_h, need_w, fused):
         w = weight.to(hidden.dtype)
         total = hidden.new_zeros((), dtype=torch.float32)
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -46,6 +91,16 @@ class _ChunkedCE(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         for i in range(0, hidden.shape[0], chunk):
             h, y = hidden[i : i + chunk], labels[i : i + chunk]
+            if fused is not None:  # the elementwise passes as one compiled function (chunk_terms)
+                loss, g = _call_compiled(fused, F.linear(h, w), y, softcap,
+                                         hidden.dtype if (need_h or need_w) else None)
+                total += loss
+                if g is not None:
+                    if need_h:
+                        grad_h[i : i + chunk] = g @ w
+                    if need_w:
+                        grad_w += (g.t() @ h).to(acc)
+                continue
             s = F.linear(h, w).float()
             t = None
             if softcap is not None:  # in place: two [chunk, vocab] fp32 tensors at once, not three
@@ -73,15 +128,18 @@ class _ChunkedCE(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         dh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
         dw = None if grad_w is None else (grad_w * grad_out).to(ctx.weight_dtype)
-        return dh, dw, None, None, None, None, None
+        return dh, dw, None, None, None, None, None, None
 
 
 class ChunkedCE:
     """`loss_fn(hidden, labels)`: the LM head and CE over `chunk` tokens at a time; only positions
-    with a target are computed at all."""
+    with a target are computed at all. `compiled`: each chunk's elementwise passes through the
+    compiled `chunk_terms` (with `backend`)."""
 
-    def __init__(self, head: torch.nn.Module, chunk: int, softcap: Optional[float]) -> None:
+    def __init__(self, head: torch.nn.Module, chunk: int, softcap: Optional[float], compiled: bool = False,
+                 backend: Any = "inductor") -> None:
         self.head, self.chunk, self.softcap = head, chunk, softcap
+        self.fused = compiled_chunk_terms(backend) if compiled else None
 
     def __call__(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         h = hidden.reshape(-1, hidden.shape[-1])
@@ -91,7 +149,7 @@ class ChunkedCE:
         weight = self.head.weight
         grad = torch.is_grad_enabled()
         return _ChunkedCE.apply(h, weight, y, self.chunk, self.softcap, grad and h.requires_grad,
-                                grad and weight.requires_grad)
+                                grad and weight.requires_grad, self.fused)
 
 
 @contextlib.contextmanager

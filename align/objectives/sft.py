@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from align.config import TrainConfig
+from align.config.base import require_auto_resolved
 from align.data.cache import load_dataset, save_dataset
 from align.data.collate import Batch
 from align.data.encode import EncodedDataset
@@ -22,6 +23,9 @@ class SFT:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.chunk_tokens = cfg.trainer.loss_chunk_tokens
+        require_auto_resolved("trainer.compile_loss", cfg.trainer.compile_loss, "the objective",
+                              "align.parallel.compile.resolve_compile")
+        self.compiled = bool(cfg.trainer.compile_loss)
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ce_sum
         """The loss of one micro-batch from the forward's output; the probes wrap it to time it."""
         self._info: dict[str, Any] = {}
@@ -39,8 +43,9 @@ class SFT:
         save_dataset(self.data_cfg, self.data)  # the model loaded: the encoding is worth keeping now
         head, softcap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
         if self.chunk_tokens:
-            self.loss_fn = ChunkedCE(head, self.chunk_tokens, softcap)
+            self.loss_fn = ChunkedCE(head, self.chunk_tokens, softcap, compiled=self.compiled)
         self._info = {"kind": "chunked_ce" if self.chunk_tokens else "ce", "chunk_tokens": self.chunk_tokens or None,
+                      "compiled": bool(self.chunk_tokens) and self.compiled,
                       "vocab_size": head.weight.shape[0], "final_logit_softcapping": softcap}
 
     def next_window(self, batches: Iterator[Batch], n: int, device: torch.device) -> list[Batch]:

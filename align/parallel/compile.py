@@ -100,6 +100,14 @@ def resolve_optimizer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
     return _verdict("optimizer.compile", cfg.optimizer.compile, why)
 
 
+def resolve_loss_compile(requested: Any, blocks: bool) -> tuple[bool, str]:
+    """What `trainer.compile_loss=auto` means: what the blocks resolved to (`blocks`); the chunked
+    loss's compiled elementwise passes were measured beside compiled blocks only."""
+    if requested != AUTO:
+        return bool(requested), f"trainer.compile_loss={str(requested).lower()} as configured"
+    return blocks, f"trainer.compile_loss=auto follows trainer.compile (resolved {'on' if blocks else 'off'})"
+
+
 def _verdict(key: str, requested: Any, why_off: list[str]) -> tuple[bool, str]:
     if requested != AUTO:
         return bool(requested), f"{key}={str(requested).lower()} as configured"
@@ -115,11 +123,13 @@ def resolve_compile(cfg: Any, device_type: str) -> tuple[Any, dict[str, Any]]:
 
     blocks, blocks_why = resolve_trainer_compile(cfg, device_type)
     step, step_why = resolve_optimizer_compile(cfg, device_type)
+    loss, loss_why = resolve_loss_compile(cfg.trainer.compile_loss, blocks)
     record = {
         "trainer": {"requested": cfg.trainer.compile, "resolved": blocks, "why": blocks_why},
         "optimizer": {"requested": cfg.optimizer.compile, "resolved": step, "why": step_why},
+        "loss": {"requested": cfg.trainer.compile_loss, "resolved": loss, "why": loss_why},
     }
-    resolved = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, compile=blocks),
+    resolved = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, compile=blocks, compile_loss=loss),
                                    optimizer=dataclasses.replace(cfg.optimizer, compile=step))
     return resolved, record
 

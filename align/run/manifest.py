@@ -112,6 +112,8 @@ SCHEMA: dict[str, Any] = {
     "compile": {
         "trainer": "trainer.compile: requested (true, false, auto), resolved (bool) and why",
         "optimizer": "optimizer.compile: requested, resolved and why",
+        "loss": "trainer.compile_loss: requested, resolved (bool: the chunked loss's elementwise passes compiled) "
+        "and why",
         "inductor_cache": "the inductor/autotune cache directory this run used and where that came from",
         "artifacts": "trainer.compile_artifacts: the file, what was loaded from it before the first compile and "
         "what the run's end saved to it (artifact kinds and counts, bytes)",

@@ -250,7 +250,7 @@ class RunRecord:
 
     def _record_compile(self, choice: dict[str, Any]) -> None:
         m = self.manifest
-        for key in ("trainer", "optimizer", "expected_compiles_per_frame"):
+        for key in ("trainer", "optimizer", "loss", "expected_compiles_per_frame"):
             m.set(f"compile.{key}", choice.get(key), "dynamic=false compiles a graph per shape: no count to expect")
         m.set("compile.recompile_limit", choice.get("recompile_limit"),
               "the blocks do not compile and the optimizer step sets no limit")
