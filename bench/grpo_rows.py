@@ -54,13 +54,24 @@ def read_grpo_run(name: str, run_dir: Path, warmup: int, gpus: int) -> dict[str,
                             mismatch_kl=m[-1].get("mismatch/kl"), last_loss=rows[-1].get("loss"))
 
 
+def engine_batch(typed: Any) -> int:
+    """The arm's rows per engine call: `objective.generation_batch_size`, or auto resolved as the run
+    on this machine will (CUDA when there is one)."""
+    import torch
+
+    from align.objectives.generation_auto import plan_generation
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return plan_generation(typed, device)[0].objective.generation_batch_size
+
+
 def engine_shapes(arms: Sequence[Any]) -> dict[str, tuple[int, int, int]]:
     """align GRPO arm -> (rows per rollout, engine batch size, new tokens) of its rollouts."""
     out = {}
     for x in arms:
         if x.experiment is not None and is_grpo(x.typed):
             o = x.typed.objective
-            out[x.name] = (o.prompts_per_rollout * o.group_size, o.generation_batch_size, o.max_new_tokens)
+            out[x.name] = (o.prompts_per_rollout * o.group_size, engine_batch(x.typed), o.max_new_tokens)
     return out
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Optional
+from typing import Any, Optional
 
-from align.config.base import _only, _read, _require
+from align.config.base import AUTO, _only, _read, _require
 from align.errors import ConfigError
 
 # ------------------------------------------------------------------------------------- objective
@@ -67,6 +67,9 @@ class ISCorrection(StrEnum):
 
 
 class GenerationDtype(StrEnum):
+    auto = "auto"
+    """Resolved where the device is known (align/objectives/generation_auto.py): bf16 on one CUDA device
+    under bf16 autocast when the training weights are not bf16 already, else same."""
     same = "same"
     """The engine generates with the training model itself (shared weights, no sync)."""
     bf16 = "bf16"
@@ -141,11 +144,23 @@ class ObjectiveConfig:
     dynamic_sampling_rounds: int = 3
     """grpo, dynamic_sampling: extra generation rounds per rollout at most; groups still without signal
     after them are kept (their advantage is 0) and counted."""
-    generation_dtype: GenerationDtype = GenerationDtype.same
+    generation_dtype: GenerationDtype = GenerationDtype.auto
     """grpo: same: the engine generates with the training model; bf16/fp32: with a copy in that dtype,
-    synced and hash-checked before every rollout (a planted train/rollout mismatch, or a cheaper engine)."""
-    generation_batch_size: int = 256
-    """grpo: rows (prompt x completion) per call of the engine's backend."""
+    synced and hash-checked before every rollout (a planted train/rollout mismatch, or a cheaper engine);
+    a copy needs parallel=single. auto: bf16 where the device is CUDA, parallel=single, the forward
+    autocasts to bf16 (trainer.precision auto or bf16), the weights are not bf16 already (`model.dtype`)
+    and LoRA is off (the copy then decodes with the numbers the policy's matmuls use anyway, and the
+    policy's decoder blocks never see decode shapes, so `trainer.compile=auto` can compile them); else
+    same. The manifest's `model.extra.generation.dtype` says what it resolved to and why."""
+    generation_batch_size: Any = AUTO
+    """grpo: rows (prompt x completion) per call of the engine's backend: an int >= 1, or auto. auto:
+    the whole rollout (prompts_per_rollout x group_size rows) in one call, capped on CUDA where the KV
+    cache of that many rows at the longest prompt + max_new_tokens would not fit what the memory
+    estimate leaves beside the weights, optimizer state, reference and generation copy within the
+    token budget's headroom (align/objectives/generation_auto.py); on a CPU, or where the device's
+    memory cannot be read, capped at 256 rows, the fixed default before auto: every CPU rollout
+    keeps the calls it had. The manifest's `model.extra.generation.batch_size` says what it resolved to
+    and why."""
 
     def ignored(self, key: str) -> dict[str, str]:
         """The keys the composed objective does not read, and which objectives do (`_READ_BY`)."""
@@ -179,9 +194,11 @@ class ObjectiveConfig:
                      "must be a finite number > 0", self.gate_tolerance)
 
     def _check_grpo(self) -> None:
-        for key in ("group_size", "prompts_per_rollout", "updates_per_rollout", "max_new_tokens",
-                    "generation_batch_size"):
+        for key in ("group_size", "prompts_per_rollout", "updates_per_rollout", "max_new_tokens"):
             _require(getattr(self, key) >= 1, f"objective.{key}", "must be >= 1", getattr(self, key))
+        rows = self.generation_batch_size
+        _require(rows == AUTO or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1),
+                 "objective.generation_batch_size", "must be an int >= 1 or auto", rows)
         if self.advantage != AdvantageKind.dr_grpo:
             _require(self.group_size >= 2, "objective.group_size",
                      f"advantage={self.advantage.value} needs >= 2 completions per prompt", self.group_size)

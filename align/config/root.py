@@ -135,10 +135,11 @@ class TrainConfig:
             self.data.max_seq_len,
         )
         _require(
-            self.objective.generation_dtype == GenerationDtype.same or self.parallel.kind == ParallelKind.single,
+            self.objective.generation_dtype in (GenerationDtype.same, GenerationDtype.auto)
+            or self.parallel.kind == ParallelKind.single,
             "objective.generation_dtype",
             f"a generation copy needs parallel=single (got parallel="
-            f"{self.parallel.kind.value}): sharded weights generate in place",
+            f"{self.parallel.kind.value}): sharded weights generate in place (auto resolves to same there)",
             self.objective.generation_dtype.value,
         )
         budget = self.sampler.kind == SamplerKind.budget

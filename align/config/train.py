@@ -225,7 +225,8 @@ class TrainerConfig:
     compile: Any = AUTO
     """true, false or auto. auto: on where the device is CUDA and the configuration is one the tests
     cover (mistral, olmoe or gemma4_moe, sdpa or layered attention, parallel single or fsdp, no
-    optimizer.overlap, not grpo), else off; the manifest's `compile.trainer` says what it resolved to and why. true:
+    optimizer.overlap, under grpo only beside a generation copy), else off; the manifest's
+    `compile.trainer` says what it resolved to and why. true:
     torch.compile each decoder block (inductor fuses the elementwise kernels around the GEMMs; what
     it was worth per model is in docs/performance.md). The first steps compile; inductor's disk cache
     shortens later runs. Recompiles, graph breaks and recompile-limit hits are in the manifest's

@@ -155,12 +155,17 @@ def plan_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional[in
 def plan_sizes(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
                ) -> tuple[Any, dict[str, Optional[dict[str, Any]]]]:
     """Every size `auto` leaves to the device, in the order they depend on each other: the loss's chunk
-    (align.objectives.chunk_auto), the partitioner's memory budget (what the least micro-batch needs),
-    then the token budget, whose estimate counts both. `cfg` with all three resolved, and the
-    manifest's `loss_chunk`, `memory_budget` and `sampler_budget` records."""
+    (align.objectives.chunk_auto), grpo's generation copy and rows per engine call
+    (align.objectives.generation_auto: what is left beside the weights, optimizer state, reference and
+    copy), the partitioner's memory budget (what the least micro-batch needs), then the token budget,
+    whose estimate counts all of them. `cfg` with all of them resolved, and the manifest's `loss_chunk`,
+    `memory_budget` and `sampler_budget` records, plus under grpo `generation` (`model.extra.generation`)."""
     from align.objectives.chunk_auto import plan_loss_chunk
+    from align.objectives.generation_auto import plan_generation
 
     cfg, chunk = plan_loss_chunk(cfg, device)
+    cfg, generation = plan_generation(cfg, device, device_bytes)
     cfg, memory_budget = plan_memory_budget(cfg, device, device_bytes)
     cfg, budget = plan_budget(cfg, device, device_bytes)
-    return cfg, {"loss_chunk": chunk, "memory_budget": memory_budget, "sampler_budget": budget}
+    sizes = {"loss_chunk": chunk, "memory_budget": memory_budget, "sampler_budget": budget}
+    return cfg, {**sizes, "generation": generation} if generation is not None else sizes

@@ -9,6 +9,9 @@ cannot drift from transformers. Memory is arithmetic on those counts plus an act
 - activations at `sampler.micro_batch_size x data.max_seq_len` tokens (the padded worst case), saved
   per decoder layer for backward (all layers, or block inputs plus one layer under activation
   checkpointing), plus the logits and their fp32 cross-entropy copies.
+- grpo: the generation copy (`objective.generation_dtype` bf16/fp32: its parameters in its dtype) and
+  the KV cache of one engine call (`objective.generation_batch_size` rows at the longest prompt +
+  `max_new_tokens`), which lives between optimizer steps, in place of the step's working set.
 
 It is an estimate: the GPU smoke runs print it beside `torch.cuda.max_memory_allocated` to keep it
 honest (docs/models.md). The check refuses a config whose estimate exceeds the visible device's
@@ -25,6 +28,7 @@ from typing import Any, Optional
 import torch
 
 from align.config import (
+    GenerationDtype,
     ModelConfig,
     ObjectiveKind,
     OptimizerName,
@@ -33,6 +37,7 @@ from align.config import (
     SamplerKind,
     TrainConfig,
 )
+from align.config.base import AUTO
 from align.config.data import require_resolved
 from align.config.train import require_chunk_resolved, require_memory_budget_resolved
 from align.models.registry import FAMILIES, MoEShape, ParamCount, count_params
@@ -91,7 +96,11 @@ class MemoryEstimate:
     `reference`: a frozen reference copy. Gradients are freed at every optimizer step
     (`zero_grad(set_to_none=True)`), so with one micro-batch per step they are allocated in backward
     as the activations are freed and the peak holds the larger of the two; under accumulation the
-    gradients of the earlier micro-batches are held through the later ones' forward."""
+    gradients of the earlier micro-batches are held through the later ones' forward. grpo:
+    `generation_copy`, the engine's copy of the weights (held for the whole run), and `kv_cache`, the KV
+    cache of one engine call; a rollout is generated before the step's first forward, when the last
+    step's gradients are freed and no activations are held, so the peak holds the larger of the KV
+    cache and the step's working set (activations, logits, gradients)."""
 
     params: ParamCount
     tokens_per_micro_batch: int
@@ -104,12 +113,14 @@ class MemoryEstimate:
     logits: int = 0
     reference: int = 0
     grads_accumulate: bool = False
+    generation_copy: int = 0
+    kv_cache: int = 0
 
     @property
     def total(self) -> int:
         working = self.activations + self.logits
         held = working + self.grads if self.grads_accumulate else max(working, self.grads)
-        return self.weights + self.optimizer + self.reference + held
+        return self.weights + self.optimizer + self.reference + self.generation_copy + max(held, self.kv_cache)
 
     @property
     def fits(self) -> Optional[bool]:
@@ -123,6 +134,8 @@ class MemoryEstimate:
         act = f", {p.active / 1e9:.3f}B active" if p.active != p.total else ""
         dev = "unknown" if self.device_bytes is None else f"{self.device_bytes / GiB:.1f} GiB"
         ref = f", reference {self.reference / GiB:.1f}" if self.reference else ""
+        ref += f", generation copy {self.generation_copy / GiB:.1f}" if self.generation_copy else ""
+        ref += f", KV cache {self.kv_cache / GiB:.1f}" if self.kv_cache else ""
         return (f"params {p.total / 1e9:.3f}B{act}, {p.trainable / 1e9:.3f}B trainable; training memory ~"
                 f"{self.total / GiB:.1f} GiB at peak (weights {self.weights / GiB:.1f}, grads {self.grads / GiB:.1f}, "
                 f"optimizer {self.optimizer / GiB:.1f}{ref}, activations {self.activations / GiB:.1f} and logits "
@@ -252,6 +265,75 @@ def reference_bytes(cfg: TrainConfig, params: int, wbytes: int) -> int:
     return params * {ReferenceDtype.bf16: 2, ReferenceDtype.fp32: 4}.get(o.reference_dtype, wbytes)
 
 
+def generation_copy_bytes(cfg: TrainConfig, params: int, device_type: str) -> int:
+    """grpo's generation copy: its parameters in its dtype, where `objective.generation_dtype` is bf16 or
+    fp32 (auto resolved as the trainer will on `device_type`); 0 where the engine generates with the
+    training model, and under any other objective."""
+    from align.objectives.generation_auto import resolve_generation_dtype
+
+    if cfg.objective.kind != ObjectiveKind.grpo:
+        return 0
+    dtype = resolve_generation_dtype(cfg, device_type)[0]
+    return params * {GenerationDtype.bf16: 2, GenerationDtype.fp32: 4}.get(dtype, 0)
+
+
+def kv_cache_tokens(cfg: TrainConfig) -> int:
+    """Positions an engine call's KV cache holds per row: the longest prompt (`data.max_seq_len -
+    objective.max_new_tokens`) left-padded to the engine's multiple, plus `max_new_tokens` (the static
+    cache's length; the dynamic cache grows to at most this)."""
+    from align.generation.engine import EngineConfig
+
+    mult, new = EngineConfig().pad_to_multiple_of, cfg.objective.max_new_tokens
+    return -(-(cfg.data.max_seq_len - new) // mult) * mult + new
+
+
+def kv_elements_per_token(model: torch.nn.Module) -> int:
+    """Elements the KV cache keeps per position, summed over decoder layers: 2 (keys and values) x
+    kv_heads x head_dim of each layer, read off its k_proj's output width (the model config's
+    num_key_value_heads x head_dim, per layer where layers differ, as Gemma-4's global ones do). Windowed
+    and KV-sharing layers count in full: an upper bound."""
+    layers = [m for n, m in model.named_modules() if re.fullmatch(r".*layers\.\d+", n)]
+    total = 0
+    for layer in layers:
+        k = next((m for n, m in layer.named_modules() if n.endswith("k_proj") and isinstance(m, torch.nn.Linear)),
+                 None)
+        total += 2 * k.out_features if k is not None else 0
+    return total
+
+
+def generation_rows(cfg: TrainConfig) -> int:
+    """Rows of one engine call: `objective.generation_batch_size`, at most the rollout's rows (a call
+    holds no more); auto, unresolved, counts as the whole rollout, the most it resolves to."""
+    o = cfg.objective
+    rollout = o.prompts_per_rollout * o.group_size
+    return rollout if o.generation_batch_size == AUTO else min(o.generation_batch_size, rollout)
+
+
+def kv_cache_bytes(cfg: TrainConfig, device: torch.device, rows: Optional[int] = None) -> int:
+    """grpo: the KV cache of one engine call of `rows` rows (default `generation_rows`): rows x
+    `kv_cache_tokens` x `kv_elements_per_token` x bytes, in the generation copy's dtype, or with the
+    training model in the compute dtype (`compute_bytes`); 0 under any other objective."""
+    if cfg.objective.kind != ObjectiveKind.grpo:
+        return 0
+    from align.objectives.generation_auto import resolve_generation_dtype
+
+    model, _ = meta_model(cfg.model)
+    dtype = resolve_generation_dtype(cfg, device.type)[0]
+    nbytes = {GenerationDtype.bf16: 2, GenerationDtype.fp32: 4}.get(dtype) or compute_bytes(cfg, device)
+    rows = generation_rows(cfg) if rows is None else rows
+    return rows * kv_cache_tokens(cfg) * kv_elements_per_token(model) * nbytes
+
+
+def resident_bytes(cfg: TrainConfig, device: torch.device) -> int:
+    """What an engine call runs beside (unsharded): weights, optimizer state, a frozen reference and the
+    generation copy, as `estimate_memory` counts them."""
+    model, config = meta_model(cfg.model)
+    wbytes = _nbytes(cfg.model.dtype)
+    counts, weights, _, optimizer = _states(cfg, model, FAMILIES[cfg.model.family].moe_shape(config), wbytes)
+    return (weights + optimizer + reference_bytes(cfg, counts.total, wbytes)
+            + generation_copy_bytes(cfg, counts.total, device.type))
+
+
 def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1) -> MemoryEstimate:
     """`shards`: how many ranks share weights, grads and optimizer state (FSDP); 1 = replicated.
     Works from the config alone: the model is built on the meta device."""
@@ -271,7 +353,9 @@ def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1) -> 
     s = max(1, shards)
     return MemoryEstimate(counts, tokens, weights // s, grads // s, optimizer // s, acts, str(device),
                           device_memory(device), logits=logits, reference=ref // s,
-                          grads_accumulate=cfg.trainer.grad_accum > 1)
+                          grads_accumulate=cfg.trainer.grad_accum > 1,
+                          generation_copy=generation_copy_bytes(cfg, counts.total, device.type),
+                          kv_cache=kv_cache_bytes(cfg, device))
 
 
 def _states(cfg: TrainConfig, model: torch.nn.Module, moe: Optional[MoEShape], wbytes: int

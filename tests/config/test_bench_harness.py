@@ -248,3 +248,39 @@ def test_the_dpo_default_arm_carries_no_performance_override_and_compiles_on_cud
     assert arm.objective.reference == ReferenceKind.auto and arm.trainer.grad_accum == 1
     on, _ = resolve_compile(arm, "cuda")
     assert on.trainer.compile is True and experiment_config("bench/dpo_best").trainer.compile is True
+
+
+def test_the_grpo_default_resolves_on_an_h200_to_grpo_best_but_its_optimizer_step(monkeypatch):
+    """grpo_default (GRPO's own defaults on grpo_bench's setup) resolves on one H200 to grpo_best, the
+    fastest GRPO arm measured (docs/performance.md#grpo), in every field as the trainer resolves them:
+    a bf16 generation copy, the whole rollout (512 rows) in one engine call, compiled decoder blocks.
+    The one field apart is optimizer.compile: the default compiles the step (dense_default's lever),
+    grpo_best keeps base_dense's eager step. grpo_bench keeps the engine settings it measures as given."""
+    import dataclasses
+
+    from align.config import GenerationDtype
+    from align.data.budget_auto import plan_sizes
+    from align.models import memory
+    from align.parallel.compile import resolve_compile
+    from bench.common import experiment_config
+
+    h200 = 143_771 * 1024**2
+    monkeypatch.setattr(memory, "device_memory", lambda device: h200)
+
+    def on_h200(name):
+        cfg, _ = resolve_compile(experiment_config(f"bench/{name}"), "cuda")
+        return plan_sizes(cfg, torch.device("cuda"), h200)
+
+    arm = experiment_config("bench/grpo_default")
+    assert (arm.objective.generation_dtype, arm.objective.generation_batch_size) == (GenerationDtype.auto, "auto")
+    assert (arm.trainer.compile, arm.optimizer.compile) == ("auto", "auto")
+    default, sizes = on_h200("grpo_default")
+    fastest, _ = on_h200("grpo_best")
+    assert sizes["generation"]["dtype"]["resolved"] == "bf16" and sizes["generation"]["batch_size"]["resolved"] == 512
+    assert (default.optimizer.compile, fastest.optimizer.compile) == (True, False)
+    default = dataclasses.replace(default, optimizer=dataclasses.replace(default.optimizer, compile=False))
+    for group in (f.name for f in dataclasses.fields(default)):
+        assert getattr(default, group) == getattr(fastest, group), group
+    bench, _ = on_h200("grpo_bench")
+    o = bench.objective
+    assert (o.generation_dtype, o.generation_batch_size, bench.trainer.compile) == (GenerationDtype.same, 256, False)

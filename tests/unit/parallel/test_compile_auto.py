@@ -48,8 +48,10 @@ def _set(cfg, what: str):
         cfg.attention.implementation = AttnImpl.eager
     elif what == "lora":
         cfg.model.lora.enabled = True
-    elif what == "grpo":
+    elif what == "grpo":  # generation_dtype=auto: a bf16 copy on CUDA keeps decoding out of the blocks
         cfg = typed("objective=grpo", "reward=gsm8k", "data=gsm8k_prompts")
+    elif what == "grpo_same":
+        cfg = typed("objective=grpo", "reward=gsm8k", "data=gsm8k_prompts", "objective.generation_dtype=same")
     elif what == "adamw8bit":
         cfg.optimizer.name = OptimizerName.adamw8bit
     elif what == "gemma4":
@@ -66,7 +68,8 @@ def _set(cfg, what: str):
     ("ep", False, False, "parallel=ep"),
     ("eager", False, True, "attention=eager"),
     ("lora", True, False, "model.lora.enabled=true"),  # compiled LoRA blocks: tests/integration/test_compile.py
-    ("grpo", False, True, "objective=grpo"),
+    ("grpo", True, True, "trainer.compile=auto resolved on"),
+    ("grpo_same", False, True, "objective=grpo with objective.generation_dtype resolved to same"),
     ("adamw8bit", True, False, "optimizer=adamw8bit"),
     ("fsdp", True, False, "parallel=fsdp"),
     ("gemma4", False, True, "model=gemma4"),
