@@ -80,20 +80,24 @@ class _ChunkedCE(torch.autograd.Function):
     """Sum of token cross-entropies of `hidden @ weight.T` (soft-capped), `chunk` rows at a time, with
     the gradients taken in the forward: p = softmax(s), ds = p - onehot(y), and under a soft-cap
     s = c * tanh(z / c), so dz = ds * (1 - tanh^2); dh = dz @ W, dW = dz^T @ h. In fp32 from the
-    logits on, as `ce_sum`; the GEMMs in the hidden states' dtype, as F.linear's backward."""
+    logits on, as `ce_sum`; the GEMMs in `gemm_dtype` (the run's autocast dtype, else the hidden
+    states'), as F.linear and its backward under autocast."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk, softcap, need_h, need_w, fused):
-        w = weight.to(hidden.dtype)
+    def forward(ctx, hidden, weight, labels, chunk, softcap, need_h, need_w, fused, gemm_dtype):
+        # The head's GEMMs in the run's autocast dtype, as the full-logits path computes them inside the
+        # forward's autocast: this loss runs outside it, where fp32 hidden states (fp32 weights under
+        # bf16 autocast) would otherwise run the head in fp32.
+        cd = gemm_dtype or hidden.dtype
+        w, hidden_c = weight.to(cd), hidden.to(cd)
         total = hidden.new_zeros((), dtype=torch.float32)
         grad_h = torch.empty_like(hidden) if need_h else None
         acc = torch.promote_types(weight.dtype, torch.float32)  # the head's gradient sums over chunks in >= fp32
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         for i in range(0, hidden.shape[0], chunk):
-            h, y = hidden[i : i + chunk], labels[i : i + chunk]
+            h, y = hidden_c[i : i + chunk], labels[i : i + chunk]
             if fused is not None:  # the elementwise passes as one compiled function (chunk_terms)
-                loss, g = _call_compiled(fused, F.linear(h, w), y, softcap,
-                                         hidden.dtype if (need_h or need_w) else None)
+                loss, g = _call_compiled(fused, F.linear(h, w), y, softcap, cd if (need_h or need_w) else None)
                 total += loss
                 if g is not None:
                     if need_h:
@@ -114,7 +118,7 @@ class _ChunkedCE(torch.autograd.Function):
             g[torch.arange(len(y), device=g.device), y] -= 1
             if t is not None:
                 g.mul_(t.square_().neg_().add_(1))
-            g = g.to(hidden.dtype)
+            g = g.to(cd)
             if need_h:
                 grad_h[i : i + chunk] = g @ w
             if need_w:
@@ -128,17 +132,18 @@ class _ChunkedCE(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         dh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
         dw = None if grad_w is None else (grad_w * grad_out).to(ctx.weight_dtype)
-        return dh, dw, None, None, None, None, None, None
+        return dh, dw, None, None, None, None, None, None, None
 
 
 class ChunkedCE:
     """`loss_fn(hidden, labels)`: the LM head and CE over `chunk` tokens at a time; only positions
     with a target are computed at all. `compiled`: each chunk's elementwise passes through the
-    compiled `chunk_terms` (with `backend`)."""
+    compiled `chunk_terms` (with `backend`). `gemm_dtype`: the run's autocast dtype (None: the hidden
+    states' dtype), which the head's GEMMs run in."""
 
     def __init__(self, head: torch.nn.Module, chunk: int, softcap: Optional[float], compiled: bool = False,
-                 backend: Any = "inductor") -> None:
-        self.head, self.chunk, self.softcap = head, chunk, softcap
+                 backend: Any = "inductor", gemm_dtype: Optional[torch.dtype] = None) -> None:
+        self.head, self.chunk, self.softcap, self.gemm_dtype = head, chunk, softcap, gemm_dtype
         self.fused = compiled_chunk_terms(backend) if compiled else None
 
     def __call__(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -149,7 +154,7 @@ class ChunkedCE:
         weight = self.head.weight
         grad = torch.is_grad_enabled()
         return _ChunkedCE.apply(h, weight, y, self.chunk, self.softcap, grad and h.requires_grad,
-                                grad and weight.requires_grad, self.fused)
+                                grad and weight.requires_grad, self.fused, self.gemm_dtype)
 
 
 @contextlib.contextmanager

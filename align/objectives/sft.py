@@ -15,7 +15,7 @@ from align.data.collate import Batch
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream, build_stream
 from align.objectives.ce import ChunkedCE, ce_sum
-from align.parallel.env import DistEnv
+from align.parallel.env import DistEnv, autocast_dtype
 
 
 class SFT:
@@ -26,6 +26,7 @@ class SFT:
         require_auto_resolved("trainer.compile_loss", cfg.trainer.compile_loss, "the objective",
                               "align.parallel.compile.resolve_compile")
         self.compiled = bool(cfg.trainer.compile_loss)
+        self.precision = cfg.trainer.precision
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ce_sum
         """The loss of one micro-batch from the forward's output; the probes wrap it to time it."""
         self._info: dict[str, Any] = {}
@@ -43,7 +44,8 @@ class SFT:
         save_dataset(self.data_cfg, self.data)  # the model loaded: the encoding is worth keeping now
         head, softcap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
         if self.chunk_tokens:
-            self.loss_fn = ChunkedCE(head, self.chunk_tokens, softcap, compiled=self.compiled)
+            gemm = autocast_dtype(self.precision, head.weight.device.type)
+            self.loss_fn = ChunkedCE(head, self.chunk_tokens, softcap, compiled=self.compiled, gemm_dtype=gemm)
         self._info = {"kind": "chunked_ce" if self.chunk_tokens else "ce", "chunk_tokens": self.chunk_tokens or None,
                       "compiled": bool(self.chunk_tokens) and self.compiled,
                       "vocab_size": head.weight.shape[0], "final_logit_softcapping": softcap}

@@ -107,3 +107,26 @@ def test_the_sft_objective_builds_the_compiled_loss_only_when_resolved_on():
         build_objective(cfg)
     for device, want in (("cuda", True), ("cpu", False)):
         assert build_objective(resolve_compile(cfg, device)[0]).compiled is want
+
+
+def test_the_head_runs_in_the_runs_autocast_dtype_as_the_full_logits_path(tmp_path, monkeypatch):
+    """The chunked loss runs outside the forward's autocast: fp32 hidden states must still reach the
+    head's GEMM in bf16 under precision=bf16, as full logits computed inside the autocast do."""
+    from align.objectives import ce
+    from tests.conftest import build_trainer
+
+    seen = []
+
+    class Spy:  # torch.nn.functional as ce.py sees it, its linear recording the dtypes it is handed
+        def __getattr__(self, name):
+            return getattr(torch.nn.functional, name)
+
+        def linear(self, x, w, *a):
+            seen.append((x.dtype, w.dtype))
+            return torch.nn.functional.linear(x, w, *a)
+
+    monkeypatch.setattr(ce, "F", Spy())
+    trainer = build_trainer(tmp_path, "trainer.max_steps=1", "trainer.export=false", "data.max_records=16",
+                            "trainer.loss_chunk_tokens=16", "trainer.precision=bf16")
+    assert trainer.fit() == 0
+    assert seen and set(seen) == {(torch.bfloat16, torch.bfloat16)}
