@@ -69,6 +69,12 @@ MEASURED = [
     # the default with 16,384-token rows allowed, as auto resolved it, on rows of up to 16,384 tokens
     ("gemma4_lora_16k_rows", ["experiment=bench/gemma4_lora_16k_rows", "sampler.max_tokens=16384",
                               "trainer.compile_memory_budget=0.5"], 101.7),
+    # "Gemma-4 26B-A4B LoRA", "Past the kept layered arm", command 18 (2026-12-02, f81fa8a): the default
+    # with trainer.compile_loss resolved on; "Fast by default", commands 20 and 21 (2026-12-02, f81fa8a and
+    # 6181692): the dense default (budget auto -> 32,768) and the dense bench with the chunked loss
+    ("gemma4_lora_default_compiled_loss", ["experiment=bench/gemma4_lora_default", "sampler.max_tokens=8192"], 99.8),
+    ("dense_best_chunk", ["experiment=bench/dense_best_chunk"], 37.9),
+    ("dense_default", ["experiment=bench/dense_default", "sampler.max_tokens=32768"], 56.4),
 ]
 H200_BYTES = 143_771 * 1024**2  # the device's total memory as docs/performance.md records it
 
@@ -151,3 +157,21 @@ def test_a_config_that_cannot_fit_is_refused_before_load_in_one_line(compose, mo
         preflight_command_line(["allow_dirty=true", *big])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "model.allow_over_memory" in err, err
+
+
+def test_the_grpo_default_estimate_is_an_upper_bound_of_its_measured_peak(compose, monkeypatch):
+    """GRPO's estimate takes every micro-batch at `data.max_seq_len` and every prompt at its longest, so
+    it is no +-25% estimate: docs/performance.md ("The memory estimate against measured peaks") has the
+    measured 33.0 GiB of `grpo_default` (2026-12-02, 6181692) beside it. It must stay above that peak,
+    count the generation copy and the KV cache as the default resolves them on an H200, and fit the device."""
+    from align.data.budget_auto import plan_sizes
+    from align.parallel.compile import resolve_compile
+
+    monkeypatch.setattr(memory, "device_memory", lambda device: H200_BYTES)
+    cuda = torch.device("cuda")
+    cfg = resolve_compile(to_typed(compose(["allow_dirty=true", "experiment=bench/grpo_default"])), "cuda")[0]
+    cfg = plan_sizes(cfg, cuda, H200_BYTES)[0]
+    assert (cfg.objective.generation_dtype.value, cfg.objective.generation_batch_size) == ("bf16", 512)
+    est = estimate_memory(cfg, cuda)
+    assert est.generation_copy > 0 and est.kv_cache > 0, est.line()
+    assert 33.0 * GiB <= est.total <= H200_BYTES, est.line()
