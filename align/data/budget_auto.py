@@ -152,16 +152,65 @@ def plan_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional[in
     return _with_memory_budget(cfg, budget), {"requested": AUTO, "resolved": budget, "why": why}
 
 
+def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
+                                  ) -> tuple[int, str]:
+    """The rows per engine call `auto` stands for on `device`, and why. `device_bytes`: the device's
+    memory (default: read from the device)."""
+    from align.models.memory import kv_cache_bytes, resident_bytes
+    from align.objectives.generation_auto import CPU_ROWS, rollout_rows
+
+    key, rollout = "objective.generation_batch_size", rollout_rows(cfg)
+    requested = cfg.objective.generation_batch_size
+    if requested != AUTO:
+        return requested, f"{key}={requested} as configured"
+    whole = f"the whole rollout ({cfg.objective.prompts_per_rollout} x {cfg.objective.group_size} = {rollout} rows)"
+    if device.type != "cuda":
+        return min(rollout, CPU_ROWS), (f"{key}=auto on {device.type}: {whole} in one call, at most {CPU_ROWS} "
+                                        "rows (no accelerator memory to fill)")
+    total = _device_bytes(device, device_bytes)
+    if total is None:
+        return min(rollout, CPU_ROWS), (f"{key}=auto: the memory of {device} cannot be read: {whole}, at most "
+                                        f"{CPU_ROWS} rows per call")
+    share, kind = headroom(cfg, device)
+    limit, resident, per_row = int(share * total), resident_bytes(cfg, device), kv_cache_bytes(cfg, device, 1)
+    fit = max(limit - resident, 0) // max(per_row, 1)
+    gib = 2**30
+    within = (f"{share:.2f} x {total / gib:.1f} GiB ({kind} blocks) less {resident / gib:.1f} GiB of weights, "
+              f"optimizer state, reference and generation copy, at {per_row / 2**20:.1f} MiB of KV cache per row")
+    if fit >= rollout:
+        return rollout, f"{key}=auto on {device}: {whole} in one call: its KV cache fits {within}"
+    rows = max(1, fit)
+    return rows, f"{key}=auto on {device}: {rows} rows per call, the most of {whole} whose KV cache fits {within}"
+
+
+def plan_generation(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
+                    ) -> tuple[Any, Optional[dict[str, Any]]]:
+    """`cfg` with both engine settings resolved for `device`, and their record for the manifest
+    (`model.extra.generation`: dtype and batch_size, each requested, resolved, why); None under an
+    objective that generates nothing. The dtype first: the batch size's memory counts the copy."""
+    from align.config.objective import ObjectiveKind
+    from align.objectives.generation_auto import resolve_generation_dtype
+
+    o = cfg.objective
+    if o.kind != ObjectiveKind.grpo:
+        return cfg, None
+    dtype, dtype_why = resolve_generation_dtype(cfg, device.type)
+    cfg = dataclasses.replace(cfg, objective=dataclasses.replace(o, generation_dtype=dtype))
+    rows, rows_why = resolve_generation_batch_size(cfg, device, device_bytes)
+    cfg = dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, generation_batch_size=rows))
+    return cfg, {"dtype": {"requested": o.generation_dtype.value, "resolved": dtype.value, "why": dtype_why},
+                 "batch_size": {"requested": o.generation_batch_size, "resolved": rows, "why": rows_why}}
+
+
 def plan_sizes(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
                ) -> tuple[Any, dict[str, Optional[dict[str, Any]]]]:
     """Every size `auto` leaves to the device, in the order they depend on each other: the loss's chunk
     (align.objectives.chunk_auto), grpo's generation copy and rows per engine call
-    (align.objectives.generation_auto: what is left beside the weights, optimizer state, reference and
+    (`plan_generation`: what is left beside the weights, optimizer state, reference and
     copy), the partitioner's memory budget (what the least micro-batch needs), then the token budget,
     whose estimate counts all of them. `cfg` with all of them resolved, and the manifest's `loss_chunk`,
     `memory_budget` and `sampler_budget` records, plus under grpo `generation` (`model.extra.generation`)."""
     from align.objectives.chunk_auto import plan_loss_chunk
-    from align.objectives.generation_auto import plan_generation
 
     cfg, chunk = plan_loss_chunk(cfg, device)
     cfg, generation = plan_generation(cfg, device, device_bytes)

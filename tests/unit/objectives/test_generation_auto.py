@@ -1,8 +1,9 @@
-"""GRPO's engine settings at `auto` (align/objectives/generation_auto.py): a bf16 generation copy on one
-CUDA device over weights that are not bf16 already, the training model everywhere else; the whole
-rollout in one engine call, capped where its KV cache would not fit (on a CPU at 256 rows, the fixed
-default before auto). The manifest records both with why; the memory estimate counts the copy and the
-KV cache; trainer.compile=auto compiles a grpo policy's blocks only beside a copy."""
+"""GRPO's engine settings at `auto` (align/objectives/generation_auto.py, align/data/budget_auto.py): a
+bf16 generation copy on one CUDA device over weights that are not bf16 already, the training model
+everywhere else; the whole rollout in one engine call, capped where its KV cache would not fit (on a
+CPU at 256 rows, the fixed default before auto). The manifest records both with why; the memory
+estimate counts the copy and the KV cache; trainer.compile=auto compiles a grpo policy's blocks only
+beside a copy."""
 
 from __future__ import annotations
 
@@ -12,14 +13,10 @@ import pytest
 import torch
 
 from align.config import GenerationDtype, to_typed
+from align.data.budget_auto import plan_generation, resolve_generation_batch_size
 from align.errors import ConfigError
 from align.models import memory
-from align.objectives.generation_auto import (
-    CPU_ROWS,
-    plan_generation,
-    resolve_generation_batch_size,
-    resolve_generation_dtype,
-)
+from align.objectives.generation_auto import CPU_ROWS, resolve_generation_dtype
 from align.parallel.compile import resolve_compile
 from align.run.cli import compose
 
