@@ -40,8 +40,8 @@ def ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def chunk_terms(s: torch.Tensor, y: torch.Tensor, softcap: Optional[float],
                 grad_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """One chunk's summed CE and, given `grad_dtype`, its gradient w.r.t. the head's output `s`, as
-    `_ChunkedCE.forward` computes them, written out of place so that torch.compile can fuse them."""
+    """One chunk's summed CE and, given `grad_dtype`, its gradient w.r.t. the head's output `s`, written
+    out of place for torch.compile to fuse (`eager_chunk_terms` is the same arithmetic in place)."""
     s = s.float()
     t = None
     if softcap is not None:
@@ -55,6 +55,26 @@ def chunk_terms(s: torch.Tensor, y: torch.Tensor, softcap: Optional[float],
     g = torch.exp(s - lse[:, None]) - onehot.float()
     if t is not None:
         g = g * (1 - t * t)
+    return loss, g.to(grad_dtype)
+
+
+def eager_chunk_terms(s: torch.Tensor, y: torch.Tensor, softcap: Optional[float],
+                      grad_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """`chunk_terms` in place over the head's output, for eager runs: at most two [chunk, vocab] fp32
+    tensors at once (under a soft-cap; one without)."""
+    s = s.float()
+    t = None
+    if softcap is not None:
+        t = s.div_(softcap).tanh_()
+        s = t * softcap
+    lse = torch.logsumexp(s, -1)
+    loss = (lse - s.gather(1, y[:, None]).squeeze(1)).sum()
+    if grad_dtype is None:
+        return loss, None
+    g = s.sub_(lse[:, None]).exp_()  # softmax, in place of the scores
+    g[torch.arange(len(y), device=g.device), y] -= 1
+    if t is not None:
+        g.mul_(t.square_().neg_().add_(1))
     return loss, g.to(grad_dtype)
 
 
@@ -94,31 +114,16 @@ class _ChunkedCE(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         acc = torch.promote_types(weight.dtype, torch.float32)  # the head's gradient sums over chunks in >= fp32
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        want = cd if (need_h or need_w) else None
         for i in range(0, hidden.shape[0], chunk):
             h, y = hidden_c[i : i + chunk], labels[i : i + chunk]
-            if fused is not None:  # the elementwise passes as one compiled function (chunk_terms)
-                loss, g = _call_compiled(fused, F.linear(h, w), y, softcap, cd if (need_h or need_w) else None)
-                total += loss
-                if g is not None:
-                    if need_h:
-                        grad_h[i : i + chunk] = g @ w
-                    if need_w:
-                        grad_w += (g.t() @ h).to(acc)
+            if fused is not None:
+                loss, g = _call_compiled(fused, F.linear(h, w), y, softcap, want)
+            else:
+                loss, g = eager_chunk_terms(F.linear(h, w), y, softcap, want)
+            total += loss
+            if g is None:
                 continue
-            s = F.linear(h, w).float()
-            t = None
-            if softcap is not None:  # in place: two [chunk, vocab] fp32 tensors at once, not three
-                t = s.div_(softcap).tanh_()
-                s = t * softcap
-            lse = torch.logsumexp(s, -1)
-            total += (lse - s.gather(1, y[:, None]).squeeze(1)).sum()
-            if not (need_h or need_w):
-                continue
-            g = s.sub_(lse[:, None]).exp_()  # softmax, in place of the scores
-            g[torch.arange(len(y), device=g.device), y] -= 1
-            if t is not None:
-                g.mul_(t.square_().neg_().add_(1))
-            g = g.to(cd)
             if need_h:
                 grad_h[i : i + chunk] = g @ w
             if need_w:
