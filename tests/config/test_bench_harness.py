@@ -284,3 +284,19 @@ def test_the_grpo_default_resolves_on_an_h200_to_grpo_best_but_its_optimizer_ste
     bench, _ = on_h200("grpo_bench")
     o = bench.objective
     assert (o.generation_dtype, o.generation_batch_size, bench.trainer.compile) == (GenerationDtype.same, 256, False)
+
+
+def test_the_grpo_default_arm_carries_no_performance_override():
+    """grpo_default is `objective=grpo` on the bench's prompts, reward and rollout shape as a user types
+    it: the sampler, attention, parallel and every engine and compile switch as GRPO's composition gives
+    them (its padding levers live in conf/objective/grpo.yaml, not in the arm)."""
+    from bench.common import compose_typed, experiment_config
+
+    arm = experiment_config("bench/grpo_default")
+    plain = compose_typed(["model=mistral", "objective=grpo", "data=gsm8k_prompts", "reward=gsm8k"])
+    for group in ("sampler", "attention", "parallel"):
+        assert getattr(arm, group) == getattr(plain, group), group
+    assert (arm.sampler.mask_padding, arm.sampler.pad_to_multiple_of) == (False, 8)
+    o = arm.objective
+    assert (o.generation_dtype.value, o.generation_batch_size) == ("auto", "auto")
+    assert (arm.trainer.compile, arm.optimizer.compile, arm.trainer.loss_chunk_tokens) == ("auto", "auto", "auto")
