@@ -265,6 +265,10 @@ def reference_bytes(cfg: TrainConfig, params: int, wbytes: int) -> int:
     return params * {ReferenceDtype.bf16: 2, ReferenceDtype.fp32: 4}.get(o.reference_dtype, wbytes)
 
 
+_COPY_BYTES = {GenerationDtype.bf16: 2, GenerationDtype.fp32: 4}
+"""Bytes per element of a generation copy by its dtype (`same` makes no copy)."""
+
+
 def generation_copy_bytes(cfg: TrainConfig, params: int, device_type: str) -> int:
     """grpo's generation copy: its parameters in its dtype, where `objective.generation_dtype` is bf16 or
     fp32 (auto resolved as the trainer will on `device_type`); 0 where the engine generates with the
@@ -274,7 +278,7 @@ def generation_copy_bytes(cfg: TrainConfig, params: int, device_type: str) -> in
     if cfg.objective.kind != ObjectiveKind.grpo:
         return 0
     dtype = resolve_generation_dtype(cfg, device_type)[0]
-    return params * {GenerationDtype.bf16: 2, GenerationDtype.fp32: 4}.get(dtype, 0)
+    return params * _COPY_BYTES.get(dtype, 0)
 
 
 def kv_cache_tokens(cfg: TrainConfig) -> int:
@@ -304,9 +308,10 @@ def kv_elements_per_token(model: torch.nn.Module) -> int:
 def generation_rows(cfg: TrainConfig) -> int:
     """Rows of one engine call: `objective.generation_batch_size`, at most the rollout's rows (a call
     holds no more); auto, unresolved, counts as the whole rollout, the most it resolves to."""
-    o = cfg.objective
-    rollout = o.prompts_per_rollout * o.group_size
-    return rollout if o.generation_batch_size == AUTO else min(o.generation_batch_size, rollout)
+    from align.objectives.generation_auto import rollout_rows
+
+    rows, rollout = cfg.objective.generation_batch_size, rollout_rows(cfg)
+    return rollout if rows == AUTO else min(rows, rollout)
 
 
 def kv_cache_bytes(cfg: TrainConfig, device: torch.device, rows: Optional[int] = None) -> int:
@@ -319,7 +324,7 @@ def kv_cache_bytes(cfg: TrainConfig, device: torch.device, rows: Optional[int] =
 
     model, _ = meta_model(cfg.model)
     dtype = resolve_generation_dtype(cfg, device.type)[0]
-    nbytes = {GenerationDtype.bf16: 2, GenerationDtype.fp32: 4}.get(dtype) or compute_bytes(cfg, device)
+    nbytes = _COPY_BYTES.get(dtype) or compute_bytes(cfg, device)
     rows = generation_rows(cfg) if rows is None else rows
     return rows * kv_cache_tokens(cfg) * kv_elements_per_token(model) * nbytes
 

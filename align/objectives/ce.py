@@ -24,6 +24,7 @@ outside it, as they are.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -78,15 +79,11 @@ def eager_chunk_terms(s: torch.Tensor, y: torch.Tensor, softcap: Optional[float]
     return loss, g.to(grad_dtype)
 
 
-_COMPILED: dict[Any, Callable] = {}
-
-
+@functools.cache
 def compiled_chunk_terms(backend: Any) -> Callable:
     """`chunk_terms` compiled once per backend for the process (the CPU tests use "eager"); the chunk's
     row count is marked dynamic at each call, so ragged last chunks share its graph."""
-    if backend not in _COMPILED:
-        _COMPILED[backend] = torch.compile(chunk_terms, backend=backend)
-    return _COMPILED[backend]
+    return torch.compile(chunk_terms, backend=backend)
 
 
 def _call_compiled(fn: Callable, s: torch.Tensor, y: torch.Tensor, softcap: Optional[float],

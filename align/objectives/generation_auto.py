@@ -70,6 +70,6 @@ def require_generation_resolved(cfg: Any, where: str) -> None:
 
     o = cfg.objective
     require_auto_resolved("objective.generation_dtype", o.generation_dtype, where,
-                          "align.objectives.generation_auto.plan_generation")
+                          "align.data.budget_auto.plan_generation")
     require_auto_resolved("objective.generation_batch_size", o.generation_batch_size, where,
-                          "align.objectives.generation_auto.plan_generation")
+                          "align.data.budget_auto.plan_generation")
