@@ -6,8 +6,10 @@ is measured over the steps after its warm-up, between step boundaries with CUDA 
 
 Two MFU columns, both over the bf16 matmul ceiling measured once per command:
 - useful MFU: model FLOPs of the REAL tokens, each row at its own length (align.telemetry.throughput's
-  convention: 6N on active parameters plus attention over the full square). Padding earns nothing,
-  and every arm is counted alike.
+  convention: 4N on active parameters for the forward and the input-gradient backward, 2N more on the
+  trainable ones for their weight gradients, plus attention over the full square). A full-parameter arm
+  counts 6N; a LoRA arm counts 4N on its frozen base plus 6N on its adapters, as the model it trains.
+  Padding earns nothing, and every arm is counted alike.
 - counted MFU: the FLOPs of the batches as they were shaped (padding included), as align counts them
   per micro-batch in history.jsonl.
 """
@@ -107,13 +109,28 @@ def model_class(typed):
 
 
 def model_flops(typed):
-    """align's FLOPs counter over a meta-device build of the experiment's model (no memory, no init)."""
+    """align's FLOPs counter over a meta-device build of the experiment's model (no memory, no init),
+    with the experiment's LoRA adapters when it has them: a frozen base earns no weight gradients."""
     from align.telemetry.throughput import ModelFlops
 
     config = hf_config(typed)
     with torch.device("meta"):
         model = model_class(typed)._from_config(config)
+        if typed.model.lora.enabled:
+            model = lora_model(model, typed)
     return ModelFlops.from_model(model)
+
+
+def lora_model(model, typed):
+    """PEFT LoRA on the targets align adapts, with the experiment's rank, alpha and dropout."""
+    from peft import LoraConfig, get_peft_model
+
+    from align.models.lora import discover_targets, lora_kwargs
+    from align.run.signatures import check_kwargs
+
+    kw = lora_kwargs(typed.model.lora, discover_targets(model))
+    check_kwargs(LoraConfig.__init__, kw, "bench LoraConfig")
+    return get_peft_model(model, LoraConfig(**kw))
 
 
 def useful_flops_per_token(flops, lengths: np.ndarray) -> float:

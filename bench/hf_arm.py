@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import (  # noqa: E402
     experiment_config,
     hf_config,
+    lora_model,
     measurement,
     model_class,
     read_rows,
@@ -199,18 +200,6 @@ def trainer_arm(arm: str, typed, rows_file: Path, steps: int, warmup: int) -> di
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     return measurement(arm, times[-1] - times[w - 1], n - w, real, sum(collator.padded[w:n]),
                        sum(collator.counted[w:n]), real * fpt, peak, attn=model.config._attn_implementation)
-
-
-def lora_model(model, typed):
-    """PEFT LoRA on the targets align adapts, with the experiment's rank, alpha and dropout."""
-    from peft import LoraConfig, get_peft_model
-
-    from align.models.lora import discover_targets, lora_kwargs
-    from align.run.signatures import check_kwargs
-
-    kw = lora_kwargs(typed.model.lora, discover_targets(model))
-    check_kwargs(LoraConfig.__init__, kw, "bench.hf_arm LoraConfig")
-    return get_peft_model(model, LoraConfig(**kw))
 
 
 def fwd_bwd_arm(arm: str, typed, steps: int, warmup: int) -> dict:

@@ -401,6 +401,10 @@ def _table(results: list[dict[str, Any]], ceiling: Optional[float], baselines: S
                  _fmt(g("counted_mfu"), ".1%"), _fmt(g("peak_mem_gib"), ".1f"),
                  *[_fmt(g(f"vs_{b}"), ".2f") + ("x" if g(f"vs_{b}") is not None else "") for b in baselines], notes(r)]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "useful MFU: model FLOPs of the real tokens, each row at its own length: 4N per token on the active "
+                  "parameters (forward and input-gradient backward) plus 2N on the trainable ones (weight gradients), "
+                  "so 6N for full training and 4N plus the adapters' 6N for LoRA, plus attention. counted MFU: the same"
+                  " convention over the batches as they were shaped, padding included, as the arm counted them."]
     if pairs:
         lines += ["", "Ratios between two DPO arms are of pairs/s, else of real tokens/s. MFU counts the policy's "
                       "training FLOPs of the real tokens (a live reference's forward is not counted)."]

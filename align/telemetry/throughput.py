@@ -135,6 +135,7 @@ class ModelFlops:
             global_window = None
         for mod in model.modules():
             q = getattr(mod, "q_proj", None)
+            q = getattr(q, "base_layer", q)  # a LoRA-wrapped projection keeps its Linear as base_layer
             if isinstance(q, torch.nn.Linear) and hasattr(mod, "head_dim"):
                 window = mod.sliding_window if hasattr(mod, "sliding_window") else global_window
                 layers.append(AttentionLayer(d_attn=q.out_features, window=int(window) if window else None))

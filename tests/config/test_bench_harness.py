@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench import run as harness
-from bench.common import EXPERIMENTS, add_ratios, compose_typed, experiment_names, summarise
+from bench.common import EXPERIMENTS, add_ratios, compose_typed, experiment_names, model_flops, summarise
 from tests.config.conftest import dry_run
 
 
@@ -300,3 +300,16 @@ def test_the_grpo_default_arm_carries_no_performance_override():
     o = arm.objective
     assert (o.generation_dtype.value, o.generation_batch_size) == ("auto", "auto")
     assert (arm.trainer.compile, arm.optimizer.compile, arm.trainer.loss_chunk_tokens) == ("auto", "auto", "auto")
+
+
+def test_useful_flops_of_a_lora_arm_count_the_frozen_base_without_weight_gradients():
+    """A frozen base runs its forward and the input-gradient half of its backward (4N a token); only the
+    adapters add weight gradients. Counted as full training (6N), the LoRA default's useful MFU read 1.5x
+    its counted MFU."""
+    lora = model_flops(compose_typed(["experiment=bench/gemma4_lora_default"]))
+    full = model_flops(compose_typed(["experiment=bench/gemma4_lora_default", "model.lora.enabled=false"]))
+    adapters = lora.params_active - full.params_active
+    assert 0 < adapters == lora.params_active_trainable < 0.01 * full.params_active
+    attention = full.per_token(1) - 6 * full.params_active
+    assert full.params_active_trainable == full.params_active
+    assert lora.per_token(1) == pytest.approx(4 * full.params_active + 6 * adapters + attention)

@@ -58,6 +58,16 @@ def test_frozen_weights_skip_only_their_weight_gradient(compose):
     assert f.per_token(64) == 4 * full.params_active + 2 * head + 12 * sum(a.d_attn * 64 for a in f.attention)
 
 
+def test_a_lora_model_keeps_its_attention_layers_in_the_count(compose):
+    """PEFT wraps q_proj in a LoRA layer that is no nn.Linear: the attention term must still see it."""
+    from align.models.lora import apply_lora
+
+    cfg = to_typed(compose(["model=mistral", "model.lora.enabled=true"]))
+    base = ModelFlops.from_model(_model(compose, "model=mistral"))
+    lora, _ = apply_lora(_model(compose, "model=mistral"), cfg.model)
+    assert ModelFlops.from_model(lora).attention == base.attention and base.attention
+
+
 def test_sliding_layers_attend_over_their_window_only(compose):
     m = _model(compose, "model=gemma4")
     f = ModelFlops.from_model(m)
