@@ -19,7 +19,7 @@ else
 TORCH_ARGS = --index-url "$(TORCH_INDEX)" "$(TORCH_SPEC)"
 endif
 
-.PHONY: setup train lint test clean
+.PHONY: setup train lint test test-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -42,6 +42,14 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# The GPU suite on the GPU machine, in one command (docs/NOTES.md#measuring-on-the-gpu-machine). That
+# machine has no venv (python3 with the carried wheels on PYTHONPATH); its image has pytest-xdist, and the
+# suite's time is mostly compiling on the host, so test files run in GPU_WORKERS processes side by side.
+GPU_PY ?= python3
+GPU_WORKERS ?= 4
+test-gpu:
+	$(GPU_PY) -m pytest -q -m "gpu and not multigpu" -n $(GPU_WORKERS) --dist loadfile -p no:cacheprovider tests/gpu
 
 clean:
 	rm -rf outputs multirun .cache

@@ -20,13 +20,15 @@ torch = pytest.importorskip("torch")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_dist_evidence_on_gpu(tmp_path):
     out = tmp_path / "out"
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)  # keep the carried wheels
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "dist_evidence.py")], cwd=REPO, timeout=1800,
-                       env={**os.environ, "OUT": str(out), "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+                       env={**os.environ, "OUT": str(out), "PYTHONPATH": path}, capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads((out / "dist_evidence" / "dist_evidence.json").read_text())
     runs = r["runs"]
     for k in ("fsdp", "ep") if r["ranks"] >= 2 else ("fsdp",):
-        assert runs[k]["exit"] == 0 and runs[k]["vs_single"]["steps"] == 5
+        log = out / "dist_evidence" / f"{k}.log"
+        assert runs[k]["exit"] == 0 and runs[k]["vs_single"]["steps"] == 5, log.read_text()[-3000:]
         assert runs[k]["vs_single"]["max_abs_loss_diff"] < 1e-3, runs[k]
     s = runs["supervised"]
     assert s["exit"] == 0 and s["signal"] is not None

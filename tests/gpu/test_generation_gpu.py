@@ -24,7 +24,9 @@ def model():
 
     tok = load_tokenizer(ModelConfig())
     torch.manual_seed(0)
-    return build_model(ModelConfig(family=Family.mistral), AttentionConfig(), tok, torch.device("cuda")).model
+    cuda = torch.device("cuda")
+    # build_model's device picks the attention backend only; the random init happens on the host
+    return build_model(ModelConfig(family=Family.mistral), AttentionConfig(), tok, cuda).model.to(cuda)
 
 
 def engine(model, mode: GenerateMode = GenerateMode.auto):

@@ -37,7 +37,9 @@ def measure(tmp_path, *overrides: str) -> tuple[float, float, str]:
     trainer = build_trainer(tmp_path, *COMMON, *overrides)
     est = estimate_memory(trainer.cfg, torch.device("cuda"))
     assert trainer.fit() == 0
-    peak = (torch.cuda.max_memory_allocated() - before) / GiB
+    top, now = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+    peak = (top - before) / GiB
+    assert peak > 0, f"no allocation above the {before} bytes held before the build: max {top}, now {now}"
     del trainer
     return est.total / GiB, peak, est.line()
 

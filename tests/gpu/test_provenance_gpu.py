@@ -63,7 +63,8 @@ def test_gpu_manifest_records_device_and_sdpa_kernel_family(tmp_path, overrides)
     assert m["device"]["capability"] == list(torch.cuda.get_device_capability())
     assert m["versions"]["cuda"] == torch.version.cuda
     assert m["model"]["autocast_dtype"] == "bfloat16"
-    assert m["model"]["attn_implementation_resolved"] == "sdpa"
+    # the family's own choice under attention auto (align/config/model.py AUTO_ATTENTION): layered for Gemma-4
+    assert m["model"]["attn_implementation_resolved"] == ("align_layered" if overrides == ("model=gemma4",) else "sdpa")
     assert m["model"]["sdpa_kernel_family"] in ("flash", "efficient", "cudnn", "math"), m["null_reasons"]
     if m["model"]["sdpa_kernel_family"] != "math":
         assert m["model"]["sdpa_kernels"]
