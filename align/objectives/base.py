@@ -13,7 +13,9 @@ An objective decides
   reference's identity, a rollout count), `rank_state_dict` / `load_rank_state_dict` what is this
   rank's own (a rollout buffer: each rank generates its own completions);
 - what the manifest records about it (`describe`) and the check it runs before the first update
-  (`gate`, e.g. DPO's "the policy equals its reference at step 0").
+  (`gate`, e.g. DPO's "the policy equals its reference at step 0");
+- what one item of its data trains on, as `python -m align.tools.inspect` prints it (`view`, a static
+  method: it needs the config and the tokenizer, not a built objective).
 
 The loop owns everything else: devices, autocast and the SDPA kernel choice (`Forward`), the
 backward, router losses, clipping, the optimizer boundary, logging, checkpoints and stops.
@@ -21,6 +23,7 @@ backward, router losses, clipping, the optimizer boundary, logging, checkpoints 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
 if TYPE_CHECKING:
@@ -37,8 +40,28 @@ hidden states when `hidden_only`): the trainer's model forward under its autocas
 bypasses the LM head for a chunked loss."""
 
 
+@dataclass
+class View:
+    """What a run trains on for one item of its data (align/objectives/views.py builds them)."""
+
+    header: list[str]
+    """Lines above the sequences: which item, its counts, the tokenizer and encode cache."""
+    legend: str
+    """What a marked run of tokens is for this objective, and what the unmarked ones are."""
+    sequences: list[tuple[str, list[int], list[bool]]]
+    """(label, token ids, loss mask) of each sequence the item becomes, exactly as the run encodes it;
+    an empty label for an item that is one sequence."""
+    footer: list[str] = field(default_factory=list)
+    """Lines below the sequences: what the loss reads that is not one of their tokens."""
+
+
 class Objective(Protocol):
     name: str
+
+    @staticmethod
+    def view(cfg: "TrainConfig", tokenizer: Any, index: int) -> View:
+        """Item `index` of the data a run composed from `cfg` trains on (IndexError past the end)."""
+        ...
 
     def build_data(self, cfg: "TrainConfig", tokenizer: Any, env: "DistEnv") -> tuple[Any, "BatchStream"]:
         """The encoded records and the resumable micro-batch stream over them (this rank's share)."""

@@ -42,6 +42,7 @@ from align.objectives.reference import (
     prepare_reference,
     save_table,
 )
+from align.objectives.views import pair_view
 from align.parallel.env import DistEnv, autocast_dtype
 
 log = logging.getLogger("align")
@@ -50,6 +51,7 @@ log = logging.getLogger("align")
 
 class DPO:
     name = "dpo"
+    view = staticmethod(pair_view)
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg: ObjectiveConfig = cfg.objective

@@ -46,6 +46,7 @@ from align.objectives.reference import (
 from align.objectives.rollout import Rollout, RolloutBatch
 from align.objectives.rollout_stats import Sums, state_sha256
 from align.objectives.router_flips import RouterRecorder, flips, generation_topk
+from align.objectives.views import prompt_view
 from align.parallel.env import DistEnv, autocast_context
 from align.rewards import WeightedReward
 
@@ -58,6 +59,7 @@ class StaleWeights(AlignError):
 
 class GRPO:
     name = "grpo"
+    view = staticmethod(prompt_view)
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg: ObjectiveConfig = cfg.objective

@@ -15,11 +15,13 @@ from align.data.collate import Batch
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream, build_stream
 from align.objectives.ce import ChunkedCE, ce_sum
+from align.objectives.views import chat_view
 from align.parallel.env import DistEnv, autocast_dtype
 
 
 class SFT:
     name = "sft"
+    view = staticmethod(chat_view)
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.chunk_tokens = cfg.trainer.loss_chunk_tokens

@@ -9,7 +9,10 @@ The overrides are align.train's (the same config groups and keys, validated the 
 (a record of the encoded data set, after truncation and drops, default 0) and `tokens` (add one line
 per token) are this tool's own. The record comes from the run's own tokenizer, chat template and
 encode cache (align.data.cache.load_dataset: an entry it writes is the one the run then reads).
-Tokens in the loss are the targets the model is trained to predict; the rest is context only.
+What a record is, and what of it is in the loss, is the objective's to say (`Objective.view`): sft one
+chat record, its loss tokens the targets the model is trained to predict; dpo one pair, both sides,
+their completions in the loss; grpo one prompt as the engine receives it, nothing of it in the loss,
+with the rollout that generates and scores its completions and the reference answer the verifiers get.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ OPEN, CLOSE = "[[", "]]"
 @dataclass
 class Options:
     index: int = 0
-    """Which record of the encoded data set (0-based)."""
+    """Which record of the encoded data set (0-based): a pair for dpo, a prompt for grpo."""
     tokens: bool = False
     """Print one line per token (position, id, in the loss or not, its text) under the record."""
 
@@ -87,43 +90,22 @@ def token_lines(tok, ids: Sequence[int], mask: Sequence[bool]) -> list[str]:
     return lines
 
 
-def header(cfg: Any, data: Any, i: int, ids: Sequence[int], mask: Sequence[bool]) -> list[str]:
-    from align.data.sources import source_specs
-    from align.data.tokenizer import tokenizer_dir
-
-    spec = source_specs(cfg.data)[int(data.source_index[i])]
-    n_loss = int(sum(bool(m) for m in mask))
-    # The encode keeps the first ids of the truncated records only: at the limit, say it may be one.
-    truncated = data.ids[i] in (data.stats.get("truncated_ids") or [])
-    at_limit = len(ids) == cfg.data.max_seq_len and cfg.data.truncation.value == "truncate"
-    meta = data.meta
-    return [
-        f"record {i} of {len(data)} (id {data.ids[i]}, root {data.roots[i]}, source {spec.name or spec.kind.value}: "
-        f"{spec.path})",
-        f"{len(ids)} tokens, {n_loss} in the loss ({n_loss / max(len(ids), 1):.1%})"
-        + (f"; truncated to data.max_seq_len={cfg.data.max_seq_len}" if truncated else
-           f"; at data.max_seq_len={cfg.data.max_seq_len} (truncated, or exactly that long)" if at_limit else ""),
-        f"tokenizer {tokenizer_dir(cfg.model)}, encode cache {'hit' if meta.get('cache_hit') else 'miss'} "
-        f"({str(meta.get('encode_cache_key'))[:12]})",
-        f"{OPEN} ... {CLOSE}: tokens in the loss (the targets the model learns to predict); the rest: context only",
-    ]
-
-
 def inspect_record(cfg: Any, opts: Options, color: bool = False) -> str:
-    """The text `main` prints for record `opts.index` of the run `cfg` would train on."""
-    from align.data.cache import load_dataset
+    """The text `main` prints for item `opts.index` of the data the run `cfg` trains on: the objective's
+    own view of it (`Objective.view`, align/objectives/views.py), each sequence with its loss tokens marked."""
     from align.data.tokenizer import load_tokenizer
+    from align.objectives import objective_class
 
     tok = load_tokenizer(cfg.model)
-    data = load_dataset(cfg.data, cfg.model, tok)
-    if opts.index >= len(data):
-        raise IndexError(f"index={opts.index}: the encoded data set has {len(data)} records; "
-                         f"accepted: 0..{len(data) - 1}")
-    ids, mask = (a.tolist() for a in data.row(opts.index))
+    view = objective_class(cfg).view(cfg, tok, opts.index)
     rule = "-" * 100
-    out = [*header(cfg, data, opts.index, ids, mask), rule, render(tok, ids, mask, color), rule]
-    if opts.tokens:
-        out += token_lines(tok, ids, mask)
+    out = [*view.header, f"{OPEN} ... {CLOSE}: {view.legend}"]
+    for label, ids, mask in view.sequences:
+        out += [label] if label else []
+        out += [rule, render(tok, ids, mask, color), rule]
+        if opts.tokens:
+            out += token_lines(tok, ids, mask)
+    out += view.footer
     return "\n".join(out) + "\n"
 
 

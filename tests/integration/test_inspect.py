@@ -55,6 +55,8 @@ def test_the_cli_runs_from_the_same_config_groups_as_train(tmp_path):
     (["-m", "data.max_seq_len=64,128"], "-m: align.tools.inspect shows the data of one run"),
     (["data.no_such_key=1"], "data.no_such_key"),
     (["index=8"], "index=8: the encoded data set has 8 records; accepted: 0..7"),
+    (["objective=dpo", "index=8"], "index=8: the encoded data set has 8 pairs; accepted: 0..7"),
+    (["objective=grpo", "index=8"], "index=8: the prompt set has 8 prompts; accepted: 0..7"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as e:
@@ -62,3 +64,59 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, message):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("align: error: ") and message in err[0]
+
+
+def _sections(out: str) -> list[str]:
+    return out.split("-" * 100)
+
+
+def test_dpo_shows_both_sides_of_the_pair_with_the_loss_marks_over_their_completions(tmp_path, capsys):
+    from align.data.preference import load_pairs
+    from align.data.tokenizer import load_tokenizer
+
+    ov = ["objective=dpo", f"data.cache_dir={tmp_path / 'cache'}", "data.max_records=8"]
+    assert align_inspect.main([*ov, "index=1", "tokens=true"]) == 0
+    out = capsys.readouterr().out
+    cfg = to_typed(compose(ov))
+    tok = load_tokenizer(cfg.model)
+    pairs = load_pairs(cfg, tok)
+    assert out.startswith(f"pair 1 of {pairs.pairs} (id {pairs.pair_ids[1]}")
+    head, chosen, chosen_tokens, rejected, rejected_tokens = _sections(out)
+    assert head.rstrip().endswith("chosen (sequence 2 of the encoded pairs)")
+    assert chosen_tokens.rstrip().endswith("rejected (sequence 3 of the encoded pairs)")
+    texts = []
+    for seq, body, table in ((2, chosen, chosen_tokens), (3, rejected, rejected_tokens)):
+        ids, mask = (a.tolist() for a in pairs.row(seq))
+        runs = align_inspect.segments(ids, mask)
+        # one run of context (the shared prompt) then one of loss tokens (the completion and its EOS)
+        assert [m for m, _ in runs] == [False, True]
+        assert re.findall(r"\[\[(.*?)\]\]", body, re.S) == [tok.decode(runs[1][1])]
+        assert re.sub(r"\[\[.*?\]\]", "", body, flags=re.S).strip() == tok.decode(runs[0][1]).strip()
+        rows = [ln for ln in table.splitlines() if re.match(r"^\s+\d+\s+\d+\s+(yes|-)\s", ln)]
+        assert [int(r.split()[1]) for r in rows] == ids and [("yes" in r.split()[2]) for r in rows] == mask
+        texts.append(tok.decode(runs[1][1]))
+    assert texts[0] != texts[1]  # two sides, not one shown twice
+
+
+def test_grpo_shows_the_prompt_it_generates_from_and_no_answer_in_the_loss(tmp_path, capsys):
+    from align.data.prompts import load_prompts
+    from align.data.tokenizer import load_tokenizer
+    from align.rewards import WeightedReward
+
+    ov = ["objective=grpo", f"data.cache_dir={tmp_path / 'cache'}", "data.max_records=8"]
+    assert align_inspect.main([*ov, "index=2", "tokens=true"]) == 0
+    out = capsys.readouterr().out
+    cfg = to_typed(compose(ov))
+    tok = load_tokenizer(cfg.model)
+    prompts = load_prompts(cfg, tok, WeightedReward(cfg.reward.weights))
+    ids, reference = prompts.prompt(2), prompts.references[2]
+    head, body, rest = _sections(out)
+    assert body.strip() == tok.decode(ids).strip()  # the prompt as generation receives it, nothing after it
+    assert tok.decode(ids).endswith("<|assistant|>")  # ... the chat template's generation prompt
+    assert "[[" not in body and reference not in body
+    rows = [ln for ln in rest.splitlines() if re.match(r"^\s+\d+\s+\d+\s+(yes|-)\s", ln)]
+    assert [int(r.split()[1]) for r in rows] == ids and not any("yes" in r.split()[2] for r in rows)
+    assert f"{len(ids)} tokens, none in the loss" in head
+    assert "scored by reward.weights {'exact_int': 1.0}" in rest
+    assert rest.rstrip().splitlines()[-1] == (f"reference answer, given to the verifier (exact_int), never trained on: "
+                                             f"{reference!r}")

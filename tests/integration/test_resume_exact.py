@@ -1,10 +1,12 @@
-"""Bit-exact resume on 2 gloo ranks (parallel=fsdp): 20 micro-steps uninterrupted vs stopped after
-micro-step 10 and resumed. Final parameters bit-identical, losses identical at every step.
+"""Bit-exact resume on 2 gloo ranks (parallel=fsdp, attention dropout on, each rank drawing its own
+masks): 20 micro-steps uninterrupted vs stopped after micro-step 10 and resumed. Final parameters
+bit-identical, losses identical at every step.
 
 The negative controls live here too, so the comparison is shown to see the difference it exists for:
-resuming with the two ranks' optimizer shards swapped, or without restoring the sampler position,
-must make the same comparison fail. (Swapping the two ranks' DCP files on disk does not even load:
-DCP reads each item at its recorded offset and the files' layouts differ, so it fails loudly.)
+resuming with the two ranks' optimizer shards swapped, without restoring the sampler position, or
+with rank 0's RNG states restored on both ranks, must make the same comparison fail. (Swapping the two
+ranks' DCP files on disk does not even load: DCP reads each item at its recorded offset and the files'
+layouts differ, so it fails loudly.)
 A newest checkpoint that one rank cannot read makes BOTH ranks fall back to the one before it, and
 that resume is bit-exact too. All runs share one spawn of 2 processes.
 
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -33,10 +36,21 @@ from tests.integration.distributed import TINY, fit_many, history, result, run
 
 ACCUM, STEPS, STOP = 2, 10, 5  # 20 micro-steps; the stop lands after micro-step 10
 VARIANTS = {"ep": ["model=olmoe", "parallel=ep"], "adamw8bit": ["parallel=fsdp", "optimizer=adamw8bit"]}
-CFG = TINY + ["parallel=fsdp", f"trainer.grad_accum={ACCUM}", f"trainer.max_steps={STEPS}", "trainer.export=true"]
+CFG = TINY + ["parallel=fsdp", f"trainer.grad_accum={ACCUM}", f"trainer.max_steps={STEPS}", "trainer.export=true",
+              "+model.overrides.attention_dropout=0.2"]
 
 
 # ----------------------------------------------------------- hooks (module level: spawn pickles them)
+
+
+def own_rng(trainer, rank: int, then: Callable | None = None) -> None:
+    """A fresh run's ranks each on their own torch RNG stream, so their dropout masks differ from the
+    first step (the trainer seeds every rank alike: masks then differ only where batch shapes do) and a
+    resume that gave a rank another rank's RNG state would train on other masks."""
+    assert trainer.state.step == 0, "only a fresh run: a resume must keep the RNG states it restored"
+    torch.manual_seed(1000 + rank)
+    if then is not None:
+        then(trainer, rank)
 
 
 def request_stop_before(trainer, rank: int, step: int, on_rank: int) -> None:
@@ -59,6 +73,16 @@ def forget_sampler_position(trainer, rank: int) -> None:
 
     assert trainer.state.step == STOP, "the control must start from the resumed checkpoint"
     trainer.stream.position = Position()
+
+
+def rank0_rng_on_every_rank(trainer, rank: int) -> None:
+    """After the resume: every rank takes rank 0's RNG states from the checkpoint, as a loader that read
+    rank0.json on every rank would."""
+    from align.control.checkpoint import set_rng_state
+
+    assert trainer.state.step == STOP, "the control must start from the resumed checkpoint"
+    ckpt = trainer.run_dir / "checkpoints" / f"step_{STOP:08d}"
+    set_rng_state(json.loads((ckpt / "rank0.json").read_text())["rng"], trainer.env.device)
 
 
 def swap_optimizer_shards(trainer, rank: int) -> None:
@@ -99,18 +123,19 @@ def copy_stop_checkpoint(rank: int, world: int, src: str, dsts: tuple[str, ...],
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
-    d = {k: str(root / k) for k in ("full", "stopped", "swapped", "nosampler", "fallback")}
+    d = {k: str(root / k) for k in ("full", "stopped", "swapped", "nosampler", "fallback", "rank0rng")}
     keep = ["trainer.save_every=2", "trainer.keep_last=2"]
     jobs = [
-        {"run_dir": d["full"], "overrides": CFG},
+        {"run_dir": d["full"], "overrides": CFG, "hook": own_rng},
         {"run_dir": d["stopped"], "overrides": CFG + keep,
-         "hook": functools.partial(request_stop_before, step=STOP, on_rank=1),
-         "after": functools.partial(copy_stop_checkpoint, src=d["stopped"], dsts=(d["swapped"], d["nosampler"]),
-                                    fallback=d["fallback"])},
+         "hook": functools.partial(own_rng, then=functools.partial(request_stop_before, step=STOP, on_rank=1)),
+         "after": functools.partial(copy_stop_checkpoint, src=d["stopped"],
+                                    dsts=(d["swapped"], d["nosampler"], d["rank0rng"]), fallback=d["fallback"])},
         {"run_dir": d["stopped"], "overrides": CFG + keep},  # the resume: same command, same run dir
         {"run_dir": d["swapped"], "overrides": CFG, "hook": swap_optimizer_shards},
         {"run_dir": d["nosampler"], "overrides": CFG, "hook": forget_sampler_position},
         {"run_dir": d["fallback"], "overrides": CFG},
+        {"run_dir": d["rank0rng"], "overrides": CFG, "hook": rank0_rng_on_every_rank},
     ]
     # The same stop + resume for the other layouts a checkpoint must survive: expert parallel (experts
     # on their own mesh) and torchao's 8-bit AdamW under FSDP (docs/pitfalls.md#12); 6 steps, stop after 3.
@@ -167,6 +192,16 @@ def test_negative_control_resume_without_sampler_state_is_detected(runs):
     assert any(d.startswith("loss") for d in diff) and any(d.startswith("param") for d in diff), diff
 
 
+def test_negative_control_rank_0s_rng_on_every_rank_is_detected(runs):
+    dirs, codes = runs
+    assert codes[6] == 0
+    ckpt = dirs["rank0rng"] / "checkpoints" / f"step_{STOP:08d}"
+    states = [json.loads((ckpt / f"rank{r}.json").read_text())["rng"]["torch_cpu"] for r in (0, 1)]
+    assert states[0] != states[1]  # each rank saved its own state: rank 1 restoring rank 0's changes its masks
+    diff = differences(dirs["full"], dirs["rank0rng"])
+    assert any(d.startswith("loss") for d in diff) and any(d.startswith("param") for d in diff), diff
+
+
 def test_a_newest_checkpoint_one_rank_cannot_read_makes_both_fall_back_and_still_resume_bit_exactly(runs):
     dirs, codes = runs
     assert codes[5] == 0
@@ -203,7 +238,7 @@ def test_the_stop_checkpoint_is_complete_and_says_why(runs):
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_expert_parallel_and_8bit_adamw_resume_bit_exactly_too(runs, name):
     dirs, codes = runs
-    at = 6 + 3 * sorted(VARIANTS).index(name)
+    at = 7 + 3 * sorted(VARIANTS).index(name)
     assert codes[at:at + 3] == [0, 143, 0]
     assert [r["step"] for r in history(dirs[f"{name}_stopped"])] == list(range(1, 7))
     assert differences(dirs[f"{name}_full"], dirs[f"{name}_stopped"]) == []
