@@ -32,7 +32,7 @@ import numpy as np
 from align.config import DataConfig, ModelConfig
 from align.data.encode import EncodedDataset, dataset_fingerprint, encode_records
 from align.data.masks import load_mask_files
-from align.data.sources import file_sha256, load_records, source_specs
+from align.data.sources import file_sha256, load_records, path_problem, source_specs
 from align.data.tokenizer import tokenizer_dir
 from align.errors import ConfigError
 
@@ -134,8 +134,9 @@ def cache_key_parts(data_cfg: DataConfig, model_cfg: ModelConfig) -> dict[str, A
     specs = source_specs(data_cfg)
     sources = []
     for s in specs:
-        if not s.path.is_file():
-            raise ConfigError(f"{s.key}.path", f"no such file: {s.path}")
+        problem = path_problem(s)
+        if problem:
+            raise ConfigError(f"{s.key}.path", problem)
         sources.append({**s.meaning(), "sha256": file_sha256(s.path)})
     aux = []
     for p in data_cfg.mask_files:

@@ -137,10 +137,22 @@ class BadRecord(Exception):
     pass
 
 
+def path_problem(spec: SourceSpec) -> Optional[str]:
+    """Why the source's path is not a file it can read, or None."""
+    if spec.path.is_file():
+        return None
+    if spec.path.is_dir():
+        what = "a Parquet file" if spec.kind == Source.parquet else "a JSONL file (one JSON object per line)"
+        return (f"{spec.path} is a directory; accepted: {what}, several files as a mixture "
+                "(data.mixture.<name>.path, one file each)")
+    return f"no such file: {spec.path}"
+
+
 def _rows(spec: SourceSpec) -> Iterator[tuple[int, Any]]:
     """(line or row number, parsed row or BadRecord) for every non-blank record of the file."""
-    if not spec.path.is_file():
-        raise ConfigError(f"{spec.key}.path", f"no such file: {spec.path}")
+    problem = path_problem(spec)
+    if problem:
+        raise ConfigError(f"{spec.key}.path", problem)
     if spec.kind == Source.parquet:
         import pyarrow.parquet as pq
 

@@ -58,18 +58,14 @@ def check_git(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
 
 def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
-    from align.data.sources import source_specs  # stdlib + config only: no torch, no tokenizer
+    from align.data.sources import path_problem, source_specs  # stdlib + config only: no torch, no tokenizer
 
     yield Check("config", "values", Status.passed, "every group type- and value-checked by its dataclass")
-    for spec in source_specs(cfg.data):  # every source of a mixture, JSONL or Parquet
-        ok = spec.path.is_file()
-        yield Check(
-            "config",
-            "data file",
-            Status.passed if ok else Status.failed,
-            f"{spec.path}" if ok else f"no such file: {spec.path}",
-            f"{spec.key}.path",
-        )
+    specs = source_specs(cfg.data)
+    for spec in specs:  # every source of a mixture, JSONL or Parquet
+        problem = path_problem(spec)
+        yield Check("config", "data file", Status.failed if problem else Status.passed, problem or f"{spec.path}",
+                    f"{spec.key}.path")
     for m in cfg.data.mask_files:
         ok = Path(m).is_file()
         yield Check(
@@ -216,17 +212,17 @@ def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
 
 def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
-    from align.data.sources import source_path
+    from align.data.sources import path_problem, source_specs
     from align.data.tokenizer import tokenizer_dir
     from align.run.manifest import sha256_file, tokenizer_hashes
 
-    p = source_path(cfg.data)
-    if p.is_file():
-        yield Check("cache", "data content hash", Status.passed, f"{p.name} sha256 {sha256_file(p)[:16]}")
+    spec = source_specs(cfg.data)[0]
+    problem = path_problem(spec)
+    if problem is None:
+        yield Check("cache", "data content hash", Status.passed,
+                    f"{spec.path.name} sha256 {sha256_file(spec.path)[:16]}")
     else:
-        yield Check(
-            "cache", "data content hash", Status.failed, f"cannot hash the data: no such file: {p}", "data.path"
-        )
+        yield Check("cache", "data content hash", Status.failed, f"cannot hash the data: {problem}", f"{spec.key}.path")
     tok_sha, tmpl_sha, _ = tokenizer_hashes(tokenizer_dir(cfg.model))
     if tok_sha:
         yield Check(

@@ -48,6 +48,10 @@ CASES = [
     # the nested schema's keys, the closest name, and Hydra's own hints
     (["model.lora.enable=true"], "model.lora.enable", "unknown key in model.lora (did you mean model.lora.enabled?)"),
     (["optimizer.lr=1e-4,3e-4"], "optimizer.lr=1e-4,3e-4", "add --multirun to your command line"),
+    # a directory is not "no such file"; a path Hydra's grammar cannot read bare gets the quoted form
+    (["data=jsonl", "data.path=/"], "data.path", "/ is a directory; accepted: a JSONL file"),
+    (["data=jsonl", "data.path=/tmp/my data (1)/x.jsonl"], "data.path=/tmp/my data (1)/x.jsonl",
+     """quote it: 'data.path="/tmp/my data (1)/x.jsonl"'"""),
 ]
 
 

@@ -330,3 +330,10 @@ def test_compile_artifacts_that_torch_cannot_read_fail_preflight_by_key(tmp_path
     report = collect(typed("logger=none", "allow_dirty=true", f"trainer.compile_artifacts={tmp_path / 'new.bin'}"))
     (item,) = [c for c in report.checks if c.key == "trainer.compile_artifacts"]
     assert item.status == Status.passed and "written at the end of the run" in item.detail
+
+
+def test_a_directory_as_data_path_is_named_a_directory(tmp_path):
+    report = collect(typed("allow_dirty=true", "logger=none", "data=jsonl", f"data.path={tmp_path}"))
+    details = {c.name: c.detail for c in report.failures}
+    assert details["data file"].startswith(f"{tmp_path} is a directory; accepted: a JSONL file")
+    assert details["data content hash"] == f"cannot hash the data: {details['data file']}"
