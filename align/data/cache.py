@@ -38,9 +38,10 @@ from align.errors import ConfigError
 
 log = logging.getLogger("align")
 
-ENCODE_VERSION = 2
+ENCODE_VERSION = 3
 """Bump whenever the encoder's output can change for identical inputs (masking rule, EOS handling,
-array layout, record ids or roots). Cheap, blunt, and it catches what no hash was thought of for."""
+array layout, record ids or roots, which records are bad: 3, a pre-tokenized row's bool id or mask value
+other than 0/1). Cheap, blunt, and it catches what no hash was thought of for."""
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "tokenizer.model", "spiece.model", "vocab.json",

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from align.config import AttnImpl, TrainConfig
-from align.errors import AlignError
+from align.errors import AlignError, ConfigError
 from align.run.checklist import Check, Context, Report, Status, _Stop
 from align.run.kwargs_sites import check_kwargs_sites
 
@@ -66,6 +66,7 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
         problem = path_problem(spec)
         yield Check("config", "data file", Status.failed if problem else Status.passed, problem or f"{spec.path}",
                     f"{spec.key}.path")
+    yield from _token_rows(cfg, ctx, specs)
     for m in cfg.data.mask_files:
         ok = Path(m).is_file()
         yield Check(
@@ -86,6 +87,25 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
             problem or f"{d} (config.json parses; every safetensors file as long as its header says)",
             "model.pretrained",
         )
+
+
+def _token_rows(cfg: TrainConfig, ctx: Context, specs: list) -> Iterable[Check]:
+    """Pre-tokenized rows are read as the run reads them (types, masks, file:line), and their largest
+    id is kept for the model's vocabulary check (align/run/model_checks.py): an id past the embedding
+    otherwise surfaces after the tokenizer, the encode and the model build, without its line."""
+    from align.config import Source
+    from align.data.sources import load_records, path_problem, top_token
+
+    if not any(s.kind == Source.tokens for s in specs) or any(path_problem(s) for s in specs):
+        return
+    try:
+        records = load_records(cfg.data)
+    except ConfigError as e:
+        yield Check("config", "token rows", Status.failed, e.message, e.key)
+        return
+    ctx.facts["top_token"] = top = top_token(records)
+    yield Check("config", "token rows", Status.passed,
+                f"{len(records)} records" + (f", largest token id {top[0]} ({top[1]})" if top else ""))
 
 
 def _eval_records(cfg: TrainConfig) -> Iterable[Check]:
