@@ -246,9 +246,15 @@ def test_adapters_off_records_the_base_identity_and_passes_its_gate(tmp_path, ca
 
 
 def test_a_reference_free_loss_records_the_reference_as_null_with_its_reason(tmp_path, cache):
+    # Sides that differ at their start, half of them longer than data.max_seq_len: cut, they still differ
+    # (the bundled pairs differ at their end, so a cut one is the same sequence twice and is skipped).
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"question {i}", "chosen": f"yes {i} " + "because " * 200 * (i % 2),
+                                         "rejected": f"no {i} " + "because " * 200 * (i % 2)}) + "\n"
+                             for i in range(40)))
     d = tmp_path / "simpo"
     p = train(d, *SHORT, "objective.loss=simpo", "trainer.max_steps=2", "data.truncation=truncate",
-              f"data.cache_dir={cache}")
+              "data=preference", f"data.path={pairs}", f"data.cache_dir={cache}")
     assert p.returncode == 0, p.stderr[-3000:]
     obj = manifest(d)["objective"]
     ref, gate = obj["reference"], obj["gate"]
