@@ -32,25 +32,27 @@ import numpy as np
 from align.config import DataConfig, ModelConfig
 from align.data.encode import EncodedDataset, dataset_fingerprint, encode_records
 from align.data.masks import load_mask_files
-from align.data.sources import file_sha256, load_records, source_specs
+from align.data.sources import file_sha256, load_records, path_problem, source_specs
 from align.data.tokenizer import tokenizer_dir
 from align.errors import ConfigError
 
 log = logging.getLogger("align")
 
-ENCODE_VERSION = 2
+ENCODE_VERSION = 3
 """Bump whenever the encoder's output can change for identical inputs (masking rule, EOS handling,
-array layout, record ids or roots). Cheap, blunt, and it catches what no hash was thought of for."""
+array layout, record ids or roots, which records are bad: 3, a pre-tokenized row's bool id or mask value
+other than 0/1). Cheap, blunt, and it catches what no hash was thought of for."""
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "tokenizer.model", "spiece.model", "vocab.json",
                    "vocab.txt", "merges.txt")
 """Files a transformers tokenizer reads from its directory (plus additional_chat_templates/*)."""
 
-PAIRING_VERSION = 1
+PAIRING_VERSION = 2
 """Bump whenever the pair encoder's output can change for identical inputs: how a record becomes a
 prompt and two completions (the implicit-prompt rule), the sequence layout (2i chosen, 2i+1 rejected),
-which tokens carry loss (the completion and its closing EOS), truncation of a pair. Part of the key
+which tokens carry loss (the completion and its closing EOS), truncation of a pair, which pairs are
+dropped (2: a pair whose sides encode to the same tokens, e.g. once cut at max_seq_len). Part of the key
 of every preference encoding (align/data/preference.py) and of no chat encoding."""
 
 _ARRAYS = ("tokens", "loss_mask", "offsets", "source_index")
@@ -134,8 +136,9 @@ def cache_key_parts(data_cfg: DataConfig, model_cfg: ModelConfig) -> dict[str, A
     specs = source_specs(data_cfg)
     sources = []
     for s in specs:
-        if not s.path.is_file():
-            raise ConfigError(f"{s.key}.path", f"no such file: {s.path}")
+        problem = path_problem(s)
+        if problem:
+            raise ConfigError(f"{s.key}.path", problem)
         sources.append({**s.meaning(), "sha256": file_sha256(s.path)})
     aux = []
     for p in data_cfg.mask_files:

@@ -19,7 +19,9 @@ Bad records (a missing side, chosen identical to rejected, an empty completion, 
 for a completion within data.max_seq_len, malformed JSON or fields) are refused with file:line, or,
 under data.on_bad_record=skip, counted per reason and dropped; the counts go into the manifest. A side
 longer than data.max_seq_len follows data.truncation for the whole pair (drop it, cut the side from the
-right and flag the pair truncated, or fail).
+right and flag the pair truncated, or fail). The sides are compared again as the token rows the run
+trains on, after the template and the cut: two sides that differ only past max_seq_len, or only in
+what the template drops, are the same sequence (loss log 2, no gradient) and are a bad record too.
 """
 
 from __future__ import annotations
@@ -335,16 +337,38 @@ def encode_pairs(records: Sequence[PreferenceRecord], tok, cfg: DataConfig, bad:
             if cfg.truncation == Truncation.drop:
                 dropped.append(rec.id)
                 continue
+        chosen, rejected = chosen[:m], rejected[:m]
+        if chosen == rejected:  # the text check (parse_record) cannot see what the template and the cut do
+            bad(rec.where, _collapsed(len(chosen), longest > m, m))
+            continue
         for ids in (chosen, rejected):
-            ids = ids[:m]
             seqs.append(np.asarray(ids, dtype=np.int32))
             masks.append(np.arange(len(ids)) >= n_prompt)
         kept.append(rec)
         truncated.append(longest > m)
     if not kept:
         raise ConfigError("data.max_seq_len", f"no pair is left to train on: {len(dropped)} longer than {m} tokens "
-                          f"(data.truncation={cfg.truncation.value}), {len(bad.where)} skipped as bad")
+                          f"(data.truncation={cfg.truncation.value}), {len(bad.where)} skipped as bad"
+                          + (f" ({n} of them identical once encoded)" if (n := _collapsed_count(bad)) else ""))
     return _assemble(kept, seqs, masks, truncated, dropped, cfg, len(records))
+
+
+def _collapsed(n: int, cut: bool, max_seq_len: int) -> BadPair:
+    """Two sides encoded to the same tokens: both log-probs are equal, so the loss is log 2 with no
+    gradient, whatever the policy learns."""
+    if cut:
+        return BadPair("identical_after_truncation",
+                       f"'chosen' and 'rejected' differ only past data.max_seq_len={max_seq_len}: cut there "
+                       f"(data.truncation=truncate) both are the same {n} tokens and the pair prefers nothing; "
+                       "accepted: a larger data.max_seq_len, data.truncation=drop, or sides that differ within it")
+    return BadPair("identical_tokens",
+                   f"'chosen' and 'rejected' differ as text but render to the same {n} tokens through the chat "
+                   "template (e.g. it trims whitespace): the pair prefers nothing; accepted: sides that differ "
+                   "in what the template keeps")
+
+
+def _collapsed_count(bad: BadRecords) -> int:
+    return sum(n for r, n in bad.by_reason.items() if r in ("identical_after_truncation", "identical_tokens"))
 
 
 def _assemble(kept: list[PreferenceRecord], seqs: list[np.ndarray], masks: list[np.ndarray], truncated: list[bool],

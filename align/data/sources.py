@@ -37,6 +37,8 @@ class Record:
     """Pre-tokenized rows (`data.source=tokens`): the ids, encoded as they are."""
     loss_mask: Optional[tuple[bool, ...]] = None
     """Targets of a pre-tokenized row; null: every token."""
+    where: str = ""
+    """`<file>:<line>` (or `<file>:<row>` for Parquet), what an error about this record names."""
 
 
 @dataclass(frozen=True)
@@ -137,10 +139,22 @@ class BadRecord(Exception):
     pass
 
 
+def path_problem(spec: SourceSpec) -> Optional[str]:
+    """Why the source's path is not a file it can read, or None."""
+    if spec.path.is_file():
+        return None
+    if spec.path.is_dir():
+        what = "a Parquet file" if spec.kind == Source.parquet else "a JSONL file (one JSON object per line)"
+        return (f"{spec.path} is a directory; accepted: {what}, several files as a mixture "
+                "(data.mixture.<name>.path, one file each)")
+    return f"no such file: {spec.path}"
+
+
 def _rows(spec: SourceSpec) -> Iterator[tuple[int, Any]]:
     """(line or row number, parsed row or BadRecord) for every non-blank record of the file."""
-    if not spec.path.is_file():
-        raise ConfigError(f"{spec.key}.path", f"no such file: {spec.path}")
+    problem = path_problem(spec)
+    if problem:
+        raise ConfigError(f"{spec.key}.path", problem)
     if spec.kind == Source.parquet:
         import pyarrow.parquet as pq
 
@@ -221,13 +235,45 @@ def _gsm8k_fields(row: dict) -> dict:
 
 
 def _token_row(row: dict, spec: SourceSpec) -> tuple[tuple[int, ...], Optional[tuple[bool, ...]]]:
-    ids = row.get(spec.tokens_field)
-    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
-        raise BadRecord(f"field '{spec.tokens_field}' must be a non-empty list of token ids >= 0 (data.tokens_field)")
+    # bool is an int in Python: isinstance would train `true` as id 1, and bool(2) makes any number a
+    # target. Types are checked exactly.
+    field = spec.tokens_field
+    ids = row.get(field)
+    accepted = f"accepted: a non-empty list of integer token ids >= 0 (data.tokens_field={field})"
+    if not isinstance(ids, list) or not ids:
+        raise BadRecord(f"field '{field}' is {_json_kind(ids)}; {accepted}")
+    if not all(type(t) is int and t >= 0 for t in ids):
+        i, t = next((i, t) for i, t in enumerate(ids) if type(t) is not int or t < 0)
+        raise BadRecord(f"'{field}'[{i}] is {json.dumps(t)}; {accepted}")
     mask = row.get("loss_mask")
-    if mask is not None and (not isinstance(mask, list) or len(mask) != len(ids)):
-        raise BadRecord(f"field 'loss_mask' must be a list of 0/1 as long as '{spec.tokens_field}'")
-    return tuple(ids), None if mask is None else tuple(bool(m) for m in mask)
+    if mask is None:
+        return tuple(ids), None
+    if not isinstance(mask, list) or len(mask) != len(ids):
+        raise BadRecord(f"field 'loss_mask' is {_json_kind(mask)}; accepted: a list of 0/1 as long as '{field}' "
+                        f"({len(ids)})")
+    bad = next(((i, m) for i, m in enumerate(mask) if not (type(m) is bool or (type(m) is int and m in (0, 1)))),
+               None)
+    if bad is not None:
+        raise BadRecord(f"'loss_mask'[{bad[0]}] is {json.dumps(bad[1])}; accepted: 0 or 1 (or false/true) per token")
+    return tuple(ids), tuple(bool(m) for m in mask)
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "missing or null"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return f"of type {type(value).__name__}"
+
+
+def top_token(records: list[Record]) -> Optional[tuple[int, str]]:
+    """The largest token id of the pre-tokenized records and the `file:line` of its first row; None
+    without any. Preflight holds it against the model's vocabulary before the run dir exists."""
+    top: Optional[tuple[int, str]] = None
+    for r in records:
+        if r.tokens is not None and (top is None or max(r.tokens) > top[0]):
+            top = max(r.tokens), r.where
+    return top
 
 
 def _record(row: dict, lineno: int, spec: SourceSpec, index: int) -> Record:
@@ -252,7 +298,8 @@ def _record(row: dict, lineno: int, spec: SourceSpec, index: int) -> Record:
         if spec.root_field not in row:
             raise BadRecord(f"record has no root field '{spec.root_field}' (data.root_field)")
         root = f"{spec.name}/{spec.root_field}={row[spec.root_field]}"
-    return Record(id=rid, root=root, messages=msgs, source=index, tokens=tokens, loss_mask=mask)
+    return Record(id=rid, root=root, messages=msgs, source=index, tokens=tokens, loss_mask=mask,
+                  where=f"{spec.path}:{lineno}")
 
 
 def load_records(cfg: DataConfig, report: Optional[dict] = None) -> list[Record]:

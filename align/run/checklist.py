@@ -110,6 +110,9 @@ class Context:
     root: Path
     stop_on_fail: bool
     checks: list[Check] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What a cheap check learnt that a later one reads (`top_token`: the largest id of pre-tokenized
+    rows and its file:line, for the model's vocabulary check)."""
 
     def add(self, check: Check) -> None:
         assert check.item in _ITEMS, check.item

@@ -9,6 +9,7 @@ Hydra's compose API first, converts each to the typed config, and fails with one
 from __future__ import annotations
 
 import itertools
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,17 @@ def _override_key(exc: BaseException, key: str) -> str:
     return full if full.endswith(f".{key}") else key
 
 
+def quote_hint(override: str) -> str:
+    """How to pass a value Hydra's grammar cannot read bare (a path with brackets, parentheses, quotes
+    or `=`), or the rest of one the shell split at a space: quoted, as one word."""
+    key, eq, value = override.partition("=")
+    if not eq:
+        return ("not key=value: if it is the rest of a value the shell split at a space, quote the whole "
+                "override, e.g. 'data.path=\"/tmp/my data/x.jsonl\"'")
+    inner = '"' if '"' not in value else "'"
+    return f"if the value is one string (a path), quote it: {shlex.quote(f'{key}={inner}{value.strip()}{inner}')}"
+
+
 def describe(exc: BaseException, root: Optional[type] = None) -> str:
     """One line for a composition, override or value error: the key, the problem, what is accepted.
     `root`: the schema the command composes onto (default: align.train's TrainConfig)."""
@@ -82,7 +94,8 @@ def describe(exc: BaseException, root: Optional[type] = None) -> str:
             return f"{group}={option}: no such option; accepted: {', '.join(_options(group))}"
         return str(exc).splitlines()[0]
     if isinstance(exc, OverrideParseException):
-        return f"cannot parse override: {one_line(exc)}"
+        # The message's later lines are a caret under the argument and a link to the grammar.
+        return f"cannot parse override {exc.override!r}: {exc.message.splitlines()[0]}; {quote_hint(exc.override)}"
     cause = exc.__cause__ if isinstance(exc, ConfigCompositionException) and exc.__cause__ else exc
     if isinstance(cause, OmegaConfBaseException):
         key = _override_key(exc, getattr(cause, "full_key", None) or "config")

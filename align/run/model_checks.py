@@ -3,6 +3,7 @@ the encode or any weight is touched. Registered in `align.run.preflight.CHECKS`;
 `align.run.preflight.Check` rows (a failure names the config key to change):
 
 - config kwargs (preset + overrides) accepted by the installed config class (also a kwargs site)
+- the largest id of pre-tokenized rows inside every token-id table (naming its file:line)
 - attention backend supported by the family and the machine (else refused, or fallback=allow)
 - router losses only on MoE models; QLoRA only on dense families, with a checkpoint
 - LoRA targets discovered (the peft / bitsandbytes kwargs are kwargs sites: `lora_site`, `qlora_site`)
@@ -12,7 +13,7 @@ the encode or any weight is touched. Registered in `align.run.preflight.CHECKS`;
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -20,7 +21,7 @@ from align.config import TrainConfig
 from align.data.budget_auto import plan_sizes
 from align.errors import ConfigError
 from align.models.attention import resolve_attention
-from align.models.build import check_router_losses
+from align.models.build import check_router_losses, token_id_tables
 from align.models.lora import discover_targets, qlora_refusal
 from align.models.memory import estimate_memory, meta_model
 from align.models.registry import FAMILIES
@@ -30,6 +31,25 @@ def _device(cfg: TrainConfig) -> torch.device:
     from align.parallel.env import resolve_device
 
     return resolve_device(cfg.trainer.device)
+
+
+def _token_ids(model: torch.nn.Module, top: Optional[tuple[int, str]]) -> Iterator:
+    """The largest id of pre-tokenized rows (align/run/preflight.py reads them) against every table
+    indexed by token ids; the meta model has the run's sizes, so no weight is loaded. The trainer's
+    `check_token_ids` stays for runs built without preflight."""
+    from align.run.checklist import Check, Status
+
+    if top is None:
+        return
+    tables = token_id_tables(model)
+    over = {what: vocab for what, vocab in tables.items() if top[0] >= vocab}
+    if not over:
+        yield Check("config", "token ids", Status.passed, f"largest id {top[0]} < {min(tables.values())}")
+        return
+    what, vocab = min(over.items(), key=lambda kv: kv[1])
+    yield Check("config", "token ids", Status.failed,
+                f"token id {top[0]} is out of the model's vocabulary (size {vocab}, {what}); accepted: ids below "
+                f"{vocab} (set the model's vocabulary to match, or use data tokenized for this model)", top[1])
 
 
 def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator:
@@ -47,6 +67,7 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
         yield failed("config", "model config (meta build)", e)
         return
     moe = spec.moe_shape(config)
+    yield from _token_ids(model, getattr(ctx, "facts", {}).get("top_token"))
 
     try:
         attn = resolve_attention(m.family, cfg.attention, device.type)

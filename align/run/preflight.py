@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from align.config import AttnImpl, TrainConfig
-from align.errors import AlignError
+from align.errors import AlignError, ConfigError
 from align.run.checklist import Check, Context, Report, Status, _Stop
 from align.run.kwargs_sites import check_kwargs_sites
 
@@ -58,18 +58,15 @@ def check_git(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
 
 def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
-    from align.data.sources import source_specs  # stdlib + config only: no torch, no tokenizer
+    from align.data.sources import path_problem, source_specs  # stdlib + config only: no torch, no tokenizer
 
     yield Check("config", "values", Status.passed, "every group type- and value-checked by its dataclass")
-    for spec in source_specs(cfg.data):  # every source of a mixture, JSONL or Parquet
-        ok = spec.path.is_file()
-        yield Check(
-            "config",
-            "data file",
-            Status.passed if ok else Status.failed,
-            f"{spec.path}" if ok else f"no such file: {spec.path}",
-            f"{spec.key}.path",
-        )
+    specs = source_specs(cfg.data)
+    for spec in specs:  # every source of a mixture, JSONL or Parquet
+        problem = path_problem(spec)
+        yield Check("config", "data file", Status.failed if problem else Status.passed, problem or f"{spec.path}",
+                    f"{spec.key}.path")
+    yield from _token_rows(cfg, ctx, specs)
     for m in cfg.data.mask_files:
         ok = Path(m).is_file()
         yield Check(
@@ -90,6 +87,25 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
             problem or f"{d} (config.json parses; every safetensors file as long as its header says)",
             "model.pretrained",
         )
+
+
+def _token_rows(cfg: TrainConfig, ctx: Context, specs: list) -> Iterable[Check]:
+    """Pre-tokenized rows are read as the run reads them (types, masks, file:line), and their largest
+    id is kept for the model's vocabulary check (align/run/model_checks.py): an id past the embedding
+    otherwise surfaces after the tokenizer, the encode and the model build, without its line."""
+    from align.config import Source
+    from align.data.sources import load_records, path_problem, top_token
+
+    if not any(s.kind == Source.tokens for s in specs) or any(path_problem(s) for s in specs):
+        return
+    try:
+        records = load_records(cfg.data)
+    except ConfigError as e:
+        yield Check("config", "token rows", Status.failed, e.message, e.key)
+        return
+    ctx.facts["top_token"] = top = top_token(records)
+    yield Check("config", "token rows", Status.passed,
+                f"{len(records)} records" + (f", largest token id {top[0]} ({top[1]})" if top else ""))
 
 
 def _eval_records(cfg: TrainConfig) -> Iterable[Check]:
@@ -216,17 +232,17 @@ def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
 
 def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
-    from align.data.sources import source_path
+    from align.data.sources import path_problem, source_specs
     from align.data.tokenizer import tokenizer_dir
     from align.run.manifest import sha256_file, tokenizer_hashes
 
-    p = source_path(cfg.data)
-    if p.is_file():
-        yield Check("cache", "data content hash", Status.passed, f"{p.name} sha256 {sha256_file(p)[:16]}")
+    spec = source_specs(cfg.data)[0]
+    problem = path_problem(spec)
+    if problem is None:
+        yield Check("cache", "data content hash", Status.passed,
+                    f"{spec.path.name} sha256 {sha256_file(spec.path)[:16]}")
     else:
-        yield Check(
-            "cache", "data content hash", Status.failed, f"cannot hash the data: no such file: {p}", "data.path"
-        )
+        yield Check("cache", "data content hash", Status.failed, f"cannot hash the data: {problem}", f"{spec.key}.path")
     tok_sha, tmpl_sha, _ = tokenizer_hashes(tokenizer_dir(cfg.model))
     if tok_sha:
         yield Check(

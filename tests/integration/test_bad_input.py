@@ -48,6 +48,10 @@ CASES = [
     # the nested schema's keys, the closest name, and Hydra's own hints
     (["model.lora.enable=true"], "model.lora.enable", "unknown key in model.lora (did you mean model.lora.enabled?)"),
     (["optimizer.lr=1e-4,3e-4"], "optimizer.lr=1e-4,3e-4", "add --multirun to your command line"),
+    # a directory is not "no such file"; a path Hydra's grammar cannot read bare gets the quoted form
+    (["data=jsonl", "data.path=/"], "data.path", "/ is a directory; accepted: a JSONL file"),
+    (["data=jsonl", "data.path=/tmp/my data (1)/x.jsonl"], "data.path=/tmp/my data (1)/x.jsonl",
+     """quote it: 'data.path="/tmp/my data (1)/x.jsonl"'"""),
 ]
 
 
@@ -142,3 +146,16 @@ def test_a_checkpoint_that_fails_only_at_load_is_one_error_and_leaves_no_cache_e
     with pytest.raises(ConfigError, match=rf"^model.pretrained: cannot load the weights from {ckpt}: RuntimeError"):
         build_trainer(tmp_path, f"model.pretrained={ckpt}", f"data.cache_dir={cache}", "trainer.max_steps=1")
     assert not cache.exists() or not any(cache.iterdir()), list(cache.iterdir())
+
+
+def test_a_token_id_outside_the_vocabulary_names_its_line_before_the_run_dir(tmp_path):
+    """Held against the model's tables in preflight (the meta model: no tokenizer, encode or weights),
+    so the refusal names the row and leaves no run dir; it used to come after the build, without one."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"input_ids": [1, 2, 3]}\n{"input_ids": [4, 99999, 5]}\n')
+    p = _run(tmp_path, "data=tokens", f"data.path={rows}", "allow_dirty=true")
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    [line] = [ln for ln in p.stderr.splitlines() if ln.startswith("align: error: ")]
+    assert line.startswith(f"align: error: {rows}:2: token id 99999 is out of the model's vocabulary (size 4096"), line
+    assert "accepted: ids below 4096" in line and "Traceback" not in p.stderr
+    assert not (tmp_path / "run").exists(), "a refused run must not leave a run dir behind"

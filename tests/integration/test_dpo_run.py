@@ -246,9 +246,15 @@ def test_adapters_off_records_the_base_identity_and_passes_its_gate(tmp_path, ca
 
 
 def test_a_reference_free_loss_records_the_reference_as_null_with_its_reason(tmp_path, cache):
+    # Sides that differ at their start, half of them longer than data.max_seq_len: cut, they still differ
+    # (the bundled pairs differ at their end, so a cut one is the same sequence twice and is skipped).
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"question {i}", "chosen": f"yes {i} " + "because " * 200 * (i % 2),
+                                         "rejected": f"no {i} " + "because " * 200 * (i % 2)}) + "\n"
+                             for i in range(40)))
     d = tmp_path / "simpo"
     p = train(d, *SHORT, "objective.loss=simpo", "trainer.max_steps=2", "data.truncation=truncate",
-              f"data.cache_dir={cache}")
+              "data=preference", f"data.path={pairs}", f"data.cache_dir={cache}")
     assert p.returncode == 0, p.stderr[-3000:]
     obj = manifest(d)["objective"]
     ref, gate = obj["reference"], obj["gate"]
@@ -276,3 +282,25 @@ def test_a_gate_failure_exits_2_with_one_line_and_the_manifest_records_it(tmp_pa
     assert m["status"] == "complete" and m["run"]["exit_code"] == 2 and "GateError" in m["run"]["exit_reason"]
     assert m["objective"]["gate"] == {"ran": True, "ok": False, "error": line.removeprefix("align: error: ")}
     assert rows(d) == [] and not (d / "checkpoints").exists()  # not one step trained
+
+
+# ----------------------------------------------------------------------- pairs the cut makes identical
+
+
+def test_a_file_whose_pairs_all_collapse_under_truncation_cannot_start(tmp_path):
+    """Sides that differ only past data.max_seq_len are one sequence once cut (loss log 2, no gradient):
+    such a file trained to exit 0 at loss 0.6931. Now the first such pair is refused by file:line
+    (exit 2, one line) and not one step is taken."""
+    shared = "the same long reasoning " * 12
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"q{i}", "chosen": shared + "yes", "rejected": shared + "no"}) + "\n"
+                             for i in range(8)))
+    d = tmp_path / "run"
+    p = train(d, "allow_dirty=true", "objective=dpo", "logger=none", "trainer.device=cpu", "trainer.max_steps=2",
+              "data=preference", f"data.path={pairs}", "data.max_seq_len=40", "data.truncation=truncate",
+              f"data.cache_dir={tmp_path / 'cache'}")
+    assert p.returncode == 2, p.stderr[-3000:]
+    [line] = error_lines(p)
+    assert line.startswith(f"align: error: {pairs}:1: 'chosen' and 'rejected' differ only past data.max_seq_len=40")
+    assert manifest(d)["run"]["exit_code"] == 2
+    assert not (d / "history.jsonl").exists() and not (d / "export").exists()  # refused at the encode, before step 1

@@ -205,6 +205,52 @@ def test_truncation_applies_per_pair(tmp_path, tok):
     assert f"a side of pair p:2 has {n_long} tokens, more than data.max_seq_len=40" in e.value.message
 
 
+SHARED = "the same long reasoning " * 12
+COLLAPSING = {"prompt": "q", "chosen": SHARED + "so yes", "rejected": SHARED + "so no"}  # differ past 40 tokens
+
+
+def test_a_pair_that_truncation_makes_identical_is_refused_with_file_and_line(tmp_path, tok):
+    """The text check passes (the sides differ), but cut at max_seq_len both are the same sequence:
+    loss log 2 and no gradient, a pair that trains nothing while it counts as one."""
+    rows = [GOOD, COLLAPSING, GOOD | {"chosen": "sure"}]
+    with pytest.raises(ConfigError) as e:
+        pairs_of(tmp_path / "f", tok, rows, max_seq_len=40, truncation="truncate")
+    assert e.value.key.endswith("p.jsonl:2") and "\n" not in str(e.value)
+    assert "differ only past data.max_seq_len=40" in e.value.message and "accepted: a larger" in e.value.message
+    skipped = pairs_of(tmp_path / "s", tok, rows, max_seq_len=40, truncation="truncate", on_bad_record="skip")
+    assert skipped.pair_ids == ["p:1", "p:3"]
+    assert skipped.stats["skipped_by_reason"] == {"identical_after_truncation": 1}
+    assert skipped.stats["skipped_where"][0].startswith(f"{tmp_path / 's' / 'p.jsonl'}:2: ")
+    whole = pairs_of(tmp_path / "w", tok, rows, max_seq_len=256, truncation="truncate")  # within the length: kept
+    assert whole.pair_ids == ["p:1", "p:2", "p:3"] and not np.array_equal(whole.row(2)[0], whole.row(3)[0])
+
+
+def test_a_file_where_every_pair_collapses_cannot_start(tmp_path, tok):
+    rows = [COLLAPSING, COLLAPSING | {"rejected": SHARED + "maybe"}]
+    with pytest.raises(ConfigError, match=r"no pair is left to train on: .* 2 skipped as bad \(2 of them identical "
+                                          r"once encoded\)") as e:
+        pairs_of(tmp_path, tok, rows, max_seq_len=40, truncation="truncate", on_bad_record="skip")
+    assert e.value.key == "data.max_seq_len"
+
+
+def test_sides_the_template_renders_alike_are_a_bad_pair(tmp_path, tok):
+    """A template that trims the content makes "yes" and "yes " one sequence: compared as tokens."""
+    import copy
+
+    from align.data.preference import BadRecords, encode_pairs, load_preference_records
+
+    trimming = copy.deepcopy(tok)
+    trimming.chat_template = tok.chat_template.replace("{{ m['content'] }}", "{{ m['content'] | trim }}")
+    cfg = train_cfg(tmp_path, write_jsonl(tmp_path / "p.jsonl", [GOOD, GOOD | {"rejected": "yes "}]))
+    bad = BadRecords(cfg.data.on_bad_record)
+    records = load_preference_records(cfg.data, bad)
+    assert len(records) == 2  # as text the sides differ
+    assert encode_pairs(records, tok, cfg.data, bad).pairs == 2
+    with pytest.raises(ConfigError, match="render to the same .* tokens through the chat template") as e:
+        encode_pairs(records, trimming, cfg.data, bad)
+    assert e.value.key.endswith("p.jsonl:2")
+
+
 def test_workers_encode_exactly_as_in_process(tmp_path, tok):
     cfg0 = train_cfg(tmp_path / "a", max_records=48, encode_workers=0, on_bad_record="skip")
     cfg2 = train_cfg(tmp_path / "b", max_records=48, encode_workers=2, on_bad_record="skip")

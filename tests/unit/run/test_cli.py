@@ -40,3 +40,26 @@ def test_each_job_is_preflighted_once(monkeypatch):
     assert len(calls) == 2, "a job ran its preflight again"
     cli.job_preflight(calls[0], ["allow_dirty=true", "logger=none"])  # a job the pass did not see
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("path", ["/tmp/my data (1)/x.jsonl", "/tmp/it's mine/x.jsonl", "/tmp/a[1] b=c.jsonl"])
+def test_a_value_the_grammar_cannot_read_bare_is_one_line_that_says_how_to_quote_it(capsys, path):
+    """The hint is a shell word that, passed as given, composes to the path meant."""
+    import shlex
+
+    from align.config import to_typed
+
+    with pytest.raises(SystemExit) as e:
+        cli.validate_command_line(["data=jsonl", f"data.path={path}"])
+    [line] = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and line.startswith(f"align: error: cannot parse override {f'data.path={path}'!r}: ")
+    [quoted] = shlex.split(line.split("quote it: ", 1)[1])
+    assert to_typed(cli.compose(["data=jsonl", quoted])).data.path == path
+
+
+def test_the_rest_of_a_value_the_shell_split_says_to_quote_the_whole_override(capsys):
+    with pytest.raises(SystemExit):
+        cli.validate_command_line(["data=jsonl", "data.path=/tmp/my", "data/x.jsonl"])
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("align: error: cannot parse override 'data/x.jsonl': ") and "not key=value" in line
+    assert "quote the whole override, e.g. 'data.path=\"/tmp/my data/x.jsonl\"'" in line

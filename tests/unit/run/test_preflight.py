@@ -330,3 +330,48 @@ def test_compile_artifacts_that_torch_cannot_read_fail_preflight_by_key(tmp_path
     report = collect(typed("logger=none", "allow_dirty=true", f"trainer.compile_artifacts={tmp_path / 'new.bin'}"))
     (item,) = [c for c in report.checks if c.key == "trainer.compile_artifacts"]
     assert item.status == Status.passed and "written at the end of the run" in item.detail
+
+
+# ------------------------------------------------------------------------------ data files and rows
+
+
+def _rows(tmp_path: Path, *rows) -> Path:
+    import json
+
+    f = tmp_path / "rows.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f
+
+
+@pytest.mark.parametrize("overrides,ids,table", [
+    ((), [4, 99999, 5], "size 4096, model.overrides.vocab_size"),
+    # Gemma-4's per-layer embeddings have their own, smaller vocabulary: 700 is inside the main one only.
+    (("model=gemma4", "+model.overrides.vocab_size=1024", "+model.overrides.vocab_size_per_layer_input=512"),
+     [4, 700, 5], "size 512, model.embed_tokens_per_layer"),
+])
+def test_token_ids_outside_the_vocabulary_name_file_and_line_in_preflight(tmp_path, overrides, ids, table):
+    """Held against the meta model's tables: no tokenizer, encode or weights, before the run dir."""
+    f = _rows(tmp_path, {"input_ids": [1, 2, 3]}, {"input_ids": ids}, {"input_ids": [6, 7]})
+    cfg = typed("allow_dirty=true", "logger=none", "data=tokens", f"data.path={f}", *overrides)
+    with pytest.raises(ConfigError) as e:
+        run_preflight(cfg)
+    assert e.value.key == f"{f}:2" and f"token id {max(ids)} is out of the model's vocabulary ({table}" \
+        in e.value.message, str(e.value)
+    good = _rows(tmp_path, {"input_ids": [1, 2]})
+    ok = collect(typed("allow_dirty=true", "logger=none", "data=tokens", f"data.path={good}", *overrides))
+    assert [c.status for c in ok if c.name == "token ids"] == [Status.passed]
+
+
+def test_a_bad_token_row_fails_preflight_before_any_library_check(tmp_path):
+    f = _rows(tmp_path, {"input_ids": [1, 2, 3]}, {"input_ids": [True, 5, False]})
+    report = collect(typed("allow_dirty=true", "logger=none", "data=tokens", f"data.path={f}"), stop_on_fail=True)
+    [failed] = report.failures
+    assert failed.key == f"{f}:2" and "'input_ids'[0] is true" in failed.detail
+    assert not [c for c in report if c.item == "kwargs"]  # stopped among the cheap checks
+
+
+def test_a_directory_as_data_path_is_named_a_directory(tmp_path):
+    report = collect(typed("allow_dirty=true", "logger=none", "data=jsonl", f"data.path={tmp_path}"))
+    details = {c.name: c.detail for c in report.failures}
+    assert details["data file"].startswith(f"{tmp_path} is a directory; accepted: a JSONL file")
+    assert details["data content hash"] == f"cannot hash the data: {details['data file']}"
