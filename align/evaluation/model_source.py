@@ -6,7 +6,10 @@
   run's resolved config (<run>/.hydra/config.yaml) with align's own build, its tensors read back
   through DCP (resharded to plain tensors) and LoRA merged, as export would have written it.
 
-`resolve_source` only looks at files (no torch), so preflight refuses a bad path before any load.
+`resolve_source` only looks at files (no torch), so preflight refuses a bad path before any load: the
+checkpoint file checks `align.train` runs on `model.pretrained` (config.json parses, safetensors files
+whole) on an export, the run config and its base checkpoint's files and family on a training checkpoint.
+`load` refuses a model whose tensors are not exactly its class's (align.models.checkpoint_fit).
 `identity()` hashes file content, so the eval cache can be consulted without loading the model.
 """
 
@@ -125,7 +128,7 @@ class ModelSource:
             warnings.simplefilter("ignore")  # DCP warns that no process group exists: one process reads it all
             held = set(reader.read_metadata().state_dict_metadata)
             _dcp_load(tensors, reader, self)
-        # DCP refuses a tensor the model has and the checkpoint lacks; one the model has no place for it skips.
+        # DCP refuses a tensor the model has and the checkpoint lacks, but skips one the model has no place for.
         report = LoadReport.of(model, {"missing_keys": set(), "unexpected_keys": held - set(tensors),
                                        "mismatched_keys": set()})
         why = report.problem()

@@ -108,9 +108,11 @@ def loading(what: str, path: str | Path, key: str = "model.pretrained") -> Itera
         yield
     except torch.OutOfMemoryError:
         raise
-    except pickle.UnpicklingError:  # torch's weights-only loader refused a pickle (never retried unsafely)
-        why = pickle_problem(path) or (f"a pytorch_model*.bin in {path} is refused by torch's weights-only loader; "
-                                       "align never unpickles objects: save the weights as safetensors (accepted)")
+    except pickle.UnpicklingError as e:  # a weights-only loader refused a pickle (never retried unsafely)
+        text = str(e).splitlines()[0] if str(e).strip() else "no message"
+        why = pickle_problem(path) or (f"cannot load the {what} from {path}: a pickle in it is refused by the "
+                                       f"weights-only loader ({text}); align never unpickles objects: safetensors "
+                                       "is accepted")
         raise ConfigError(key, why) from None
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         text = " ".join(str(e).split()) or "no message"
