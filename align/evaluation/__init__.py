@@ -3,7 +3,8 @@ report with provenance. `python -m align.eval` is the command; `evaluate` the in
 
     config.py        EvalConfig (the `eval` group) and EvalRunConfig (conf/eval.yaml's root)
     datasets.py      the records: bundled GSM8K test split or a prompts JSONL, checked up front
-    model_source.py  export dir or checkpoint -> (model, tokenizer); identity from file content
+    model_source.py  export dir or checkpoint -> (model, tokenizer, what the load put in it); identity from
+                     file content
     runner.py        one arm: render, generate n samples, score; `evaluate`
     scoring.py       per task: verifier answers or the refusal classifier
     metrics.py       pass@k (unbiased) and maj@k

@@ -124,8 +124,8 @@ class EvalJob:
             run = ArmRun(**cached["run"])
             model_info = cached["model"]
         else:
-            model, tok = source.load(device, getattr(torch, dtype))
-            model_info = model_record(model)
+            model, tok, weights = source.load(device, getattr(torch, dtype))
+            model_info = {**model_record(model), "weights": weights}
             from align.generation import build_engine
 
             engine = build_engine(gen, model, pad_token_id=tok.pad_token_id, eos_token_ids=stop_ids(tok, model))

@@ -6,7 +6,10 @@
   run's resolved config (<run>/.hydra/config.yaml) with align's own build, its tensors read back
   through DCP (resharded to plain tensors) and LoRA merged, as export would have written it.
 
-`resolve_source` only looks at files (no torch), so preflight refuses a bad path before any load.
+`resolve_source` only looks at files (no torch), so preflight refuses a bad path before any load: the
+checkpoint file checks `align.train` runs on `model.pretrained` (config.json parses, safetensors files
+whole) on an export, the run config and its base checkpoint's files and family on a training checkpoint.
+`load` refuses a model whose tensors are not exactly its class's (align.models.checkpoint_fit).
 `identity()` hashes file content, so the eval cache can be consulted without loading the model.
 """
 
@@ -84,22 +87,24 @@ class ModelSource:
             "chat_template_sha256": template_sha,
         }
 
-    def load(self, device: Any, dtype: Any) -> tuple[Any, Any]:
-        """(model in eval mode on `device` in `dtype`, tokenizer) of this source."""
+    def load(self, device: Any, dtype: Any) -> tuple[Any, Any, dict[str, Any]]:
+        """(model in eval mode on `device` in `dtype`, tokenizer, what the load put into the model:
+        `align.models.checkpoint_fit.LoadReport.record`) of this source. A checkpoint whose tensors are
+        not exactly the model's is refused (ConfigError naming `key`), never evaluated half random."""
         from align.config import ModelConfig
         from align.data.tokenizer import load_tokenizer
+        from align.models.checkpoint_fit import load_checked
 
         if self.kind == SourceKind.export:
             from transformers import AutoModelForCausalLM
 
             tok = load_tokenizer(ModelConfig(pretrained=str(self.path)))
-            model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=dtype)
+            model, report = load_checked(AutoModelForCausalLM, self.path, self.key, local_files_only=True, dtype=dtype)
         else:
-            model, tok = self._load_checkpoint(device)
-        return model.to(device=device, dtype=dtype).eval(), tok
+            model, tok, report = self._load_checkpoint(device)
+        return model.to(device=device, dtype=dtype).eval(), tok, report.record()
 
-    def _load_checkpoint(self, device: Any) -> tuple[Any, Any]:
-        import torch.distributed.checkpoint as dcp
+    def _load_checkpoint(self, device: Any) -> tuple[Any, Any, Any]:
         from omegaconf import OmegaConf
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
@@ -107,38 +112,80 @@ class ModelSource:
         from align.control.checkpoint import SafeReader, partition
         from align.data.tokenizer import load_tokenizer
         from align.models import build_model
+        from align.models.checkpoint_fit import LoadReport, loading
         from align.models.export import merged
 
         conf = OmegaConf.merge(OmegaConf.structured(TrainConfig), self.train_config())
         cfg: TrainConfig = OmegaConf.to_object(conf)
         tok = load_tokenizer(cfg.model)
-        model = build_model(cfg.model, cfg.attention, tok, device).model  # device: for the attention choice
+        try:
+            model = build_model(cfg.model, cfg.attention, tok, device).model  # device: for the attention choice
+        except ConfigError as e:  # the run's base checkpoint: named as the key that led here
+            raise ConfigError(self.key, f"rebuilding {self.path}'s model from its run config: {e}") from None
         tensors, _ = partition(get_model_state_dict(model))
-        with warnings.catch_warnings():  # DCP warns that no process group exists: one process reads it all
-            warnings.simplefilter("ignore")
-            dcp.load(tensors, storage_reader=SafeReader(self.path / "model"), no_dist=True)
+        reader = SafeReader(self.path / "model")
+        with loading("checkpoint", self.path / "model", self.key), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DCP warns that no process group exists: one process reads it all
+            held = set(reader.read_metadata().state_dict_metadata)
+            _dcp_load(tensors, reader, self)
+        # DCP refuses a tensor the model has and the checkpoint lacks, but skips one the model has no place for.
+        report = LoadReport.of(model, {"missing_keys": set(), "unexpected_keys": held - set(tensors),
+                                       "mismatched_keys": set()})
+        why = report.problem()
+        if why:
+            raise ConfigError(self.key, f"the checkpoint {self.path / 'model'} {why}")
         set_model_state_dict(model, tensors)
-        return merged(model), tok
+        return merged(model), tok, report
+
+
+def _dcp_load(tensors: dict[str, Any], reader: Any, source: ModelSource) -> None:
+    """DCP raises CheckpointException, a BaseException holding each rank's error: refused as one line."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(tensors, storage_reader=reader, no_dist=True)
+    except CheckpointException as e:
+        errors = [exc for exc, _ in e.failures.values()]  # (exception, its stack summary) per rank
+        why = "; ".join(f"{type(x).__name__}: {' '.join(str(x).split()) or 'no message'}" for x in errors)
+        raise ConfigError(source.key, f"cannot load the checkpoint {source.path / 'model'}: {why}") from None
 
 
 def _export_problem(path: Path) -> Optional[str]:
+    from align.run.preflight import checkpoint_problem
+
     if not (path / "config.json").is_file():
         return f"{path} has no config.json"
     if not any(path.glob("*.safetensors")):
         return f"{path} has no *.safetensors weights"
     if tokenizer_hashes(path)[0] is None:
         return f"{path} has no tokenizer files"
-    return None
+    return checkpoint_problem(path)  # the file checks align.train runs on model.pretrained
 
 
 def _checkpoint_problem(path: Path) -> Optional[str]:
+    import yaml
+
+    from align.config import Family
     from align.control.ckpt_index import problem
+    from align.models.checkpoint_fit import family_problem
+    from align.run.preflight import checkpoint_problem
 
     why = problem(path)
     if why:
         return why
-    if not (path.parents[1] / ".hydra" / "config.yaml").is_file():
+    run_config = path.parents[1] / ".hydra" / "config.yaml"
+    if not run_config.is_file():
         return f"{path.parents[1]} (the checkpoint's run dir) has no .hydra/config.yaml to rebuild the model from"
+    try:
+        model = ModelSource(SourceKind.checkpoint, path, "").train_config()["model"] or {}
+        base, family = model.get("pretrained"), Family(model.get("family", Family.mistral.value))
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        return f"{run_config} (the model is rebuilt from it) is not a readable run config: {' '.join(str(e).split())}"
+    if base:
+        why = checkpoint_problem(Path(base)) or family_problem(family, base)
+        if why:
+            return f"its run's model.pretrained (the base the model is rebuilt on): {why}"
     return None
 
 

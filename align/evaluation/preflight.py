@@ -1,7 +1,8 @@
 """Checks of an eval that need no model load, run for every job of the command line before Hydra
 creates a run dir: a refusal is one line, exit 2, and leaves nothing behind.
 
-Cheapest first: values (in `to_typed`), the model dirs (files only), the records (every prompt field
+Cheapest first: values (in `to_typed`), the model dirs (files only: align.train's checkpoint file
+checks on each, and a training checkpoint's run config and base), the records (every prompt field
 present, every reference readable by the verifier), the git tree, then the names of the kwargs the
 eval passes to W&B (read from the installed signature).
 """

@@ -11,14 +11,14 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
-from safetensors import SafetensorError
 
 from align.config import AttentionConfig, AttnImpl, ModelConfig
 from align.errors import ConfigError
 from align.models.attention import AttentionChoice, resolve_attention
+from align.models.checkpoint_fit import family_problem, load_checked, loading
 from align.models.kwargs import config_kwargs, load_kwargs, preset_kwargs
 from align.models.layered_attention import plan as layered_plan
 from align.models.lora import LoraGate, apply_lora, bnb_config, qlora_refusal
@@ -52,21 +52,6 @@ def check_config_names(cfg: ModelConfig, kwargs: dict[str, Any], key: str) -> No
     check_names(config_cls, kwargs, key, extra=spec.extra_config_kwargs)
 
 
-@contextlib.contextmanager
-def loading(what: str, path: str) -> Iterator[None]:
-    """A checkpoint that cannot be read is bad input (exit 2, one line naming model.pretrained), not a
-    crash: preflight catches what the files show (align.run.preflight.checkpoint_problem), this the rest.
-    Running out of memory is not the checkpoint's fault and stays an error of its own."""
-    try:
-        yield
-    except torch.OutOfMemoryError:
-        raise
-    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
-        text = " ".join(str(e).split()) or "no message"
-        raise ConfigError("model.pretrained", f"cannot load the {what} from {path}: {type(e).__name__}: {text}") \
-            from None
-
-
 def model_config(cfg: ModelConfig, tokenizer=None, vocab_size: Optional[int] = None,
                  special: Optional[dict[str, Any]] = None):
     """The transformers config object the model is built from (local files only)."""
@@ -74,6 +59,9 @@ def model_config(cfg: ModelConfig, tokenizer=None, vocab_size: Optional[int] = N
     config_cls, _ = spec.classes()
     if cfg.pretrained:
         check_config_names(cfg, dict(cfg.overrides), "model.overrides")
+        why = family_problem(cfg.family, cfg.pretrained)  # before the config class reads another model's file
+        if why:
+            raise ConfigError("model.pretrained", why)
         with loading("model config", cfg.pretrained):
             return config_cls.from_pretrained(Path(cfg.pretrained), local_files_only=True, **cfg.overrides)
     kw = config_kwargs(cfg, tokenizer) if tokenizer is not None else preset_kwargs(cfg, vocab_size, special)
@@ -129,13 +117,14 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
 
         register()
     kw = load_kwargs(cfg, attn, moe)
+    loaded = None
     if cfg.pretrained:
         # Tensors are read from the mmapped safetensors and cast one by one to `dtype`: an fp32
         # checkpoint loaded as bf16 never holds an fp32 copy of the model.
         if cfg.lora.qlora:
             kw["quantization_config"] = bnb_config()
-        with loading("weights", cfg.pretrained):
-            model = model_cls.from_pretrained(Path(cfg.pretrained), config=config, local_files_only=True, **kw)
+        model, loaded = load_checked(model_cls, cfg.pretrained, "model.pretrained", config=config,
+                                     local_files_only=True, **kw)
     else:
         with torch.device(device) if init_on_device and device is not None else contextlib.nullcontext():
             model = model_cls._from_config(config, **kw)
@@ -146,6 +135,7 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
     runtime = ModelRuntime.build(model, cfg, spec, moe)
     info = describe_model(model, cfg, attn, moe, lora_info)
     info["kv_stores_dropped"] = unread_stores
+    info["weights"] = None if loaded is None else loaded.record()
     return BuiltModel(model=model, info=info, runtime=runtime)
 
 

@@ -57,3 +57,9 @@ def load_kwargs(cfg: ModelConfig, attention: AttentionChoice | AttentionConfig,
     if is_moe and cfg.moe.experts is not None:
         kw["experts_implementation"] = cfg.moe.experts.value
     return kw
+
+
+REPORT_KWARGS: dict[str, Any] = {"output_loading_info": True, "ignore_mismatched_sizes": True}
+"""Added to every `from_pretrained` of a checkpoint (align.models.checkpoint_fit.load_checked): the
+load report is returned, and tensors of another shape are listed in it rather than raised on, so the
+refusal can name them. A checkpoint with any is refused all the same."""

@@ -119,12 +119,25 @@ class FamilySpec:
     """Expert weights are fused 3-D parameters (not nn.Linear): no LoRA on them, no 4-bit base."""
     extra_config_kwargs: frozenset[str] = frozenset()
     """Kwargs the config class consumes in `__post_init__` although its signature does not list them."""
+    model_type: str = ""
+    """The `model_type` a checkpoint's config.json gives for this family (the config class's own; pinned by
+    a test), checked before any weight loads (align.models.checkpoint_fit)."""
 
     def classes(self) -> tuple[type, type]:
         """(config class, model class), imported now."""
         from align.run.signatures import resolve
 
         return resolve(self.config_class), resolve(self.model_class)
+
+    @property
+    def architecture(self) -> str:
+        """The model class's name, as a checkpoint's config.json `architectures` lists it."""
+        return self.model_class.rpartition(":")[2].rpartition(".")[2]
+
+    def fits(self, config: dict[str, Any]) -> bool:
+        """Whether a checkpoint's config.json (a dict) is this family's: its model_type, and MoE or not
+        as the family's presets are (Gemma-4's two families share a model_type)."""
+        return config.get("model_type") == self.model_type and bool(self.moe_shape(_Attrs(config))) == self.is_moe
 
     @property
     def is_moe(self) -> bool:
@@ -224,17 +237,20 @@ _GEMMA4_EXTRA = frozenset({"global_head_dim", "num_global_key_value_heads"})
 # Gemma-4 is text-only: AutoModelForCausalLM maps `gemma4` to the multimodal class, which refuses
 # flash attention (docs/pitfalls.md#4); the text model is built from its text config directly.
 _GEMMA4_CLASSES = dict(config_class="transformers:Gemma4TextConfig",
-                       model_class="transformers.models.gemma4.modeling_gemma4:Gemma4ForCausalLM")
+                       model_class="transformers.models.gemma4.modeling_gemma4:Gemma4ForCausalLM",
+                       model_type="gemma4_text")
 
 _GEMMA4_ATTENTION = frozenset(AttnImpl) - {AttnImpl.auto}
 
 FAMILIES: dict[Family, FamilySpec] = {
     Family.mistral: FamilySpec(name=Family.mistral, config_class="transformers:MistralConfig",
-                               model_class="transformers:MistralForCausalLM", presets=_MISTRAL),
+                               model_class="transformers:MistralForCausalLM", presets=_MISTRAL,
+                               model_type="mistral"),
     Family.olmoe: FamilySpec(
         name=Family.olmoe,
         config_class="transformers:OlmoeConfig",
         model_class="transformers:OlmoeForCausalLM",
+        model_type="olmoe",
         presets=_OLMOE,
         attention=frozenset({AttnImpl.sdpa, AttnImpl.eager, AttnImpl.flash}),  # no flex (docs/pitfalls.md#4)
         moe_shape=_olmoe_shape,

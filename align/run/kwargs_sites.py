@@ -124,15 +124,15 @@ def model_config(cfg: TrainConfig) -> Optional[KwargsSite]:
 
 
 def model_load(cfg: TrainConfig) -> KwargsSite:
-    from align.models.kwargs import load_kwargs
+    from align.models.kwargs import REPORT_KWARGS, load_kwargs
     from align.models.registry import FAMILIES
 
     spec = FAMILIES[cfg.model.family]
     kw = load_kwargs(cfg.model, cfg.attention)
     if cfg.model.pretrained:
         # from_pretrained hands leftover kwargs to the config class: its names count too.
-        return KwargsSite(f"{spec.model_class}.from_pretrained", {**kw, "local_files_only": True}, "model",
-                          also=(spec.config_class,))
+        return KwargsSite(f"{spec.model_class}.from_pretrained", {**kw, "local_files_only": True, **REPORT_KWARGS},
+                          "model", also=(spec.config_class,))
     return KwargsSite(f"{spec.model_class}._from_config", kw, "model", also=(spec.model_class,))
 
 

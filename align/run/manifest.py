@@ -85,6 +85,8 @@ SCHEMA: dict[str, Any] = {
         "sdpa_kernels": "attention kernel symbols seen by the profiler (their sm suffix is the generation)",
         "dtype": "parameter dtype", "autocast_dtype": "compute dtype under autocast (null: none)",
         "params_total": "", "extra": "other fields the model build reported (BuiltModel.info)",
+        "weights": "model.pretrained's load (align.models.checkpoint_fit): tensors loaded, missing, unexpected, "
+        "mismatched (each 0 once accepted), allowed_missing (tied: name -> the tensor it is; non_persistent_buffers)",
     },
     "data": {
         "source": "", "path": "data file read",

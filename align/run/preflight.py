@@ -78,6 +78,8 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
         )
     yield from _eval_records(cfg)
     if cfg.model.pretrained:
+        from align.models.checkpoint_fit import family_problem
+
         d = Path(cfg.model.pretrained)
         problem = checkpoint_problem(d)
         yield Check(
@@ -87,6 +89,10 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
             problem or f"{d} (config.json parses; every safetensors file as long as its header says)",
             "model.pretrained",
         )
+        problem = family_problem(cfg.model.family, d)
+        yield Check("config", "checkpoint family", Status.failed if problem else Status.passed,
+                    problem or f"config.json's model_type and architectures are model={cfg.model.family.value}'s",
+                    "model.pretrained")
 
 
 def _token_rows(cfg: TrainConfig, ctx: Context, specs: list) -> Iterable[Check]:
@@ -126,9 +132,10 @@ def _eval_records(cfg: TrainConfig) -> Iterable[Check]:
 
 def checkpoint_problem(d: Path) -> Optional[str]:
     """Why the HF checkpoint dir `d` cannot load, from its files alone (milliseconds: config.json is
-    parsed, each safetensors header is read and its tensor offsets are held against the file size);
-    None when nothing is seen. A truncated shard otherwise fails inside from_pretrained, after the
-    tokenizer, the encode and the rest of the weights."""
+    parsed, each safetensors header is read and its tensor offsets are held against the file size; a
+    torch pickle's list of globals is read for what the weights-only loader would refuse); None when
+    nothing is seen. A truncated shard otherwise fails inside from_pretrained, after the tokenizer, the
+    encode and the rest of the weights."""
     if not (d.is_dir() and (d / "config.json").is_file()):
         return f"not a readable HF checkpoint dir (needs config.json): {d}"
     problem = _json_problem(d / "config.json")
@@ -156,7 +163,9 @@ def checkpoint_problem(d: Path) -> Optional[str]:
     if (d / "model.safetensors").is_file():
         return safetensors_problem(d / "model.safetensors")[0]
     if any(d.glob("pytorch_model*.bin")):
-        return None  # torch pickles: nothing to read without loading them
+        from align.models.checkpoint_fit import pickle_problem  # imports torch: only a torch pickle pays for it
+
+        return pickle_problem(d)
     return f"no weights in {d} (looked for model.safetensors, model.safetensors.index.json, pytorch_model*.bin)"
 
 

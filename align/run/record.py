@@ -213,7 +213,8 @@ class RunRecord:
             "loss_chunk",
             "memory_budget",
         }
-        m.set("model.extra", {k: v for k, v in info.items() if k not in known})
+        m.set("model.extra", {k: v for k, v in info.items() if k not in known | {"weights"}})
+        m.set("model.weights", info.get("weights"), "random init from a preset: no checkpoint loaded")
         self._record_compile(info.get("compile_choice") or {})
         kind = self.cfg.sampler.kind.value
         m.set("sampler_budget", info.get("sampler_budget"), f"sampler={kind} takes no token budget")

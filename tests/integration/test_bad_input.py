@@ -143,7 +143,9 @@ def test_a_checkpoint_that_fails_only_at_load_is_one_error_and_leaves_no_cache_e
     config = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps({**config, "intermediate_size": 2 * config["intermediate_size"]}))
     cache = tmp_path / "cache"
-    with pytest.raises(ConfigError, match=rf"^model.pretrained: cannot load the weights from {ckpt}: RuntimeError"):
+    with pytest.raises(ConfigError, match=rf"^model.pretrained: the checkpoint {ckpt} does not fit MistralForCausalLM: "
+                                          r"6 of another shape \(model.layers.0.mlp.down_proj.weight \[128, 384\] vs "
+                                          r"the model's \[128, 768\]"):
         build_trainer(tmp_path, f"model.pretrained={ckpt}", f"data.cache_dir={cache}", "trainer.max_steps=1")
     assert not cache.exists() or not any(cache.iterdir()), list(cache.iterdir())
 
@@ -159,3 +161,36 @@ def test_a_token_id_outside_the_vocabulary_names_its_line_before_the_run_dir(tmp
     assert line.startswith(f"align: error: {rows}:2: token id 99999 is out of the model's vocabulary (size 4096"), line
     assert "accepted: ids below 4096" in line and "Traceback" not in p.stderr
     assert not (tmp_path / "run").exists(), "a refused run must not leave a run dir behind"
+
+
+def test_a_checkpoint_whose_tensors_do_not_all_land_is_one_line_exit_2_before_training(tmp_path):
+    """Whole files of the right family whose tensor names do not match the model: transformers loads
+    them, initialises what is missing at random and logs a report; align reads that report and
+    refuses before step 1 (the in-process cases: tests/unit/models/test_checkpoint_fit.py)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from align.config import AttentionConfig, ModelConfig
+    from align.data.tokenizer import load_tokenizer
+    from align.models import build_model
+
+    tok = load_tokenizer(ModelConfig())
+    ckpt = tmp_path / "ckpt"
+    build_model(ModelConfig(), AttentionConfig(), tok, torch.device("cpu")).model.save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    tensors = load_file(ckpt / "model.safetensors")
+    tensors["model.layers.1.mlp.up.weight"] = tensors.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+    p = _run(tmp_path, f"model.pretrained={ckpt}", "allow_dirty=true", "data.max_records=32", "trainer.max_steps=2")
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("align: error:")]
+    assert errors == [f"align: error: model.pretrained: the checkpoint {ckpt} does not fit MistralForCausalLM: 1 of "
+                      "the model's 21 tensors missing from it (model.layers.1.mlp.up_proj.weight): they would start "
+                      "from random init; 1 of its tensors with no place in the model (model.layers.1.mlp.up.weight): "
+                      "they would be dropped; accepted: a checkpoint holding exactly the model's tensors (tied ones "
+                      "and non-persistent buffers aside)"], p.stderr[-3000:]
+    assert "LOAD REPORT" not in p.stderr  # transformers' table is align's one line now
+    manifest = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert manifest["run"]["exit_code"] == 2 and not (tmp_path / "run" / "history.jsonl").exists()

@@ -155,13 +155,23 @@ def _bad_cases(tmp: Path) -> list:
             "eval.sample: unknown key in eval (did you mean eval.samples?); accepted keys:",
         ),
         (["model_dir=EXPORT", "eval.samples=4", "eval.temperature=0"], "eval.temperature: 0 decodes greedily"),
+        # the second model's files are checked with the first's, before any arm runs
+        (["model_dir=EXPORT", "eval.compare_to=TRUNCATED"],
+         "eval.compare_to: TRUNCATED/model.safetensors is truncated"),
     ]
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(6))
 def test_bad_input_is_one_line_exit_2_before_heavy_work(export, tmp_path, case):
+    import shutil
+
     args, says = _bad_cases(tmp_path)[case]
-    args = [a.replace("EXPORT", str(export)) for a in args]
+    truncated = tmp_path / "truncated"
+    if any("TRUNCATED" in a for a in args):
+        shutil.copytree(export, truncated)
+        (truncated / "model.safetensors").write_bytes((export / "model.safetensors").read_bytes()[:-100])
+    args = [a.replace("EXPORT", str(export)).replace("TRUNCATED", str(truncated)) for a in args]
+    says = says.replace("TRUNCATED", str(truncated))
     run_dir = tmp_path / "run"
     p = subprocess.run(
         [sys.executable, "-c", PROBE, *args, f"hydra.run.dir={run_dir}", "allow_dirty=true"],

@@ -133,10 +133,38 @@ def test_moe_run_records_the_resolved_experts_kernel_not_the_request(tmp_path):
     assert m["model"]["experts_implementation_requested"] is None
     assert m["model"]["experts_implementation_resolved"] == trainer.model.config._experts_implementation == "grouped_mm"
     assert "not requested" in m["null_reasons"]["model.experts_implementation_requested"]
+    assert m["model"]["weights"] is None and m["null_reasons"]["model.weights"].startswith("random init")
     # the kwargs preflight checks are the ones the call site uses (no drift between check and call)
     from align.run.kwargs_sites import data_loader
 
     assert data_loader(typed).kwargs.keys() == trainer.stream.kwargs.keys()
+
+
+def test_a_checkpoint_run_records_what_the_load_put_into_the_model(tmp_path):
+    import torch
+
+    from align.config import AttentionConfig, ModelConfig
+    from align.data.tokenizer import load_tokenizer
+    from align.models import build_model
+
+    tok, ckpt = load_tokenizer(ModelConfig()), tmp_path / "ckpt"
+    tied = ModelConfig(overrides={"tie_word_embeddings": True})
+    build_model(tied, AttentionConfig(), tok, torch.device("cpu")).model.save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    typed, record, run_dir, checks = _record(tmp_path, f"model.pretrained={ckpt}", "logger=none")
+    with record:
+        record.start(checks)
+        trainer = _build(typed, record, run_dir)
+        record.built(trainer)
+        record.finished(trainer, 0)
+    m = load(run_dir)
+    assert_present_and_null(m)
+    assert m["model"]["weights"] == {
+        "loaded": 20, "missing": 0, "unexpected": 0, "mismatched": 0,  # 21 tensors, the head tied to the embedding
+        "allowed_missing": {"tied": {"lm_head.weight": "model.embed_tokens.weight"},
+                            "non_persistent_buffers": ["model.rotary_emb.inv_freq",
+                                                       "model.rotary_emb.original_inv_freq"]}}
+    assert "weights" not in m["model"]["extra"]
 
 
 def test_a_backend_the_library_changed_is_recorded_as_resolved(tmp_path):

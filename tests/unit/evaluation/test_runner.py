@@ -22,7 +22,7 @@ from align.generation import EngineConfig, SamplingSpec, build_engine
 def loaded(tiny_export):
     from align.evaluation.model_source import resolve_source
 
-    return resolve_source(str(tiny_export), "model_dir").load(torch.device("cpu"), torch.float32)
+    return resolve_source(str(tiny_export), "model_dir").load(torch.device("cpu"), torch.float32)[:2]
 
 
 def test_prompts_render_as_training_renders_a_user_turn(loaded):

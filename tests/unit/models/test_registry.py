@@ -80,3 +80,11 @@ def test_the_attention_table_matches_the_transformers_class_flags(family):
     # layered is align's (transformers' sdpa plus its own chunked kernel, registered by name): Gemma-4 only
     layered = {AttnImpl.layered} if family in (Family.gemma4, Family.gemma4_moe) else set()
     assert {a for a, ok in flags.items() if ok} | layered == set(spec.attention)
+
+
+@pytest.mark.parametrize("family", list(Family))
+def test_the_checkpoint_model_type_and_architecture_are_the_transformers_classes_own(family):
+    # what preflight holds a checkpoint's config.json against (align.models.checkpoint_fit.family_problem)
+    spec = FAMILIES[family]
+    config_cls, model_cls = spec.classes()
+    assert spec.model_type == config_cls.model_type and spec.architecture == model_cls.__name__
