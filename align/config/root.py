@@ -22,6 +22,7 @@ from align.config.train import (
     ParallelKind,
     TrainerConfig,
 )
+from align.errors import ConfigError
 from align.generation.engine import EngineConfig
 
 # ------------------------------------------------------------------------------------------ root
@@ -120,7 +121,13 @@ class TrainConfig:
         )
         from align.rewards import WeightedReward
 
-        WeightedReward(self.reward.weights)  # unknown verifier names and bad weights: one line, exit 2
+        reward = WeightedReward(self.reward.weights)  # unknown verifier names and bad weights: one line, exit 2
+        from align.objectives.advantages import no_signal
+
+        # Compositions whose every advantage is 0 by construction (the rules live beside the estimators).
+        why = no_signal(self.objective.advantage, self.objective.group_size, reward.constant(), self.reward.weights)
+        if why is not None:
+            raise ConfigError(*why)
         _require(
             self.data.truncation != Truncation.truncate,
             "data.truncation",

@@ -48,6 +48,9 @@ CASES = [
     # the nested schema's keys, the closest name, and Hydra's own hints
     (["model.lora.enable=true"], "model.lora.enable", "unknown key in model.lora (did you mean model.lora.enabled?)"),
     (["optimizer.lr=1e-4,3e-4"], "optimizer.lr=1e-4,3e-4", "add --multirun to your command line"),
+    # a GRPO composition whose every advantage is 0 (it ran to exit 0 with a loss and gradient of 0)
+    (["objective=grpo", "objective.group_size=1", "objective.advantage=dr_grpo"], "objective.group_size",
+     "advantage=dr_grpo needs >= 2 completions per prompt"),
 ]
 
 
