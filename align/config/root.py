@@ -184,6 +184,11 @@ class TrainConfig:
                 "ignored by sampler=budget (rows per micro-batch follow "
                 "sampler.max_tokens); it is read by sampler=shuffle, sampler=bucket"
             )
+        if self.objective.kind == ObjectiveKind.grpo and self.probe.name is None:
+            out["sampler.micro_batch_size"] = (
+                "ignored by objective=grpo (a step's completions are cut into trainer.grad_accum micro-batches, "
+                "or by sampler.max_tokens under sampler=budget; objective.prompts_per_rollout prompts per rollout)"
+            )
         if self.sampler.kind == SamplerKind.budget and self.objective.kind == ObjectiveKind.grpo:
             why = "ignored by objective=grpo with sampler=budget"
             out["trainer.grad_accum"] = (f"{why} (micro-batches per step follow sampler.max_tokens); "

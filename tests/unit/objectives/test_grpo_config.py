@@ -90,6 +90,7 @@ BAD = [
      "(96 tokens after padding"),
     (["sampler=budget", "trainer.grad_accum=2"], "trainer.grad_accum", "ignored by objective=grpo with sampler=budget"),
     (["sampler=budget", "sampler.bucket_size=8"], "sampler.bucket_size", "sorted by length as one bucket"),
+    (["sampler.micro_batch_size=4"], "sampler.micro_batch_size", "ignored by objective=grpo"),
     (["objective.prompts_per_rollout=1", "objective.group_size=2", "trainer.grad_accum=4"],
      "objective.prompts_per_rollout", "must fill"),
     (["data.max_seq_len=8", "objective.max_new_tokens=8"], "data.max_seq_len", "must exceed"),
