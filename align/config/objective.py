@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from align.config.base import AUTO, _only, _read, _require
 from align.errors import ConfigError
+from align.objectives.advantages import Estimator as AdvantageKind  # defined beside its rules of no signal
 
 # ------------------------------------------------------------------------------------- objective
 
@@ -32,15 +33,6 @@ class ReferenceDtype(StrEnum):
     same = "same"
     bf16 = "bf16"
     fp32 = "fp32"
-
-
-class AdvantageKind(StrEnum):
-    grpo = "grpo"
-    """(r - group mean) / (group std + 1e-4), the std with Bessel's correction (TRL's default)."""
-    dr_grpo = "dr_grpo"
-    """r - group mean (Dr. GRPO: no std, so easy and hard prompts are not up-weighted)."""
-    rloo = "rloo"
-    """r - mean of the other completions of the group (leave-one-out)."""
 
 
 class LossAgg(StrEnum):
@@ -199,9 +191,6 @@ class ObjectiveConfig:
         rows = self.generation_batch_size
         _require(rows == AUTO or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1),
                  "objective.generation_batch_size", "must be an int >= 1 or auto", rows)
-        if self.advantage != AdvantageKind.dr_grpo:
-            _require(self.group_size >= 2, "objective.group_size",
-                     f"advantage={self.advantage.value} needs >= 2 completions per prompt", self.group_size)
         _require(math.isfinite(self.temperature) and self.temperature > 0, "objective.temperature",
                  "must be a finite number > 0 (a group of greedy completions would all be the same)", self.temperature)
         _require(0 < self.top_p <= 1, "objective.top_p", "must be in (0, 1]", self.top_p)

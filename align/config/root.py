@@ -22,6 +22,7 @@ from align.config.train import (
     ParallelKind,
     TrainerConfig,
 )
+from align.errors import ConfigError
 from align.generation.engine import EngineConfig
 
 # ------------------------------------------------------------------------------------------ root
@@ -120,7 +121,13 @@ class TrainConfig:
         )
         from align.rewards import WeightedReward
 
-        WeightedReward(self.reward.weights)  # unknown verifier names and bad weights: one line, exit 2
+        reward = WeightedReward(self.reward.weights)  # unknown verifier names and bad weights: one line, exit 2
+        from align.objectives.advantages import no_signal
+
+        # Compositions whose every advantage is 0 by construction (the rules live beside the estimators).
+        why = no_signal(self.objective.advantage, self.objective.group_size, reward.constant(), self.reward.weights)
+        if why is not None:
+            raise ConfigError(*why)
         _require(
             self.data.truncation != Truncation.truncate,
             "data.truncation",
@@ -176,6 +183,11 @@ class TrainConfig:
             out["sampler.micro_batch_size"] = (
                 "ignored by sampler=budget (rows per micro-batch follow "
                 "sampler.max_tokens); it is read by sampler=shuffle, sampler=bucket"
+            )
+        if self.objective.kind == ObjectiveKind.grpo and self.probe.name is None:
+            out["sampler.micro_batch_size"] = (
+                "ignored by objective=grpo (a step's completions are cut into trainer.grad_accum micro-batches, "
+                "or by sampler.max_tokens under sampler=budget; objective.prompts_per_rollout prompts per rollout)"
             )
         if self.sampler.kind == SamplerKind.budget and self.objective.kind == ObjectiveKind.grpo:
             why = "ignored by objective=grpo with sampler=budget"

@@ -60,9 +60,11 @@ def _with_budget(cfg: Any, tokens: int) -> Any:
     return dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, max_tokens=tokens))
 
 
-def resolve_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = None) -> tuple[int, str]:
+def resolve_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = None,
+                   prompt_tokens: Optional[int] = None) -> tuple[int, str]:
     """The budget `auto` stands for on `device`, and why. `device_bytes`: the device's memory (default:
-    read from the device; a caller may name it to plan for a device it does not hold)."""
+    read from the device; a caller may name it to plan for a device it does not hold); `prompt_tokens`:
+    grpo's longest prompt where known (`plan_rollout`)."""
     from align.models.memory import estimate_memory
 
     floor = longest_record(cfg)
@@ -75,21 +77,22 @@ def resolve_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] =
     share, kind = headroom(cfg, device)
     limit = int(share * total)
     fits = [STEP * k for k in range(1, MAX_STEPS + 1)
-            if estimate_memory(_with_budget(cfg, max(STEP * k, floor)), device).total <= limit]
+            if estimate_memory(_with_budget(cfg, max(STEP * k, floor)), device,
+                               prompt_tokens=prompt_tokens).total <= limit]
     gib = 2**30
     within = f"{share:.2f} x {total / gib:.1f} GiB ({kind} blocks)"
     if not fits:
         return floor, (f"sampler.max_tokens=auto on {device}: no budget of {STEP} x k (k=1..{MAX_STEPS}) keeps the "
                        f"training-memory estimate within {within}: the longest record ({floor} tokens)")
     best = max(max(fits), floor)
-    est = estimate_memory(_with_budget(cfg, best), device).total
+    est = estimate_memory(_with_budget(cfg, best), device, prompt_tokens=prompt_tokens).total
     return best, (f"sampler.max_tokens=auto on {device}: the largest {STEP} x k (k=1..{MAX_STEPS}) whose "
                   f"training-memory estimate ({est / gib:.1f} GiB) is within {within}"
                   f", at least the longest record ({floor})")
 
 
-def plan_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
-                ) -> tuple[Any, Optional[dict[str, Any]]]:
+def plan_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = None,
+                prompt_tokens: Optional[int] = None) -> tuple[Any, Optional[dict[str, Any]]]:
     """`cfg` with `sampler.max_tokens` an int wherever sampler=budget, and the manifest's
     `sampler_budget` record (requested, resolved, why); None when the sampler takes no budget."""
     s = cfg.sampler
@@ -97,7 +100,7 @@ def plan_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = No
         return cfg, None
     if s.max_tokens != AUTO:
         return cfg, {"requested": s.max_tokens, "resolved": s.max_tokens, "why": "sampler.max_tokens as given"}
-    tokens, why = resolve_budget(cfg, device, device_bytes)
+    tokens, why = resolve_budget(cfg, device, device_bytes, prompt_tokens)
     return _with_budget(cfg, tokens), {"requested": AUTO, "resolved": tokens, "why": why}
 
 
@@ -109,8 +112,8 @@ def _with_memory_budget(cfg: Any, budget: Optional[float]) -> Any:
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, compile_memory_budget=budget))
 
 
-def resolve_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
-                          ) -> tuple[Optional[float], str]:
+def resolve_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = None,
+                          prompt_tokens: Optional[int] = None) -> tuple[Optional[float], str]:
     """What `trainer.compile_memory_budget=auto` stands for, and why: null (torch's default) unless the
     blocks compile on CUDA and the least micro-batch the run can take (under sampler=budget with
     `max_tokens=auto`, the longest record) does not fit the headroom with it; then the largest share
@@ -129,31 +132,31 @@ def resolve_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional
     if cfg.sampler.kind == SamplerKind.budget and cfg.sampler.max_tokens == AUTO:
         least = _with_budget(cfg, longest_record(cfg))
     limit, gib = int(share * total), 2**30
-    if estimate_memory(_with_memory_budget(least, None), device).total <= limit:
+    if estimate_memory(_with_memory_budget(least, None), device, prompt_tokens=prompt_tokens).total <= limit:
         return None, f"{key}: null (torch's default): the least micro-batch fits {share:.2f} x {total / gib:.1f} GiB"
     for k in range(PARTITIONER_STEPS - 1, -1, -1):
         budget = k / PARTITIONER_STEPS
-        est = estimate_memory(_with_memory_budget(least, budget), device).total
+        est = estimate_memory(_with_memory_budget(least, budget), device, prompt_tokens=prompt_tokens).total
         if est <= limit:
             return budget, (f"{key}: {budget}, the largest share whose estimate at the least micro-batch "
-                            f"({est / gib:.1f} GiB at {tokens_per_micro_batch(least)} tokens) is within "
+                            f"({est / gib:.1f} GiB at {tokens_per_micro_batch(least, prompt_tokens)} tokens) is within "
                             f"{share:.2f} x {total / gib:.1f} GiB")
     return None, f"{key}: null (torch's default): no share fits {share:.2f} x {total / gib:.1f} GiB"
 
 
-def plan_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
-                       ) -> tuple[Any, dict[str, Any]]:
+def plan_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] = None,
+                       prompt_tokens: Optional[int] = None) -> tuple[Any, dict[str, Any]]:
     """`cfg` with `trainer.compile_memory_budget` null or a number, and the manifest's `memory_budget`
     record (requested, resolved, why)."""
     requested = cfg.trainer.compile_memory_budget
     if requested != AUTO:
         return cfg, {"requested": requested, "resolved": requested, "why": "trainer.compile_memory_budget as given"}
-    budget, why = resolve_memory_budget(cfg, device, device_bytes)
+    budget, why = resolve_memory_budget(cfg, device, device_bytes, prompt_tokens)
     return _with_memory_budget(cfg, budget), {"requested": AUTO, "resolved": budget, "why": why}
 
 
-def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
-                                  ) -> tuple[int, str]:
+def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: Optional[int] = None,
+                                  prompt_tokens: Optional[int] = None) -> tuple[int, str]:
     """The rows per engine call `auto` stands for on `device`, and why. `device_bytes`: the device's
     memory (default: read from the device)."""
     from align.models.memory import kv_cache_bytes, resident_bytes
@@ -172,7 +175,8 @@ def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: 
         return min(rollout, CPU_ROWS), (f"{key}=auto: the memory of {device} cannot be read: {whole}, at most "
                                         f"{CPU_ROWS} rows per call")
     share, kind = headroom(cfg, device)
-    limit, resident, per_row = int(share * total), resident_bytes(cfg, device), kv_cache_bytes(cfg, device, 1)
+    limit, resident = int(share * total), resident_bytes(cfg, device)
+    per_row = kv_cache_bytes(cfg, device, 1, prompt_tokens)
     fit = max(limit - resident, 0) // max(per_row, 1)
     gib = 2**30
     within = (f"{share:.2f} x {total / gib:.1f} GiB ({kind} blocks) less {resident / gib:.1f} GiB of weights, "
@@ -183,8 +187,8 @@ def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: 
     return rows, f"{key}=auto on {device}: {rows} rows per call, the most of {whole} whose KV cache fits {within}"
 
 
-def plan_generation(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
-                    ) -> tuple[Any, Optional[dict[str, Any]]]:
+def plan_generation(cfg: Any, device: torch.device, device_bytes: Optional[int] = None,
+                    prompt_tokens: Optional[int] = None) -> tuple[Any, Optional[dict[str, Any]]]:
     """`cfg` with both engine settings resolved for `device`, and their record for the manifest
     (`model.extra.generation`: dtype and batch_size, each requested, resolved, why); None under an
     objective that generates nothing. The dtype first: the batch size's memory counts the copy."""
@@ -196,10 +200,29 @@ def plan_generation(cfg: Any, device: torch.device, device_bytes: Optional[int] 
         return cfg, None
     dtype, dtype_why = resolve_generation_dtype(cfg, device.type)
     cfg = dataclasses.replace(cfg, objective=dataclasses.replace(o, generation_dtype=dtype))
-    rows, rows_why = resolve_generation_batch_size(cfg, device, device_bytes)
+    rows, rows_why = resolve_generation_batch_size(cfg, device, device_bytes, prompt_tokens)
     cfg = dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, generation_batch_size=rows))
     return cfg, {"dtype": {"requested": o.generation_dtype.value, "resolved": dtype.value, "why": dtype_why},
                  "batch_size": {"requested": o.generation_batch_size, "resolved": rows, "why": rows_why}}
+
+
+def plan_rollout(cfg: Any) -> tuple[Optional[int], Optional[dict[str, Any]]]:
+    """grpo: the longest prompt the run keeps (the prompts read as the objective reads them:
+    align.data.prompts.longest_prompt), which bounds every rollout sequence, and the manifest's
+    `rollout_width` record (requested: the bound from the config; resolved: the longest prompt +
+    `objective.max_new_tokens`; why). (None, None) under an objective that generates nothing."""
+    from align.config.objective import ObjectiveKind
+    from align.data.prompts import longest_prompt
+    from align.models.memory import rollout_width
+
+    if cfg.objective.kind != ObjectiveKind.grpo:
+        return None, None
+    longest, count = longest_prompt(cfg)
+    width, new = rollout_width(cfg, longest), cfg.objective.max_new_tokens
+    return longest, {"requested": cfg.data.max_seq_len, "resolved": width, "prompt_tokens": longest,
+                     "why": f"the longest of {count} prompts is {longest} tokens, + objective.max_new_tokens={new}: "
+                            f"no rollout sequence is longer than {width} tokens (data.max_seq_len="
+                            f"{cfg.data.max_seq_len} only bounds it)"}
 
 
 def plan_sizes(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
@@ -208,13 +231,28 @@ def plan_sizes(cfg: Any, device: torch.device, device_bytes: Optional[int] = Non
     (align.objectives.chunk_auto), grpo's generation copy and rows per engine call
     (`plan_generation`: what is left beside the weights, optimizer state, reference and
     copy), the partitioner's memory budget (what the least micro-batch needs), then the token budget,
-    whose estimate counts all of them. `cfg` with all of them resolved, and the manifest's `loss_chunk`,
-    `memory_budget` and `sampler_budget` records, plus under grpo `generation` (`model.extra.generation`)."""
+    whose estimate counts all of them; under grpo each at the rollout's real width (`plan_rollout`).
+    `cfg` with all of them resolved, and the manifest's `loss_chunk`, `memory_budget` and
+    `sampler_budget` records, plus under grpo `generation` (`model.extra.generation`) and `rollout_width`."""
     from align.objectives.chunk_auto import plan_loss_chunk
 
+    prompt_tokens, rollout = plan_rollout(cfg)
     cfg, chunk = plan_loss_chunk(cfg, device)
-    cfg, generation = plan_generation(cfg, device, device_bytes)
-    cfg, memory_budget = plan_memory_budget(cfg, device, device_bytes)
-    cfg, budget = plan_budget(cfg, device, device_bytes)
+    cfg, generation = plan_generation(cfg, device, device_bytes, prompt_tokens)
+    cfg, memory_budget = plan_memory_budget(cfg, device, device_bytes, prompt_tokens)
+    cfg, budget = plan_budget(cfg, device, device_bytes, prompt_tokens)
     sizes = {"loss_chunk": chunk, "memory_budget": memory_budget, "sampler_budget": budget}
-    return cfg, {**sizes, "generation": generation} if generation is not None else sizes
+    if generation is not None:
+        sizes.update(generation=generation, rollout_width=rollout)
+    return cfg, sizes
+
+
+def planned_estimate(cfg: Any, device: torch.device, shards: int = 1) -> tuple[Any, Any, Optional[int]]:
+    """The training-memory estimate of the run `cfg` plans on `device` (every size resolved as the
+    trainer resolves it, grpo's rollouts at their real width): (estimate, the planned config, grpo's
+    longest prompt or None)."""
+    from align.models.memory import estimate_memory
+
+    planned, sizes = plan_sizes(cfg, device)
+    prompt_tokens = (sizes.get("rollout_width") or {}).get("prompt_tokens")
+    return estimate_memory(planned, device, shards=shards, prompt_tokens=prompt_tokens), planned, prompt_tokens

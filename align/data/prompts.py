@@ -70,10 +70,40 @@ def _fingerprint(tokens: list[np.ndarray], ids: list[str], roots: list[str], ref
     return h.hexdigest()
 
 
+_LOADED: dict[tuple, PromptSet] = {}
+"""The last prompt set read, by `_loaded_key`: the memory plan reads the prompts before the objective
+does (align/data/budget_auto.py `plan_sizes`), and one read serves both."""
+
+
+def _loaded_key(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> tuple:
+    files = tuple((str(s.path), file_sha256(s.path)) for s in source_specs(cfg.data) if s.path.is_file())
+    return (repr(cfg.data), cfg.objective.max_new_tokens, tokenizer.name_or_path, len(tokenizer),
+            tokenizer.chat_template, tokenizer.eos_token_id, repr(sorted(reward.weights.items())), files)
+
+
 def load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> PromptSet:
-    data_cfg = cfg.data
+    """The prompts and references of `cfg.data`, encoded and checked (the module docstring's refusals)."""
     if tokenizer.chat_template is None:
         raise ConfigError("model.pretrained", "the tokenizer has no chat template: prompts are rendered through it")
+    key = _loaded_key(cfg, tokenizer, reward)
+    if key not in _LOADED:
+        prompts = _load_prompts(cfg, tokenizer, reward)
+        _LOADED.clear()
+        _LOADED[key] = prompts
+    return _LOADED[key]
+
+
+def longest_prompt(cfg: TrainConfig) -> tuple[int, int]:
+    """(tokens of the longest prompt the run keeps, prompts kept), read as the objective will read them
+    (`load_prompts` with the run's tokenizer and reward): what the memory plan sizes a rollout by."""
+    from align.data.tokenizer import load_tokenizer
+
+    prompts = load_prompts(cfg, load_tokenizer(cfg.model), WeightedReward(cfg.reward.weights))
+    return int(prompts.data.lengths.max()), len(prompts)
+
+
+def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> PromptSet:
+    data_cfg = cfg.data
     limit = data_cfg.max_seq_len - cfg.objective.max_new_tokens
     report: dict[str, Any] = {}
     records = load_records(data_cfg, report)
@@ -127,6 +157,7 @@ class WholeBatchSampler(ShuffleSampler):
     epoch's short tail is left out, so every rollout of every rank holds the same number of prompts."""
 
     kind = "prompts"
+    size_key = "objective.prompts_per_rollout"
 
     def global_batches(self, epoch: int) -> list[np.ndarray]:
         return [b for b in super().global_batches(epoch) if len(b) == self.micro_batch_size]

@@ -63,6 +63,9 @@ def padding_stats(batches: Sequence[np.ndarray], lengths: np.ndarray, pad_to_mul
 
 class MicroBatchSampler:
     kind = "base"
+    size_key = "sampler.micro_batch_size"
+    """The config key that sets how many rows a micro-batch takes: what an error about the micro-batch
+    count names."""
 
     def __init__(self, lengths: np.ndarray, micro_batch_size: int, seed: int, rank: int = 0, world: int = 1, *,
                  pad_to_multiple_of: int = 1, packed: bool = False,
@@ -106,8 +109,9 @@ class MicroBatchSampler:
         g = self.global_batches(epoch)
         usable = len(g) // self.world * self.world
         if usable == 0:
-            raise ConfigError("sampler.micro_batch_size",
-                              f"{len(g)} micro-batches per epoch cannot be split over {self.world} ranks")
+            raise ConfigError(self.size_key, f"{len(g)} micro-batches per epoch cannot be split over {self.world} "
+                              f"ranks: a smaller {self.size_key} cuts the data into more of them (or use more data or "
+                              "fewer ranks)")
         return g[self.rank : usable : self.world]
 
     def fingerprint(self) -> str:
@@ -213,6 +217,7 @@ class BudgetSampler(BucketSampler):
     while rows x padded length (packed: the sum of padded lengths) stays <= `max_tokens`."""
 
     kind = "budget"
+    size_key = "sampler.max_tokens"
 
     def __init__(self, lengths, seed, bucket_size: int, max_tokens: int, rank: int = 0, world: int = 1, **kw) -> None:
         require_resolved(max_tokens, "the budget sampler")

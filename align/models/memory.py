@@ -11,7 +11,9 @@ cannot drift from transformers. Memory is arithmetic on those counts plus an act
   checkpointing), plus the logits and their fp32 cross-entropy copies.
 - grpo: the generation copy (`objective.generation_dtype` bf16/fp32: its parameters in its dtype) and
   the KV cache of one engine call (`objective.generation_batch_size` rows at the longest prompt +
-  `max_new_tokens`), which lives between optimizer steps, in place of the step's working set.
+  `max_new_tokens`), which lives between optimizer steps, in place of the step's working set. Its
+  sequences are at most the longest prompt + `max_new_tokens` wide (`rollout_width`): where the prompts
+  have been read (`prompt_tokens`, at plan time) that, else the bound `data.max_seq_len`.
 
 It is an estimate: the GPU smoke runs print it beside `torch.cuda.max_memory_allocated` to keep it
 honest (docs/models.md). The check refuses a config whose estimate exceeds the visible device's
@@ -183,19 +185,30 @@ def device_memory(device: torch.device) -> Optional[int]:
     return None
 
 
-def tokens_per_micro_batch(cfg: TrainConfig) -> int:
+def rollout_width(cfg: TrainConfig, prompt_tokens: Optional[int] = None) -> int:
+    """grpo: the most tokens a rollout sequence holds: the longest prompt (`prompt_tokens`, known once the
+    prompts are read: align.data.prompts.longest_prompt) + `objective.max_new_tokens`; unknown, its bound
+    `data.max_seq_len` (a longer prompt is dropped or refused)."""
+    if prompt_tokens is None:
+        return cfg.data.max_seq_len
+    return min(cfg.data.max_seq_len, prompt_tokens + cfg.objective.max_new_tokens)
+
+
+def tokens_per_micro_batch(cfg: TrainConfig, prompt_tokens: Optional[int] = None) -> int:
     """The most tokens (padding included) one forward of the run holds, as its batching cuts them.
     sft and dpo go through the sampler: under sampler=budget `max_tokens` bounds rows x padded width (a
     dpo pair counts both its sides); shuffle and bucket take `micro_batch_size` rows (dpo: pairs, two
     sequences each) at `data.max_seq_len`, the worst case. grpo forwards its rollout's completions,
-    cut into `updates_per_rollout x trainer.grad_accum` micro-batches, each at most `data.max_seq_len`
-    wide, or under sampler=budget into micro-batches of at most `max_tokens`."""
+    cut into `updates_per_rollout x trainer.grad_accum` micro-batches, each at most `rollout_width`
+    wide (padded to `sampler.pad_to_multiple_of`), or under sampler=budget into micro-batches of at most
+    `max_tokens`."""
     require_resolved(cfg.sampler.max_tokens, "the memory estimate")
     o = cfg.objective
     budget = cfg.sampler.kind == SamplerKind.budget and cfg.sampler.max_tokens is not None
     if o.kind == ObjectiveKind.grpo and not budget:
         seqs = -(-o.prompts_per_rollout * o.group_size // (o.updates_per_rollout * cfg.trainer.grad_accum))
-        return seqs * cfg.data.max_seq_len
+        mult = cfg.sampler.pad_to_multiple_of
+        return seqs * (-(-rollout_width(cfg, prompt_tokens) // mult) * mult)
     if budget:  # grpo too: its budget cut holds at most max_tokens per micro-batch
         return cfg.sampler.max_tokens
     rows = cfg.sampler.micro_batch_size * (2 if o.kind == ObjectiveKind.dpo else 1)
@@ -281,14 +294,14 @@ def generation_copy_bytes(cfg: TrainConfig, params: int, device_type: str) -> in
     return params * _COPY_BYTES.get(dtype, 0)
 
 
-def kv_cache_tokens(cfg: TrainConfig) -> int:
-    """Positions an engine call's KV cache holds per row: the longest prompt (`data.max_seq_len -
-    objective.max_new_tokens`) left-padded to the engine's multiple, plus `max_new_tokens` (the static
-    cache's length; the dynamic cache grows to at most this)."""
+def kv_cache_tokens(cfg: TrainConfig, prompt_tokens: Optional[int] = None) -> int:
+    """Positions an engine call's KV cache holds per row: the longest prompt (`rollout_width` less the
+    new tokens) left-padded to the engine's multiple, plus `max_new_tokens` (the static cache's length;
+    the dynamic cache grows to at most this)."""
     from align.generation.engine import EngineConfig
 
     mult, new = EngineConfig().pad_to_multiple_of, cfg.objective.max_new_tokens
-    return -(-(cfg.data.max_seq_len - new) // mult) * mult + new
+    return -(-(rollout_width(cfg, prompt_tokens) - new) // mult) * mult + new
 
 
 def kv_elements_per_token(model: torch.nn.Module) -> int:
@@ -314,7 +327,8 @@ def generation_rows(cfg: TrainConfig) -> int:
     return rollout if rows == AUTO else min(rows, rollout)
 
 
-def kv_cache_bytes(cfg: TrainConfig, device: torch.device, rows: Optional[int] = None) -> int:
+def kv_cache_bytes(cfg: TrainConfig, device: torch.device, rows: Optional[int] = None,
+                   prompt_tokens: Optional[int] = None) -> int:
     """grpo: the KV cache of one engine call of `rows` rows (default `generation_rows`): rows x
     `kv_cache_tokens` x `kv_elements_per_token` x bytes, in the generation copy's dtype, or with the
     training model in the compute dtype (`compute_bytes`); 0 under any other objective."""
@@ -326,7 +340,7 @@ def kv_cache_bytes(cfg: TrainConfig, device: torch.device, rows: Optional[int] =
     dtype = resolve_generation_dtype(cfg, device.type)[0]
     nbytes = _COPY_BYTES.get(dtype) or compute_bytes(cfg, device)
     rows = generation_rows(cfg) if rows is None else rows
-    return rows * kv_cache_tokens(cfg) * kv_elements_per_token(model) * nbytes
+    return rows * kv_cache_tokens(cfg, prompt_tokens) * kv_elements_per_token(model) * nbytes
 
 
 def resident_bytes(cfg: TrainConfig, device: torch.device) -> int:
@@ -339,15 +353,17 @@ def resident_bytes(cfg: TrainConfig, device: torch.device) -> int:
             + generation_copy_bytes(cfg, counts.total, device.type))
 
 
-def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1) -> MemoryEstimate:
+def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1,
+                    prompt_tokens: Optional[int] = None) -> MemoryEstimate:
     """`shards`: how many ranks share weights, grads and optimizer state (FSDP); 1 = replicated.
-    Works from the config alone: the model is built on the meta device."""
+    Works from the config alone (the model is built on the meta device), and under grpo the longest
+    prompt where it is known (`prompt_tokens`; else `data.max_seq_len` bounds the rollout's sequences)."""
     spec = FAMILIES[cfg.model.family]
     model, config = meta_model(cfg.model)
     moe = spec.moe_shape(config)
     wbytes = _nbytes(cfg.model.dtype)
     counts, weights, grads, optimizer = _states(cfg, model, moe, wbytes)
-    tokens = tokens_per_micro_batch(cfg)
+    tokens = tokens_per_micro_batch(cfg, prompt_tokens)
     chunk = cfg.trainer.loss_chunk_tokens
     require_chunk_resolved(chunk, "the memory estimate")
     nbytes = compute_bytes(cfg, device)
@@ -360,7 +376,7 @@ def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1) -> 
                           device_memory(device), logits=logits, reference=ref // s,
                           grads_accumulate=cfg.trainer.grad_accum > 1,
                           generation_copy=generation_copy_bytes(cfg, counts.total, device.type),
-                          kv_cache=kv_cache_bytes(cfg, device))
+                          kv_cache=kv_cache_bytes(cfg, device, prompt_tokens=prompt_tokens))
 
 
 def _states(cfg: TrainConfig, model: torch.nn.Module, moe: Optional[MoEShape], wbytes: int

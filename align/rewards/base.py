@@ -37,6 +37,9 @@ class Verifier(ABC):
     VERSION: ClassVar[int]
     """Bumped whenever a verdict, an extracted answer or a normalised reference can change; it goes into
     the keys of anything cached from scores (tests/unit/rewards/test_versions.py pins it to behaviour)."""
+    VALUES: ClassVar[tuple[float, ...]] = (0.0, 1.0)
+    """Every `Score.value` this verifier can return: a reward of verifiers that can give one value only
+    is the same for every completion, which the config refuses under GRPO (align/objectives/advantages.py)."""
 
     def identity(self) -> dict[str, Any]:
         """What a cache key must hold so that a cached score means the same thing."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Real
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from align.errors import ConfigError
 from align.rewards.base import Score, Verifier
@@ -38,6 +38,13 @@ class WeightedReward:
 
     def identity(self) -> dict[str, Any]:
         return {"weights": dict(self.weights), "verifiers": {n: v.identity() for n, v in self.verifiers.items()}}
+
+    def constant(self) -> Optional[float]:
+        """The reward every completion gets whatever it says, where the weights fix it (each verifier
+        weighted 0 or able to give one value only, `Verifier.VALUES`); None where it can vary."""
+        if any(w != 0 and len(set(self.verifiers[n].VALUES)) > 1 for n, w in self.weights.items()):
+            return None
+        return sum(w * self.verifiers[n].VALUES[0] for n, w in self.weights.items())
 
     def check_reference(self, reference: str) -> None:
         """BadReference when any weighted verifier cannot read `reference`."""

@@ -1,6 +1,7 @@
 """The model's preflight checks: everything about the model that can be decided before the tokenizer,
-the encode or any weight is touched. Registered in `align.run.preflight.CHECKS`; yields
-`align.run.preflight.Check` rows (a failure names the config key to change):
+the encode or any weight is touched (except that GRPO's memory plan reads its prompts, with the
+tokenizer, to size the rollouts: align/data/budget_auto.py `plan_rollout`). Registered in
+`align.run.preflight.CHECKS`; yields `align.run.preflight.Check` rows (a failure names the config key to change):
 
 - config kwargs (preset + overrides) accepted by the installed config class (also a kwargs site)
 - the largest id of pre-tokenized rows inside every token-id table (naming its file:line)
@@ -8,7 +9,8 @@ the encode or any weight is touched. Registered in `align.run.preflight.CHECKS`;
 - router losses only on MoE models; QLoRA only on dense families, with a checkpoint
 - LoRA targets discovered (the peft / bitsandbytes kwargs are kwargs sites: `lora_site`, `qlora_site`)
 - parameter count (total, active for MoE, trainable) and a training-memory estimate, refused when it
-  exceeds the visible device unless `model.allow_over_memory=true`
+  exceeds the visible device unless `model.allow_over_memory=true`, naming the keys of this composition
+  that lower it (align/models/memory_levers.py)
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from typing import Any, Iterator, Optional
 import torch
 
 from align.config import TrainConfig
-from align.data.budget_auto import plan_sizes
+from align.data.budget_auto import planned_estimate
 from align.errors import ConfigError
 from align.models.attention import resolve_attention
 from align.models.build import check_router_losses, token_id_tables
 from align.models.lora import discover_targets, qlora_refusal
-from align.models.memory import estimate_memory, meta_model
+from align.models.memory import meta_model, rollout_width
+from align.models.memory_levers import levers
 from align.models.registry import FAMILIES
 
 
@@ -98,14 +101,22 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
                     f"{s['target_modules']} modules {s['targets']}; not adapted: "
                     f"{s['skipped_fused_expert_params'] + s['not_adapted_linears']}", "model.lora")
 
-    est = estimate_memory(plan_sizes(cfg, device)[0], device, shards=shards)  # the sizes the trainer will take
+    try:  # the sizes the trainer will take; under grpo the rollouts at the width of the real prompts
+        est, planned, prompt_tokens = planned_estimate(cfg, device, shards)
+    except ConfigError as e:  # grpo reads its prompts to plan: a prompt or reference the run would refuse
+        yield failed("config", "params and memory", e)
+        return
+    line = est.line()
+    if prompt_tokens is not None:
+        line += (f"; rollout sequences of at most {rollout_width(planned, prompt_tokens)} tokens (the longest "
+                 f"prompt, {prompt_tokens}, + objective.max_new_tokens)")
     if est.fits is False and not m.allow_over_memory:
+        found = levers(planned, device, shards, prompt_tokens)
+        lower = f"each of these lowers it: {', '.join(found)}" if found else "no key of this composition lowers it"
         yield Check("config", "params and memory", Status.failed,
-                    f"the training-memory estimate does not fit: {est.line()}; shrink sampler.max_tokens or the "
-                    "micro-batch/sequence, enable activation checkpointing or trainer.loss_chunk_tokens, use LoRA, "
-                    "or set model.allow_over_memory=true",
+                    f"the training-memory estimate does not fit: {line}; {lower}; or set model.allow_over_memory=true",
                     "model.allow_over_memory")
     elif est.fits is False:
-        yield Check("config", "params and memory", Status.warned, est.line() + " (allowed by model.allow_over_memory)")
+        yield Check("config", "params and memory", Status.warned, line + " (allowed by model.allow_over_memory)")
     else:
-        yield Check("config", "params and memory", Status.passed, est.line())
+        yield Check("config", "params and memory", Status.passed, line)

@@ -126,12 +126,11 @@ def serving_path(cfg: TrainConfig, device: Optional["torch.device"] = None) -> d
 def viability(cfg: TrainConfig, device: Optional["torch.device"] = None) -> dict[str, Any]:
     """The training-memory estimate (align.models.memory.estimate_memory) against the device's memory;
     on CPU `fits` and `device_bytes` are null: host RAM is no accelerator budget."""
-    from align.data.budget_auto import plan_sizes
-    from align.models.memory import estimate_memory
+    from align.data.budget_auto import planned_estimate
     from align.parallel.env import resolve_device
 
     device = device or resolve_device(cfg.trainer.device)
-    est = estimate_memory(plan_sizes(cfg, device)[0], device)
+    est = planned_estimate(cfg, device)[0]
     out = {"estimate_bytes": est.total, "device": str(device), "device_bytes": est.device_bytes,
            "fits": est.fits, "why": None}
     if device.type == "cpu":

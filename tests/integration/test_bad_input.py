@@ -52,6 +52,9 @@ CASES = [
     (["data=jsonl", "data.path=/"], "data.path", "/ is a directory; accepted: a JSONL file"),
     (["data=jsonl", "data.path=/tmp/my data (1)/x.jsonl"], "data.path=/tmp/my data (1)/x.jsonl",
      """quote it: 'data.path="/tmp/my data (1)/x.jsonl"'"""),
+    # a GRPO composition whose every advantage is 0 (it ran to exit 0 with a loss and gradient of 0)
+    (["objective=grpo", "objective.group_size=1", "objective.advantage=dr_grpo"], "objective.group_size",
+     "advantage=dr_grpo needs >= 2 completions per prompt"),
 ]
 
 

@@ -94,3 +94,20 @@ def test_too_few_prompts_for_a_rollout_on_every_rank_is_refused(compose, tok):
     ps = load_prompts(cfg, tok, WeightedReward(cfg.reward.weights))
     with pytest.raises(ConfigError, match="^objective.prompts_per_rollout: the data holds 10 prompts"):
         build_prompt_stream(cfg, ps, tok.pad_token_id)
+
+
+def test_the_plan_and_the_objective_share_one_read_of_the_prompts_until_the_file_changes(compose, tok, tmp_path):
+    """The memory plan reads the prompts before the objective does (align/data/budget_auto.py): the same
+    inputs give the same set, read once; a changed file is read again."""
+    from align.data.prompts import longest_prompt
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "1+1=", "reference": "2"}\n')
+    cfg = _cfg(compose, "data=jsonl_prompts", f"data.path={f}")
+    reward = WeightedReward(cfg.reward.weights)
+    first = load_prompts(cfg, tok, reward)
+    assert load_prompts(cfg, tok, WeightedReward(cfg.reward.weights)) is first
+    assert longest_prompt(cfg) == (int(first.data.lengths.max()), 1)
+    f.write_text('{"prompt": "1+1=", "reference": "2"}\n{"prompt": "' + "1+" * 9 + '1=", "reference": "10"}\n')
+    again = load_prompts(cfg, tok, reward)
+    assert again is not first and len(again) == 2 and longest_prompt(cfg)[0] > int(first.data.lengths.max())

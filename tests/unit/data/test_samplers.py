@@ -4,6 +4,8 @@ token budget, and mixture weights."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -134,3 +136,25 @@ def test_sampling_a_million_records_runs():
     batches = BucketSampler(lengths, 8, 0, bucket_size=512).global_batches(0)
     assert sum(len(b) for b in batches) == 1_000_000
     assert BudgetSampler(lengths[:50_000], 0, 512, 16384).global_batches(0)
+
+
+@pytest.mark.parametrize("overrides,key", [([], "sampler.max_tokens"),
+                                           (["sampler=shuffle"], "sampler.micro_batch_size"),
+                                           (["objective=grpo"], "objective.prompts_per_rollout")])
+def test_too_few_micro_batches_for_the_ranks_names_the_key_of_the_composed_sampler(compose, overrides, key):
+    """A small file on 2 ranks: the refusal names the key that sets how many rows a micro-batch takes
+    under the composed sampler (sampler.micro_batch_size is refused under budget and grpo), and the
+    composition accepts that key on the command line."""
+    from align.config import to_typed
+    from align.data.prompts import WholeBatchSampler
+
+    cfg = to_typed(compose(["logger=none", *overrides]))
+    lengths = np.array([5, 7, 6])
+    if cfg.objective.kind.value == "grpo":  # the rollout's prompt batches: prompts_per_rollout prompts each
+        sampler = WholeBatchSampler(lengths, 2, seed=0, rank=0, world=2)
+    else:
+        sampler = build_sampler(dataclasses.replace(cfg.sampler, max_tokens=4096), lengths, seed=0, rank=0, world=2)
+    with pytest.raises(ConfigError) as e:
+        sampler.rank_batches(0)
+    assert str(e.value).startswith(f"{key}: 1 micro-batches per epoch cannot be split over 2 ranks: a smaller {key}")
+    to_typed(compose(["logger=none", *overrides, f"{key}=1"]))  # read by the composition: not refused as ignored

@@ -102,6 +102,9 @@ def test_the_built_run_records_what_auto_resolved_to_on_this_cpu(tmp_path):
     loss = t.objective.describe()["loss"]
     assert loss["generation_dtype"] == "same" and loss["engine"]["batch_size"] == 16
     assert loss["engine"]["weights"].startswith("shared")
+    width = t.model_info["rollout_width"]  # the plan sized the rollouts by the prompts the run read
+    assert width["resolved"] == width["prompt_tokens"] + 4 < width["requested"] == t.cfg.data.max_seq_len
+    assert width["prompt_tokens"] == int(t.objective.prompts.data.lengths.max())
 
 
 def test_the_memory_estimate_counts_the_generation_copy_in_its_dtype():

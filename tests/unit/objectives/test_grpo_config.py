@@ -67,6 +67,13 @@ def test_the_issue_command_lines_compose(compose):
 
 BAD = [
     (["objective.group_size=1"], "objective.group_size", "needs >= 2"),
+    # every composition whose advantages are all 0 by construction (align/objectives/advantages.py)
+    (["objective.group_size=1", "objective.advantage=dr_grpo"], "objective.group_size",
+     "advantage=dr_grpo needs >= 2 completions per prompt"),
+    (["objective.group_size=1", "objective.advantage=rloo"], "objective.group_size", "advantage=rloo needs >= 2"),
+    (["reward.weights.exact_int=0"], "reward.weights", "every completion scores 0 whatever it says"),
+    (["reward=gsm8k", "+reward.weights.format=0", "reward.weights.gsm8k=0.0", "objective.advantage=rloo"],
+     "reward.weights", "under advantage=rloo would be 0"),
     (["objective.temperature=0"], "objective.temperature", "> 0"),
     (["objective.top_p=0"], "objective.top_p", "(0, 1]"),
     (["objective.clip_low=1.0"], "objective.clip_low", "[0, 1)"),
@@ -83,6 +90,7 @@ BAD = [
      "(96 tokens after padding"),
     (["sampler=budget", "trainer.grad_accum=2"], "trainer.grad_accum", "ignored by objective=grpo with sampler=budget"),
     (["sampler=budget", "sampler.bucket_size=8"], "sampler.bucket_size", "sorted by length as one bucket"),
+    (["sampler.micro_batch_size=4"], "sampler.micro_batch_size", "ignored by objective=grpo"),
     (["objective.prompts_per_rollout=1", "objective.group_size=2", "trainer.grad_accum=4"],
      "objective.prompts_per_rollout", "must fill"),
     (["data.max_seq_len=8", "objective.max_new_tokens=8"], "data.max_seq_len", "must exceed"),
@@ -101,6 +109,16 @@ def test_bad_values_are_one_line_naming_the_key(compose, overrides, key, what):
     with pytest.raises(ConfigError) as e:
         to_typed(compose(["objective=grpo", *overrides]))
     assert str(e.value).startswith(f"{key}: ") and what in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_reward_of_verifiers_that_give_one_value_is_refused(compose, monkeypatch):
+    """A reward constant by construction whatever its weight: a verifier that can give one value only."""
+    from align.rewards import get_verifier
+
+    to_typed(compose(["objective=grpo"]))  # exact_int gives 0 or 1: accepted
+    monkeypatch.setattr(type(get_verifier("exact_int")), "VALUES", (1.0,))
+    with pytest.raises(ConfigError, match=r"^reward.weights: every completion scores 1 whatever it says"):
+        to_typed(compose(["objective=grpo"]))
 
 
 def test_a_reward_under_sft_is_refused(compose):

@@ -10,7 +10,7 @@ import statistics
 import pytest
 import torch
 
-from align.objectives.advantages import STD_EPS, Estimator, advantages, zero_variance
+from align.objectives.advantages import STD_EPS, Estimator, advantages, no_signal, zero_variance
 from align.objectives.policy_loss import Aggregation, LossSpec, RatioLevel, policy_loss
 
 G = 5
@@ -57,11 +57,39 @@ def test_zero_variance_marks_exactly_the_groups_of_equal_rewards():
 
 
 def test_advantages_refuse_what_they_cannot_mean():
-    with pytest.raises(ValueError, match="group_size >= 2"):
-        advantages(torch.ones(3, 1), "grpo")
+    for kind in Estimator:  # a group of one has no signal under any of them
+        with pytest.raises(ValueError, match="group_size >= 2"):
+            advantages(torch.ones(3, 1), kind)
     with pytest.raises(ValueError, match="groups, group_size"):
         advantages(torch.ones(3), "dr_grpo")
-    assert advantages(torch.ones(3, 1), "dr_grpo").abs().max() == 0
+
+
+def _silent(rewards: torch.Tensor, kind: Estimator) -> bool:
+    """Every advantage 0 or undefined, computed from the arithmetic (`_naive_advantages`) where it is
+    defined: no learning signal."""
+    try:
+        adv = _naive_advantages(rewards, kind)
+    except (ZeroDivisionError, statistics.StatisticsError):
+        return True
+    return all(a == 0 or not math.isfinite(a) for group in adv for a in group)
+
+
+@pytest.mark.parametrize("kind", list(Estimator))
+def test_every_estimator_has_rules_of_no_signal_that_match_its_arithmetic(kind):
+    """The config refuses a composition (`no_signal`) exactly where the estimator's advantages are all 0
+    or undefined, for every estimator of `Estimator`: groups of 1 to 4 completions, rewards that vary
+    and rewards the config fixes (the same for every completion, 0 or not). An estimator added without
+    its entry in ESTIMATORS fails here."""
+    g = torch.Generator().manual_seed(1)
+    for size in range(1, 5):
+        varied = torch.rand(3, size, generator=g, dtype=torch.float64)
+        for constant in (None, 0.0, 1.0):
+            rewards = varied if constant is None else torch.full((3, size), constant, dtype=torch.float64)
+            refused = no_signal(kind, size, constant)
+            assert (refused is not None) == _silent(rewards, kind), (kind, size, constant, refused)
+            if refused is None:  # what the config accepts, the estimator computes
+                torch.testing.assert_close(advantages(rewards, kind),
+                                           torch.tensor(_naive_advantages(rewards, kind), dtype=torch.float64))
 
 
 # ----------------------------------------------------------------------------------- policy loss

@@ -63,3 +63,22 @@ def test_check_reference_asks_every_weighted_verifier():
     r.check_reference("7")
     with pytest.raises(BadReference, match="exact_int"):
         r.check_reference("#### 7")
+
+
+def test_every_verifier_scores_only_the_values_it_declares(gsm8k_test):
+    """`Verifier.VALUES` is what the config's no-signal rule reads (a verifier of one value makes a
+    constant reward): each verifier's scores of gold and mismatched completions stay within it, and
+    cover both of a two-valued verifier's values."""
+    refs = {"gsm8k": gsm8k_test[:20], "format": gsm8k_test[:20], "math": ["#### 7", "#### 8"],
+            "exact_int": ["7", "8"]}
+    for name, v in VERIFIERS.items():
+        seen = {v.score(c, r).value for c in [*refs[name], "no answer here"] for r in refs[name]}
+        assert seen == set(v.VALUES), (name, seen, v.VALUES)
+
+
+def test_constant_is_the_reward_weights_fix_whatever_a_completion_says(monkeypatch):
+    assert WeightedReward({"gsm8k": 1.0, "format": 0.1}).constant() is None
+    assert WeightedReward({"gsm8k": 0.0, "format": 0}).constant() == 0.0
+    monkeypatch.setattr(type(get_verifier("format")), "VALUES", (1.0,))  # a verifier that can give one value
+    assert WeightedReward({"format": 0.5, "gsm8k": 0.0}).constant() == 0.5
+    assert WeightedReward({"format": 0.5, "gsm8k": 1.0}).constant() is None

@@ -155,7 +155,8 @@ def test_on_an_accelerator_viability_compares_the_estimate_with_its_memory(no_vl
                                                                           line):
     from align.run.serving import lines
 
-    monkeypatch.setattr("align.models.memory.estimate_memory", lambda cfg, device: Estimate(2 << 30, device_bytes))
+    monkeypatch.setattr("align.models.memory.estimate_memory",
+                        lambda cfg, device, **kw: Estimate(2 << 30, device_bytes))
     e = serving_path(typed("model=mistral"), device=torch.device("cuda"))
     assert e["viability"]["fits"] is fits and e["viability"]["device_bytes"] == device_bytes
     assert line in lines(e)[1]

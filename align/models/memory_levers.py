@@ -1,0 +1,77 @@
+"""What lowers a training-memory estimate that does not fit: the keys of the composed run whose change
+makes the estimate (align/models/memory.py) smaller, each tried on the planned config and named with
+the value tried and the estimate it gives (align.run.model_checks puts them in its refusal).
+
+The candidates follow the objective and the sampler: a rollout's micro-batches (objective=grpo) are cut
+by `trainer.grad_accum` or `sampler.max_tokens` from `objective.prompts_per_rollout x group_size`
+completions of at most the longest prompt + `objective.max_new_tokens` tokens, so
+`sampler.micro_batch_size` and `data.max_seq_len` (a bound the real prompts sit under) are not
+candidates there; SFT and DPO take `sampler.micro_batch_size` rows at `data.max_seq_len`, or
+`sampler.max_tokens` under sampler=budget. A candidate the config refuses, or that leaves the estimate
+where it is, is not named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+
+from align.config import GenerationDtype, ObjectiveKind, SamplerKind, TrainConfig
+from align.errors import ConfigError
+from align.models.memory import GiB, estimate_memory
+
+
+def _candidates(cfg: TrainConfig) -> list[tuple[str, Any]]:
+    """(key, value to try) for the composition of `cfg` (planned: `auto`s resolved)."""
+    from align.objectives.chunk_auto import CHUNK
+
+    o, s = cfg.objective, cfg.sampler
+    budget = s.kind == SamplerKind.budget
+    out: list[tuple[str, Any]] = [("sampler.max_tokens", s.max_tokens // 2)] if budget else []
+    if o.kind == ObjectiveKind.grpo:
+        if not budget:
+            out.append(("trainer.grad_accum", cfg.trainer.grad_accum * 2))
+        out += [("objective.max_new_tokens", o.max_new_tokens // 2),
+                ("objective.prompts_per_rollout", o.prompts_per_rollout // 2),
+                ("objective.group_size", o.group_size // 2),
+                ("objective.generation_batch_size", o.generation_batch_size // 2),
+                ("objective.generation_dtype", GenerationDtype.same)]
+    elif not budget:
+        out += [("sampler.micro_batch_size", s.micro_batch_size // 2), ("data.max_seq_len", cfg.data.max_seq_len // 2)]
+    out += [("parallel.activation_checkpointing", True), ("trainer.loss_chunk_tokens", CHUNK),
+            ("model.lora.enabled", True)]
+    return out
+
+
+def _with(obj: Any, dotted: str, value: Any) -> Any:
+    """`obj` with the dotted field set to `value` (each level rebuilt, so every check runs again)."""
+    head, _, rest = dotted.partition(".")
+    return dataclasses.replace(obj, **{head: _with(getattr(obj, head), rest, value) if rest else value})
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def levers(cfg: TrainConfig, device: torch.device, shards: int = 1, prompt_tokens: Optional[int] = None
+           ) -> list[str]:
+    """`key=value (~N GiB)` for each candidate that lowers the estimate of the planned `cfg`, largest
+    drop first."""
+    base = estimate_memory(cfg, device, shards=shards, prompt_tokens=prompt_tokens).total
+    found = []
+    for key, value in _candidates(cfg):
+        if _get(cfg, key) == value:
+            continue
+        try:
+            trial = _with(cfg, key, value)
+        except (ConfigError, ValueError, TypeError):  # a value the config refuses (e.g. below its least)
+            continue
+        total = estimate_memory(trial, device, shards=shards, prompt_tokens=prompt_tokens).total
+        if total < base:
+            shown = str(value).lower() if isinstance(value, bool) else getattr(value, "value", value)
+            found.append((total, f"{key}={shown} (~{total / GiB:.1f} GiB)"))
+    return [text for _, text in sorted(found, key=lambda t: t[0])]
