@@ -159,3 +159,17 @@ def test_a_token_id_outside_the_vocabulary_names_its_line_before_the_run_dir(tmp
     assert line.startswith(f"align: error: {rows}:2: token id 99999 is out of the model's vocabulary (size 4096"), line
     assert "accepted: ids below 4096" in line and "Traceback" not in p.stderr
     assert not (tmp_path / "run").exists(), "a refused run must not leave a run dir behind"
+
+
+def test_records_that_mix_formats_are_one_line_before_the_run_dir(tmp_path):
+    """Detected in preflight as the run detects it (align/data/formats.py), before torch is imported."""
+    f = tmp_path / "mixed.jsonl"
+    f.write_text('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n'
+                 '{"instruction": "Add 2 and 3.", "output": "5"}\n')
+    p = _run(tmp_path, "data=jsonl", f"data.path={f}", "allow_dirty=true")
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert err == [f"align: error: data.format: the records of {f} mix formats: messages ({f}:1), alpaca ({f}:2); "
+                   "accepted: one format per source (one file per format, as a mixture), or data.format=<one of them>, "
+                   "under which records of the others are bad records"], err
+    assert "TRANSFORMERS_IMPORTED=False" in p.stdout and not (tmp_path / "run").exists()
