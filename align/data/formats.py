@@ -92,7 +92,7 @@ def resolve(rows: list[tuple[int, Any]], spec: Any, pairs: bool) -> tuple[Option
     (pairs on a chat source, chats on a pair source). None: no record fits any format."""
     fmt_key = f"{spec.key}.format"
     if spec.format != DataFormat.auto:
-        return spec.format, fmt_key
+        return spec.format, spec.format_key
     first: dict[DataFormat, str] = {}
     for n, row in rows:
         if isinstance(row, BadRecord):

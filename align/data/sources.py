@@ -68,6 +68,8 @@ class SourceSpec:
     """The config key to name in errors (`data` or `data.mixture.<name>`)."""
     format: DataFormat = DataFormat.auto
     """The record format named (`data.format`), or auto: detected from the records."""
+    format_key: str = "data.format"
+    """The key `format` comes from (`data.format`, or the mixture source's own)."""
 
     @property
     def file(self) -> str:
@@ -79,7 +81,7 @@ class SourceSpec:
         Not the path (a path is stable across an edit) and not the weight (a sampler matter); the
         file kind the path's name picks, as it numbers the records."""
         d = asdict(self)
-        for k in ("path", "weight", "key"):
+        for k in ("path", "weight", "key", "format_key"):
             d.pop(k)
         d["kind"] = self.kind.value
         d["format"] = self.format.value
@@ -139,6 +141,7 @@ def source_specs(cfg: DataConfig) -> list[SourceSpec]:
             tokens_field=pick("tokens_field"),
             key=key,
             format=pick("format"),
+            format_key=f"{key}.format" if over is not None and over.format is not None else "data.format",
         )
 
     if not cfg.mixture:

@@ -122,7 +122,7 @@ def _record_formats(specs: list) -> Iterable[Check]:
             continue
         if spec.format != DataFormat.auto:
             yield Check("config", "record format", Status.passed, f"{spec.name}: {spec.format.value} (named by "
-                        f"{spec.key}.format)", f"{spec.key}.format")
+                        f"{spec.format_key})", spec.format_key)
             continue
         try:
             rows = list(_rows(spec))

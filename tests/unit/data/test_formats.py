@@ -227,6 +227,9 @@ def test_a_mixture_detects_each_sources_format_on_its_own(tmp_path):
     assert len(load_records(cfg, report)) == 3
     assert {n: (f["format"], f["chosen_by"]) for n, f in report["formats"].items()} == {
         "a": ("messages", "detected"), "b": ("alpaca", "data.mixture.b.format")}
+    cfg = data_cfg(None, tmp_path, format="alpaca", mixture={"b": {"kind": "jsonl", "path": str(b)}})
+    load_records(cfg, report)
+    assert report["formats"]["b"]["chosen_by"] == "data.format"  # inherited from data.*
 
 
 def test_a_record_that_fits_no_format_names_file_record_and_the_formats(tmp_path):
