@@ -34,6 +34,22 @@ class Source(StrEnum):
         return self in (Source.preference, Source.gsm8k_pairs)
 
 
+class DataFormat(StrEnum):
+    """The shape of a source's records (align/data/formats.py adapts each to a chat, a text or a pair)."""
+
+    auto = "auto"
+    messages = "messages"
+    sharegpt = "sharegpt"
+    alpaca = "alpaca"
+    text = "text"
+    prompt_completion = "prompt_completion"
+    preference = "preference"
+
+    @property
+    def pairs(self) -> bool:
+        return self == DataFormat.preference
+
+
 class Truncation(StrEnum):
     drop = "drop"
     truncate = "truncate"
@@ -54,7 +70,7 @@ class SourceConfig:
     file of pre-tokenized rows (`tokens_field`). preference: a local JSONL file of preference pairs;
     gsm8k_pairs: the bundled pairs (a mixture holds pairs only or chat records only)."""
     path: Optional[str] = None
-    """Local file for kind=jsonl or kind=parquet."""
+    """Local file or directory of a file kind, read as `data.path` is."""
     split: str = "train"
     """Bundled GSM8K split for kind=gsm8k: train or test."""
     weight: float = 1.0
@@ -72,6 +88,8 @@ class SourceConfig:
     """Id field; null: `data.id_field`."""
     tokens_field: Optional[str] = None
     """Token-id field of a tokens source; null: `data.tokens_field`."""
+    format: Optional[DataFormat] = None
+    """Record format of this source; null: `data.format`."""
 
     def check(self, key: str) -> None:
         _require(self.split in ("train", "test"), f"{key}.split", "must be one of: train, test", self.split)
@@ -87,28 +105,44 @@ class SourceConfig:
                 "path": _only(kind, self.kind, FILE_SOURCES),
                 "split": _only(kind, self.kind, [Source.gsm8k, Source.add]),
                 "tokens_field": _only(kind, self.kind, [Source.tokens]),
+                "format": _only(kind, self.kind, FORMAT_SOURCES),
                 **{f: _only(kind, self.kind, CHAT_SOURCES) for f in CHAT_FIELDS},
             }
         )
 
 
 FILE_SOURCES = (Source.jsonl, Source.parquet, Source.tokens, Source.preference)
-"""Sources read from a local file (`path`)."""
+"""Sources read from a local file or directory (`path`)."""
 CHAT_SOURCES = (Source.gsm8k, Source.jsonl, Source.parquet)
 """Sources whose records are chats (fields become messages; a tokens source has none)."""
 CHAT_FIELDS = ("messages_field", "prompt_field", "response_field")
+FORMAT_SOURCES = (*CHAT_SOURCES, Source.add, Source.preference, Source.gsm8k_pairs)
+"""Sources whose records have a format (`data.format`): all but pre-tokenized rows."""
+
+
+def _check_format(key: str, fmt: DataFormat, kind: Source) -> None:
+    """A pair format on a chat source, or a chat format on a pair source, can only fail record by record."""
+    if fmt == DataFormat.auto or kind == Source.tokens or fmt.pairs == kind.pairs:
+        return
+    chats = ", ".join(f.value for f in DataFormat if not f.pairs)
+    accepted = f"auto, {DataFormat.preference.value}" if kind.pairs else chats
+    what = "preference pairs" if kind.pairs else "chat records (SFT, RL prompts)"
+    raise ConfigError(key, f"{fmt.value} does not fit a {kind.value} source, which holds {what}; accepted: "
+                           f"{accepted}", fmt.value)
 
 
 @dataclass
 class DataConfig:
     source: Source = Source.gsm8k
-    """gsm8k: the copy bundled in the package. jsonl/parquet: a local file given by `path`. tokens:
-    a local JSONL file of pre-tokenized rows (no chat template; every token after the first is a
-    target unless the row has a `loss_mask`). preference: a local JSONL file of preference pairs
-    ({prompt, chosen, rejected}, or two chats sharing a prefix); gsm8k_pairs: the bundled pairs.
-    Ignored when `mixture` is set."""
+    """gsm8k: the copy bundled in the package. jsonl/parquet: a local file of chat records given by
+    `path`, in any record format (`format`). tokens: a local JSONL file of pre-tokenized rows (no chat
+    template; every token after the first is a target unless the row has a `loss_mask`). preference: a
+    local file of preference pairs ({prompt, chosen, rejected}, or two chats sharing a prefix);
+    gsm8k_pairs: the bundled pairs. Ignored when `mixture` is set."""
     path: Optional[str] = None
-    """Local data file for `source=jsonl` (one JSON object per line) or `source=parquet`."""
+    """Local data file or directory of a file source. Its name sets how it is read: .jsonl (one JSON
+    object per line), .json, .parquet, .arrow, or a `datasets` save_to_disk directory; another name
+    is read as Parquet under `source=parquet`, else as JSON lines (docs/data.md#files)."""
     split: str = "train"
     """Bundled GSM8K split: train or test."""
     name: Optional[str] = None
@@ -127,6 +161,14 @@ class DataConfig:
     tokens_field: str = "input_ids"
     """Field holding the token ids of a row of a `tokens` source (an optional `loss_mask` field of 0/1
     per token marks the targets; position 0 is never a target)."""
+    format: DataFormat = DataFormat.auto
+    """Record format (docs/data.md#record-formats). auto: detected from the records of each source, and
+    refused when a record fits two formats or the records mix formats. messages: `messages_field`, a
+    list of {role, content}; sharegpt: `conversations`, a list of {from, value}; alpaca: instruction,
+    optional input (appended to the instruction), output; text: `text`, every token trained, no chat
+    template; prompt_completion: `prompt_field` and `response_field`, or prompt and completion, each a
+    string or a chat; preference: prompt, chosen, rejected, or two chats chosen/rejected sharing a
+    prefix (preference sources only). Named, records that do not fit it are bad records."""
     mixture: dict[str, SourceConfig] = field(default_factory=dict)
     """Several sources by name, each with a weight; when set, `source`/`path`/`split` are unused."""
     mask_files: list[str] = field(default_factory=list)
@@ -160,6 +202,12 @@ class DataConfig:
             _require(self.encode_workers >= 0, "data.encode_workers", "must be >= 0 or null", self.encode_workers)
         for name, src in self.mixture.items():
             src.check(f"data.mixture.{name}")
+        if not self.mixture:
+            _check_format("data.format", self.format, self.source)
+        for name, src in self.mixture.items():
+            own = src.format is not None
+            _check_format(f"data.mixture.{name}.format" if own else "data.format", src.format if own else self.format,
+                          src.kind)
         kinds = {n: s.kind.pairs for n, s in self.mixture.items()}
         _require(
             len(set(kinds.values())) <= 1,
@@ -185,6 +233,7 @@ class DataConfig:
                         "path": _only(key, self.source, FILE_SOURCES),
                         "split": _only(key, self.source, [Source.gsm8k, Source.add]),
                         "tokens_field": _only(key, self.source, [Source.tokens]),
+                        "format": _only(key, self.source, FORMAT_SOURCES),
                         **{f: _only(key, self.source, CHAT_SOURCES) for f in CHAT_FIELDS},
                     }
                 ),
@@ -192,7 +241,8 @@ class DataConfig:
         mix = f"ignored when {key}.mixture is set: each {key}.mixture.<name> has its own"
         out.update({f: mix for f in ("source", "path", "split", "name")})
         # A mixture source inherits a null field from data.*: data.<field> is read when one does.
-        inherit = {"tokens_field": [Source.tokens], **{f: CHAT_SOURCES for f in CHAT_FIELDS}}
+        inherit = {"tokens_field": [Source.tokens], "format": FORMAT_SOURCES,
+                   **{f: CHAT_SOURCES for f in CHAT_FIELDS}}
         for f, kinds in inherit.items():
             if not any(s.kind in kinds and getattr(s, f) is None for s in self.mixture.values()):
                 out[f] = (

@@ -3,7 +3,9 @@
 `encode_cache_key` covers everything that can change what an encoding means: the CONTENT hash of
 every source file and of every auxiliary mask file (never a path: a path is stable across an edit),
 the tokenizer files' content, the chat template, max_seq_len, the truncation and bad-record
-policies, the fields that pick prompt/response/roots/ids, the tokenizer libraries' versions and
+policies, the fields that pick prompt/response/roots/ids, each source's record format as configured
+(`data.format`: a detected format is a function of the content, the configuration and the detection
+rules, which `ENCODE_VERSION` covers) and the file kind, the tokenizer libraries' versions and
 `ENCODE_VERSION`; for preference pairs also `PAIRING_VERSION`. Everything here is computed from
 files, without loading the tokenizer, so preflight can compute the key in milliseconds
 (`cache_key_parts(cfg.data, cfg.model)`).
@@ -32,16 +34,17 @@ import numpy as np
 from align.config import DataConfig, ModelConfig
 from align.data.encode import EncodedDataset, dataset_fingerprint, encode_records
 from align.data.masks import load_mask_files
-from align.data.sources import file_sha256, load_records, path_problem, source_specs
+from align.data.sources import content_sha256, file_sha256, load_records, path_problem, source_specs
 from align.data.tokenizer import tokenizer_dir
 from align.errors import ConfigError
 
 log = logging.getLogger("align")
 
-ENCODE_VERSION = 3
+ENCODE_VERSION = 4
 """Bump whenever the encoder's output can change for identical inputs (masking rule, EOS handling,
 array layout, record ids or roots, which records are bad: 3, a pre-tokenized row's bool id or mask value
-other than 0/1). Cheap, blunt, and it catches what no hash was thought of for."""
+other than 0/1; 4, record formats and their detection, align/data/formats.py). Cheap, blunt, and it
+catches what no hash was thought of for."""
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "tokenizer.model", "spiece.model", "vocab.json",
@@ -56,7 +59,7 @@ dropped (2: a pair whose sides encode to the same tokens, e.g. once cut at max_s
 of every preference encoding (align/data/preference.py) and of no chat encoding."""
 
 _ARRAYS = ("tokens", "loss_mask", "offsets", "source_index")
-_CONTENT = ("encode_cache_key", "encode_version", "fingerprint", "records_per_source", "tokenizer_sha256",
+_CONTENT = ("encode_cache_key", "encode_version", "fingerprint", "records_per_source", "formats", "tokenizer_sha256",
             "chat_template_sha256", "libraries")
 """The keys of `EncodedDataset.meta` an entry stores; the rest describe this run (paths, timings)."""
 
@@ -139,7 +142,7 @@ def cache_key_parts(data_cfg: DataConfig, model_cfg: ModelConfig) -> dict[str, A
         problem = path_problem(s)
         if problem:
             raise ConfigError(f"{s.key}.path", problem)
-        sources.append({**s.meaning(), "sha256": file_sha256(s.path)})
+        sources.append({**s.meaning(), "sha256": content_sha256(s.path)})
     aux = []
     for p in data_cfg.mask_files:
         if not Path(p).is_file():
@@ -265,6 +268,7 @@ def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer, save: 
         records = load_records(data_cfg, report)
         excluded = load_mask_files(data_cfg.mask_files, records)
         data = encode_records(records, tokenizer, data_cfg, excluded, data_cfg.encode_workers)
+        formats = report.pop("formats")
         data.stats.update(report)
         per_source = np.bincount(data.source_index, minlength=len(parts["sources"]))
         data.meta = {
@@ -272,6 +276,7 @@ def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer, save: 
             "encode_version": ENCODE_VERSION,
             "fingerprint": None,
             "records_per_source": [int(n) for n in per_source],
+            "formats": formats,
             **{k: parts[k] for k in ("tokenizer_sha256", "chat_template_sha256", "libraries")},
         }
         dataset_fingerprint(data)

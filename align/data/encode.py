@@ -3,8 +3,11 @@
 A token is trained on only when it belongs to an assistant turn: for assistant turn i the tokens
 between render(messages[:i], add_generation_prompt=True) and render(messages[:i+1]) are the answer,
 and EOS closes it. Prompt tokens, role markers and system turns get no loss, nor do the turns that
-an auxiliary mask file excludes (align.data.masks). Records are encoded in worker processes; the
-result is identical to encoding in-process (tested), so the worker count is not part of the cache key.
+an auxiliary mask file excludes (align.data.masks) or a prompt/completion record's prompt holds
+(`Record.untrained`). A `text` record has no chat: its text is tokenized as the tokenizer takes plain
+text, EOS closes it, and every token but the first (which nothing predicts) is a target. Records are
+encoded in worker processes; the result is identical to encoding in-process (tested), so the worker
+count is not part of the cache key.
 """
 
 from __future__ import annotations
@@ -95,6 +98,11 @@ def encode_one(tok, record: Record, exclude: frozenset[int] | set[int] = frozens
     if record.tokens is not None:  # pre-tokenized: as given; position 0 has no previous token to predict it
         mask = list(record.loss_mask) if record.loss_mask is not None else [True] * len(record.tokens)
         return list(record.tokens), [False] + mask[1:]
+    if record.text is not None:
+        ids = list(tok(record.text)["input_ids"])
+        if not ids or ids[-1] != tok.eos_token_id:
+            ids.append(tok.eos_token_id)  # close the text so the model learns to stop
+        return ids, [False] + [True] * (len(ids) - 1)
     msgs = record.messages
     memo: dict[str, list[int]] = {}
 
@@ -180,7 +188,7 @@ def map_with_tokenizer(fn: Callable[[Any, Any], Any], items: Sequence[Any], tok,
 def encode_all(records: Sequence[Record], tok, excluded: dict[str, set[int]],
                workers: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Encode every record, in order, in `workers` processes (0: in-process)."""
-    items = [(r, frozenset(excluded.get(r.id, ()))) for r in records]
+    items = [(r, frozenset(excluded.get(r.id, ())) | frozenset(r.untrained)) for r in records]
     return map_with_tokenizer(_encode_item, items, tok, workers)
 
 

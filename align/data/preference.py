@@ -1,11 +1,13 @@
 """Preference pairs: records -> validated (prompt, chosen, rejected) -> two encoded sequences per pair.
 
-A record is one JSON object per line, in one of two forms:
+A record is one JSON object per line (or a row of any file align/data/files.py reads; a chat record
+there is refused as a whole file, align/data/formats.py), in one of two forms:
 - explicit: `{"prompt": P, "chosen": C, "rejected": R}`. P is a string (one user turn) or a chat
   (a list of {role, content} that does not end with an assistant turn); C and R are each a string or a
   list holding one assistant message.
 - implicit prompt: `{"chosen": [chat], "rejected": [chat]}`, two whole conversations that share every
   turn but their last: the shared turns are the prompt, the two last (assistant) turns the completions.
+A message's content is a string or a list of text parts (align.data.formats.content_of).
 
 Encoding renders prompt + completion through the tokenizer's chat template. The prompt's tokens are
 those of the prompt rendered with the generation prompt, and they must be a token prefix of each side
@@ -35,7 +37,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from align.config import DataConfig, OnBadRecord, TrainConfig, Truncation
+from align.config import DataConfig, DataFormat, OnBadRecord, TrainConfig, Truncation
+from align.data import formats
 from align.data.cache import (
     ENCODE_VERSION,
     PAIRING_VERSION,
@@ -46,12 +49,11 @@ from align.data.cache import (
     provenance,
 )
 from align.data.encode import EncodedDataset, dataset_fingerprint, map_with_tokenizer, resolve_workers
-from align.data.sources import BadRecord, SourceSpec, _rows, source_specs
+from align.data.sources import BadRecord, SourceSpec, _rows, source_format, source_specs
 from align.errors import ConfigError
 
 log = logging.getLogger("align")
 
-ROLES = ("system", "user", "assistant")
 SIDES = ("chosen", "rejected")
 FORMAT = 'accepted: {"prompt": str | chat, "chosen": str | [assistant message], "rejected": ...} or two chats ' \
          '{"chosen": [...], "rejected": [...]} that differ only in their last (assistant) turn'
@@ -86,22 +88,11 @@ class PreferenceRecord:
 # --------------------------------------------------------------------------------------- parsing
 
 
-def _text(value: Any, what: str) -> str:
-    # str(None) is "None": the model would be trained on text nobody wrote.
-    if not isinstance(value, str):
-        got = "null" if value is None else f"of type {type(value).__name__}"
-        raise BadPair("malformed", f"{what} is {got}; accepted: a string")
-    return value
-
-
 def _message(m: Any, what: str) -> dict[str, str]:
-    if not isinstance(m, dict) or "role" not in m or "content" not in m:
-        got = f"keys {sorted(m)}" if isinstance(m, dict) else f"type {type(m).__name__}"
-        raise BadPair("malformed", f"{what} must be an object with 'role' and 'content' (got {got})")
-    role = _text(m["role"], f"{what}.role")
-    if role not in ROLES:
-        raise BadPair("malformed", f"{what}.role is {role!r}; accepted: {', '.join(ROLES)}")
-    return {"role": role, "content": _text(m["content"], f"{what}.content")}
+    try:
+        return formats.message(m, what)
+    except BadRecord as e:
+        raise BadPair("malformed", str(e)) from None
 
 
 def _chat(value: Any, what: str) -> list[dict[str, str]]:
@@ -207,13 +198,19 @@ class BadRecords:
                 "skipped_where": self.where[:100]}
 
 
-def load_preference_records(cfg: DataConfig, bad: BadRecords) -> list[PreferenceRecord]:
-    """Every preference record of every source, in order (the first `max_records` usable ones of each)."""
+def load_preference_records(cfg: DataConfig, bad: BadRecords,
+                            chosen: Optional[dict[str, Any]] = None) -> list[PreferenceRecord]:
+    """Every preference record of every source, in order (the first `max_records` usable ones of each);
+    each source's format (align.data.sources.source_format) goes into `chosen`."""
     records: list[PreferenceRecord] = []
     seen: set[str] = set()
     for index, spec in enumerate(source_specs(cfg)):
         n, skipped = 0, len(bad.where)
-        for lineno, row in _rows(spec):
+        rows = list(_rows(spec))  # the whole source: a file of chat records is refused as one
+        fmt, how = formats.resolve(rows, spec, True)
+        if chosen is not None:
+            chosen[spec.name] = source_format(spec, fmt or DataFormat.preference, how)
+        for lineno, row in rows:
             where = f"{spec.path}:{lineno}"
             try:
                 if isinstance(row, BadRecord):
@@ -445,7 +442,8 @@ def load_pairs(cfg: TrainConfig, tokenizer) -> EncodedPairs:
 
 def _encode(data_cfg: DataConfig, tokenizer, parts: dict[str, Any]) -> EncodedPairs:
     bad = BadRecords(data_cfg.on_bad_record)
-    records = load_preference_records(data_cfg, bad)
+    chosen: dict[str, Any] = {}
+    records = load_preference_records(data_cfg, bad, chosen)
     pairs = encode_pairs(records, tokenizer, data_cfg, bad, data_cfg.encode_workers)
     pairs.stats.update(bad.report())
     per_source = np.bincount(pairs.source_index[0::2], minlength=len(parts["sources"]))
@@ -455,6 +453,7 @@ def _encode(data_cfg: DataConfig, tokenizer, parts: dict[str, Any]) -> EncodedPa
         "pairing_version": PAIRING_VERSION,
         "fingerprint": None,
         "records_per_source": [int(n) for n in per_source],
+        "formats": chosen,
         **{k: parts[k] for k in ("tokenizer_sha256", "chat_template_sha256", "libraries")},
     }
     pairs_fingerprint(pairs)

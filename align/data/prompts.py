@@ -1,8 +1,9 @@
 """Prompt data for RL (objective=grpo): each record becomes a prompt, rendered through the chat
 template up to the assistant's turn, and the reference answer its completions are scored against.
 
-A record is read as for SFT (align/data/sources.py: a chat in `messages_field`, or `prompt_field` and
-`response_field`); its last assistant turn is the reference, and everything before it is the prompt.
+A record is read as for SFT (align/data/sources.py, in any chat format of align/data/formats.py but
+`text`, which has no prompt); its last assistant turn is the reference, and everything before it is the
+prompt.
 So `data=gsm8k_prompts` gives GSM8K questions with their answer fields, `data=add` the bundled
 addition task, and `data=jsonl_prompts` a local file of {"prompt", "reference"} lines.
 
@@ -27,7 +28,7 @@ import numpy as np
 from align.config import DataConfig, TrainConfig, Truncation
 from align.data.encode import EncodedDataset
 from align.data.samplers import ShuffleSampler
-from align.data.sources import Record, file_sha256, load_records, source_specs
+from align.data.sources import Record, content_sha256, load_records, source_specs
 from align.errors import ConfigError
 from align.rewards import BadReference, WeightedReward
 
@@ -76,7 +77,7 @@ does (align/data/budget_auto.py `plan_sizes`), and one read serves both."""
 
 
 def _loaded_key(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> tuple:
-    files = tuple((str(s.path), file_sha256(s.path)) for s in source_specs(cfg.data) if s.path.is_file())
+    files = tuple((str(s.path), content_sha256(s.path)) for s in source_specs(cfg.data) if s.path.exists())
     return (repr(cfg.data), cfg.objective.max_new_tokens, tokenizer.name_or_path, len(tokenizer),
             tokenizer.chat_template, tokenizer.eos_token_id, repr(sorted(reward.weights.items())), files)
 
@@ -107,8 +108,12 @@ def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> P
     limit = data_cfg.max_seq_len - cfg.objective.max_new_tokens
     report: dict[str, Any] = {}
     records = load_records(data_cfg, report)
+    formats = report.pop("formats")
     tokens, ids, roots, refs, sources, dropped = [], [], [], [], [], []
     for r in records:
+        if r.text is not None:
+            raise ConfigError(_where(data_cfg, r), "a text record has no prompt and no reference answer; accepted for "
+                              "RL prompts: a chat format (messages, sharegpt, alpaca, prompt_completion)")
         messages, ref = split_record(r)
         try:
             reward.check_reference(ref)
@@ -140,8 +145,9 @@ def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> P
              "truncation_policy": data_cfg.truncation.value, **report}
     specs = source_specs(data_cfg)
     meta = {"fingerprint": _fingerprint(tokens, ids, roots, refs), "prompts_version": PROMPTS_VERSION,
+            "formats": formats,
             "references": "the last assistant turn of each record (data.response_field for prompt/response records)",
-            "sources": [{"name": s.name, "kind": s.kind.value, "path": str(s.path), "sha256": file_sha256(s.path)}
+            "sources": [{"name": s.name, "kind": s.kind.value, "path": str(s.path), "sha256": content_sha256(s.path)}
                         for s in specs]}
     data = EncodedDataset(tokens=flat, loss_mask=np.zeros(len(flat), dtype=bool),
                           offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), ids=ids, roots=roots,

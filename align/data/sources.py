@@ -1,4 +1,7 @@
-"""Record sources: bundled GSM8K, local JSONL or Parquet, or a weighted mixture of them.
+"""Record sources: bundled GSM8K, local files (align/data/files.py), or a weighted mixture of them.
+
+Each source's records are read in its format (align/data/formats.py: named by `data.format` or
+detected), and become a chat, a text or pre-tokenized ids (`data.source=tokens`).
 
 Every record keeps its root: the source it came from, optionally split further by a record field
 (`data.root_field`). Diversity is measured in roots (roots per accumulation window, docs/triage.md#4).
@@ -9,7 +12,6 @@ the way real sources do, which is exactly what makes length bucketing a diversit
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass
@@ -17,7 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from align.config import DataConfig, OnBadRecord, Source
+from align.config import DataConfig, DataFormat, OnBadRecord, Source
+from align.data import files, formats
+from align.data.files import BadRecord, content_sha256, file_sha256  # noqa: F401 (the names callers import)
 from align.errors import ConfigError
 
 log = logging.getLogger("align")
@@ -38,7 +42,11 @@ class Record:
     loss_mask: Optional[tuple[bool, ...]] = None
     """Targets of a pre-tokenized row; null: every token."""
     where: str = ""
-    """`<file>:<line>` (or `<file>:<row>` for Parquet), what an error about this record names."""
+    """`<file>:<line>` (or `<file>:<row>` for a file read through `datasets`), what an error names."""
+    text: Optional[str] = None
+    """A `text` record (data.format=text): every token is a target and there is no chat."""
+    untrained: tuple[int, ...] = ()
+    """Assistant turns that are context and get no loss (a prompt/completion record's prompt)."""
 
 
 @dataclass(frozen=True)
@@ -58,14 +66,26 @@ class SourceSpec:
     tokens_field: str
     key: str
     """The config key to name in errors (`data` or `data.mixture.<name>`)."""
+    format: DataFormat = DataFormat.auto
+    """The record format named (`data.format`), or auto: detected from the records."""
+    format_key: str = "data.format"
+    """The key `format` comes from (`data.format`, or the mixture source's own)."""
+
+    @property
+    def file(self) -> str:
+        """How the file is read (align.data.files.file_kind)."""
+        return files.file_kind(self.path, self.kind.value)
 
     def meaning(self) -> dict[str, Any]:
         """What of this spec changes the encoding (the cache key adds the file's CONTENT hash).
-        Not the path (a path is stable across an edit) and not the weight (a sampler matter)."""
+        Not the path (a path is stable across an edit) and not the weight (a sampler matter); the
+        file kind the path's name picks, as it numbers the records."""
         d = asdict(self)
-        for k in ("path", "weight", "key"):
+        for k in ("path", "weight", "key", "format_key"):
             d.pop(k)
         d["kind"] = self.kind.value
+        d["format"] = self.format.value
+        d["file"] = self.file
         if bundled_path(self.kind, self.split) is None:
             d.pop("split")
         return d
@@ -120,6 +140,8 @@ def source_specs(cfg: DataConfig) -> list[SourceSpec]:
             id_field=pick("id_field"),
             tokens_field=pick("tokens_field"),
             key=key,
+            format=pick("format"),
+            format_key=f"{key}.format" if over is not None and over.format is not None else "data.format",
         )
 
     if not cfg.mixture:
@@ -127,104 +149,14 @@ def source_specs(cfg: DataConfig) -> list[SourceSpec]:
     return [spec(n, s.kind, s.path, s.split, s.weight, f"data.mixture.{n}", s) for n, s in cfg.mixture.items()]
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with Path(path).open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-class BadRecord(Exception):
-    pass
-
-
 def path_problem(spec: SourceSpec) -> Optional[str]:
-    """Why the source's path is not a file it can read, or None."""
-    if spec.path.is_file():
-        return None
-    if spec.path.is_dir():
-        what = "a Parquet file" if spec.kind == Source.parquet else "a JSONL file (one JSON object per line)"
-        return (f"{spec.path} is a directory; accepted: {what}, several files as a mixture "
-                "(data.mixture.<name>.path, one file each)")
-    return f"no such file: {spec.path}"
+    """Why the source's path is not something it can read, or None."""
+    return files.path_problem(spec.path)
 
 
 def _rows(spec: SourceSpec) -> Iterator[tuple[int, Any]]:
-    """(line or row number, parsed row or BadRecord) for every non-blank record of the file."""
-    problem = path_problem(spec)
-    if problem:
-        raise ConfigError(f"{spec.key}.path", problem)
-    if spec.kind == Source.parquet:
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(spec.path)
-        except Exception as e:  # pyarrow raises several types for a file that is not Parquet
-            raise ConfigError(
-                f"{spec.key}.path", f"not a readable Parquet file: {spec.path} ({type(e).__name__}: {e})"
-            ) from None
-        for i, row in enumerate(table.to_pylist(), 1):
-            yield i, row
-        return
-    with spec.path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                yield lineno, BadRecord(f"malformed JSON ({getattr(e, 'msg', e)})")
-                continue
-            yield (
-                lineno,
-                row
-                if isinstance(row, dict)
-                else BadRecord(f"a record must be a JSON object, got {type(row).__name__}"),
-            )
-
-
-ROLES = ("system", "user", "assistant")
-"""Roles a chat may hold. Assistant turns are trained on; the others are context. Any other role
-(a typo, or `tool`, whose calls and ids a {role, content} record cannot carry) would be rendered
-as the template pleases and trained around: refused."""
-
-
-def _text(value: Any, what: str) -> str:
-    # str(None) is "None" and str(3) is "3": the model would be trained on text nobody wrote.
-    if not isinstance(value, str):
-        got = "null" if value is None else f"of type {type(value).__name__}"
-        raise BadRecord(f"{what} is {got}; accepted: a string")
-    return value
-
-
-def _message(m: Any, i: int, field: str) -> dict[str, str]:
-    where = f"'{field}'[{i}]"
-    if not isinstance(m, dict) or "role" not in m or "content" not in m:
-        got = f"keys {sorted(m)}" if isinstance(m, dict) else f"type {type(m).__name__}"
-        raise BadRecord(f"{where} must be an object with 'role' and 'content' (got {got})")
-    role = _text(m["role"], f"{where}.role")
-    if role not in ROLES:
-        raise BadRecord(f"{where}.role is {role!r}; accepted: {', '.join(ROLES)}")
-    # A list of content parts is for multimodal templates; the loss mask is cut from rendered text.
-    return {"role": role, "content": _text(m["content"], f"{where}.content")}
-
-
-def to_messages(row: dict, spec: SourceSpec) -> list[dict[str, str]]:
-    if spec.messages_field in row:
-        msgs = row[spec.messages_field]
-        if not isinstance(msgs, list):
-            raise BadRecord(f"field '{spec.messages_field}' must be a list of {{role, content}}")
-        return [_message(m, i, spec.messages_field) for i, m in enumerate(msgs)]
-    if spec.prompt_field in row and spec.response_field in row:
-        return [
-            {"role": "user", "content": _text(row[spec.prompt_field], f"field '{spec.prompt_field}'")},
-            {"role": "assistant", "content": _text(row[spec.response_field], f"field '{spec.response_field}'")},
-        ]
-    raise BadRecord(
-        f"record has neither '{spec.messages_field}' nor '{spec.prompt_field}'+'{spec.response_field}' "
-        f"(set data.messages_field / data.prompt_field / data.response_field); keys: {sorted(row)}"
-    )
+    """(line or row number, parsed row or BadRecord) for every record of the source's file."""
+    return files.read_rows(spec.path, spec.file, spec.key)
 
 
 def _gsm8k_fields(row: dict) -> dict:
@@ -276,16 +208,17 @@ def top_token(records: list[Record]) -> Optional[tuple[int, str]]:
     return top
 
 
-def _record(row: dict, lineno: int, spec: SourceSpec, index: int) -> Record:
+def _record(row: dict, lineno: int, spec: SourceSpec, index: int, fmt: Optional[DataFormat] = None,
+            how: str = "") -> Record:
     tokens = mask = None
+    chat = formats.Chat([])
     if spec.kind == Source.tokens:
         tokens, mask = _token_row(row, spec)
-        msgs: list[dict[str, str]] = []
     else:
         if spec.kind == Source.gsm8k:
             row = _gsm8k_fields(row)
-        msgs = to_messages(row, spec)
-        if not any(m["role"] == "assistant" for m in msgs):
+        chat = formats.to_chat(row, spec, fmt, how)
+        if chat.text is None and not any(m["role"] == "assistant" for m in chat.messages):
             raise BadRecord("record has no assistant turn to train on")
     if spec.id_field is not None:
         if spec.id_field not in row:
@@ -298,25 +231,35 @@ def _record(row: dict, lineno: int, spec: SourceSpec, index: int) -> Record:
         if spec.root_field not in row:
             raise BadRecord(f"record has no root field '{spec.root_field}' (data.root_field)")
         root = f"{spec.name}/{spec.root_field}={row[spec.root_field]}"
-    return Record(id=rid, root=root, messages=msgs, source=index, tokens=tokens, loss_mask=mask,
-                  where=f"{spec.path}:{lineno}")
+    return Record(id=rid, root=root, messages=chat.messages, source=index, tokens=tokens, loss_mask=mask,
+                  where=f"{spec.path}:{lineno}", text=chat.text, untrained=chat.untrained)
+
+
+def source_format(spec: SourceSpec, fmt: Optional[DataFormat], how: str) -> dict[str, Any]:
+    """What the manifest records of a source's format: the format, how it was chosen, the file kind."""
+    return {"format": fmt.value if fmt is not None else None, "chosen_by": how, "file": spec.file}
 
 
 def load_records(cfg: DataConfig, report: Optional[dict] = None) -> list[Record]:
-    """Every record of every source, in order. Bad records fail or are skipped per
-    `data.on_bad_record`; skips are counted in `report` (skipped_bad, skipped_where)."""
+    """Every record of every source, in order, in the source's format. Bad records fail or are skipped
+    per `data.on_bad_record`; skips are counted in `report` (skipped_bad, skipped_where), and each
+    source's format goes into `report["formats"]` ({source name: source_format})."""
     report = {} if report is None else report
     skipped: list[str] = []
     records: list[Record] = []
     seen: set[str] = set()
+    chosen: dict[str, Any] = {}
     for index, spec in enumerate(source_specs(cfg)):
         n = 0
-        for lineno, row in _rows(spec):
+        rows = list(_rows(spec))  # the whole source: its format is detected from every record
+        fmt, how = (None, "pre-tokenized rows") if spec.kind == Source.tokens else formats.resolve(rows, spec, False)
+        chosen[spec.name] = source_format(spec, fmt, how)
+        for lineno, row in rows:
             where = f"{spec.path}:{lineno}"
             try:
                 if isinstance(row, BadRecord):
                     raise row
-                rec = _record(row, lineno, spec, index)
+                rec = _record(row, lineno, spec, index, fmt, how)
                 if rec.id in seen:
                     raise BadRecord(f"duplicate record id {rec.id!r}")
             except BadRecord as e:
@@ -336,5 +279,5 @@ def load_records(cfg: DataConfig, report: Optional[dict] = None) -> list[Record]
             )
     if skipped:
         log.warning("data: skipped %d bad record(s), first: %s", len(skipped), skipped[0])
-    report.update(skipped_bad=len(skipped), skipped_where=skipped[:100])
+    report.update(skipped_bad=len(skipped), skipped_where=skipped[:100], formats=chosen)
     return records

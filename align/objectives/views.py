@@ -20,7 +20,9 @@ def _source(cfg: Any, data: Any, row: int) -> str:
     from align.data.sources import source_specs
 
     spec = source_specs(cfg.data)[int(data.source_index[row])]
-    return f"source {spec.name or spec.kind.value}: {spec.path}"
+    fmt = (data.meta.get("formats") or {}).get(spec.name) or {}
+    how = f", format {fmt['format']} ({fmt['chosen_by']})" if fmt.get("format") else ""
+    return f"source {spec.name or spec.kind.value}: {spec.path}{how}"
 
 
 def _tokenizer_line(cfg: Any, meta: dict[str, Any]) -> str:

@@ -91,6 +91,7 @@ SCHEMA: dict[str, Any] = {
     "data": {
         "source": "", "path": "data file read",
         "sha256": "sha256 of the data file content",
+        "format": "{source: {format, chosen_by (detected or the key that named it), file kind}} (docs/data.md)",
         "aux_files": "{path: sha256} of every auxiliary file that shapes the data (content, not path)",
         "tokenizer_sha256": "sha256 over the tokenizer files' content",
         "chat_template_sha256": "sha256 of the chat template text",

@@ -67,6 +67,7 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
         yield Check("config", "data file", Status.failed if problem else Status.passed, problem or f"{spec.path}",
                     f"{spec.key}.path")
     yield from _token_rows(cfg, ctx, specs)
+    yield from _record_formats(specs)
     for m in cfg.data.mask_files:
         ok = Path(m).is_file()
         yield Check(
@@ -112,6 +113,36 @@ def _token_rows(cfg: TrainConfig, ctx: Context, specs: list) -> Iterable[Check]:
     ctx.facts["top_token"] = top = top_token(records)
     yield Check("config", "token rows", Status.passed,
                 f"{len(records)} records" + (f", largest token id {top[0]} ({top[1]})" if top else ""))
+
+
+def _record_formats(specs: list) -> Iterable[Check]:
+    """Each local file's record format, detected as the run detects it (align/data/formats.py, no torch):
+    records that fit two formats, mix formats, fit none, or hold the other family's (pairs where chats
+    are expected) are refused before the run dir exists, and the report says what was detected."""
+    from align.config import DataFormat, Source
+    from align.data import formats
+    from align.data.sources import _rows, path_problem
+
+    for spec in specs:
+        if spec.kind.bundled or spec.kind == Source.tokens or path_problem(spec):
+            continue
+        if spec.format != DataFormat.auto:
+            yield Check("config", "record format", Status.passed, f"{spec.name}: {spec.format.value} (named by "
+                        f"{spec.format_key})", spec.format_key)
+            continue
+        try:
+            rows = list(_rows(spec))
+            fmt, _ = formats.resolve(rows, spec, spec.kind.pairs)
+            first = next(((n, r) for n, r in rows if isinstance(r, dict)), None)
+            if fmt is None and first is not None and not spec.kind.pairs:
+                raise ConfigError(f"{spec.path}:{first[0]}",
+                                  str(formats.no_format(first[1], spec, formats.CHAT_FORMATS)))
+        except ConfigError as e:
+            yield Check("config", "record format", Status.failed, e.message, e.key)
+            continue
+        what = fmt.value if fmt else "no record fits one"
+        yield Check("config", "record format", Status.passed, f"{spec.name}: {what} (detected, {spec.file})",
+                    f"{spec.key}.format")
 
 
 def _eval_records(cfg: TrainConfig) -> Iterable[Check]:
@@ -241,15 +272,15 @@ def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
 
 def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
-    from align.data.sources import path_problem, source_specs
+    from align.data.sources import content_sha256, path_problem, source_specs
     from align.data.tokenizer import tokenizer_dir
-    from align.run.manifest import sha256_file, tokenizer_hashes
+    from align.run.manifest import tokenizer_hashes
 
     spec = source_specs(cfg.data)[0]
     problem = path_problem(spec)
     if problem is None:
         yield Check("cache", "data content hash", Status.passed,
-                    f"{spec.path.name} sha256 {sha256_file(spec.path)[:16]}")
+                    f"{spec.path.name} sha256 {content_sha256(spec.path)[:16]}")
     else:
         yield Check("cache", "data content hash", Status.failed, f"cannot hash the data: {problem}", f"{spec.key}.path")
     tok_sha, tmpl_sha, _ = tokenizer_hashes(tokenizer_dir(cfg.model))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 from align.config import TrainConfig
 from align.errors import EXIT_CONFIG, EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
 from align.parallel.compile import frames_over
-from align.run.manifest import MANIFEST, Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
+from align.run.manifest import MANIFEST, Manifest, dynamo_counters, flat, git_state, tokenizer_hashes
 from align.run.redaction import REDACTED, recorded_env, redact, redact_argv
 
 if TYPE_CHECKING:
@@ -147,12 +147,12 @@ class RunRecord:
         m.write("started")
 
     def _record_files(self) -> None:
-        from align.data.sources import source_path
+        from align.data.sources import content_sha256, source_path
         from align.data.tokenizer import tokenizer_dir
 
         m, cfg = self.manifest, self.cfg
         path = source_path(cfg.data)
-        m.update({"data.source": cfg.data.source.value, "data.path": str(path), "data.sha256": sha256_file(path)})
+        m.update({"data.source": cfg.data.source.value, "data.path": str(path), "data.sha256": content_sha256(path)})
         tok_sha, tmpl_sha, files = tokenizer_hashes(tokenizer_dir(cfg.model))
         m.set("data.tokenizer_sha256", tok_sha, "no tokenizer files found")
         m.set("data.chat_template_sha256", tmpl_sha, "the tokenizer has no chat template file or field")
@@ -165,6 +165,7 @@ class RunRecord:
             "this build has no encode cache: every run encodes from scratch",
         )
         m.null("data.encode_meta", "pending: read from the encoded dataset after build")
+        m.null("data.format", "pending: detected from the records when they are read")
 
     def accept(self) -> None:
         """This attempt now owns the run dir: its `.hydra/` and manifest replace the earlier attempt's."""
@@ -269,6 +270,7 @@ class RunRecord:
         # used, cache hit or miss: prefer it to what start() computed from the files.
         meta = data["meta"] or {}
         m.set("data.encode_meta", meta or None, "the encoded dataset carries no .meta (no encode cache in this build)")
+        m.set("data.format", meta.get("formats"), "the encoded dataset does not say which record format it read")
         for src, key in (
             ("encode_cache_key", "data.encode_cache_key"),
             ("tokenizer_sha256", "data.tokenizer_sha256"),

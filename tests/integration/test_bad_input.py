@@ -197,3 +197,17 @@ def test_a_checkpoint_whose_tensors_do_not_all_land_is_one_line_exit_2_before_tr
     assert "LOAD REPORT" not in p.stderr  # transformers' table is align's one line now
     manifest = json.loads((tmp_path / "run" / "provenance.json").read_text())
     assert manifest["run"]["exit_code"] == 2 and not (tmp_path / "run" / "history.jsonl").exists()
+
+
+def test_records_that_mix_formats_are_one_line_before_the_run_dir(tmp_path):
+    """Detected in preflight as the run detects it (align/data/formats.py), before torch is imported."""
+    f = tmp_path / "mixed.jsonl"
+    f.write_text('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n'
+                 '{"instruction": "Add 2 and 3.", "output": "5"}\n')
+    p = _run(tmp_path, "data=jsonl", f"data.path={f}", "allow_dirty=true")
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert err == [f"align: error: data.format: the records of {f} mix formats: messages ({f}:1), alpaca ({f}:2); "
+                   "accepted: one format per source (one file per format, as a mixture), or data.format=<one of them>, "
+                   "under which records of the others are bad records"], err
+    assert "TRANSFORMERS_IMPORTED=False" in p.stdout and not (tmp_path / "run").exists()

@@ -267,7 +267,8 @@ def test_encode_cache_provenance_is_taken_from_the_data_pipeline(tmp_path, monke
         trainer = _build(typed, record, run_dir)
         trainer.data.meta = {"encode_cache_key": "b" * 64, "cache_hit": True, "tokenizer_sha256": "c" * 64,
                              "sources": [{"path": "/d/x.jsonl", "sha256": "d" * 64}],
-                             "aux_files": [{"path": "/d/mask.json", "sha256": "e" * 64}]}
+                             "aux_files": [{"path": "/d/mask.json", "sha256": "e" * 64}],
+                             "formats": {"x": {"format": "alpaca", "chosen_by": "detected", "file": "jsonl"}}}
         record.built(trainer)
         record.finished(trainer, 0)
     m = load(run_dir)
@@ -275,3 +276,4 @@ def test_encode_cache_provenance_is_taken_from_the_data_pipeline(tmp_path, monke
     assert m["data"]["encode_cache_key"] == "b" * 64 and m["data"]["encode_meta"]["cache_hit"] is True
     assert m["data"]["tokenizer_sha256"] == "c" * 64
     assert m["data"]["aux_files"]["/d/mask.json"] == "e" * 64 and m["data"]["aux_files"]["/d/x.jsonl"] == "d" * 64
+    assert m["data"]["format"] == {"x": {"format": "alpaca", "chosen_by": "detected", "file": "jsonl"}}

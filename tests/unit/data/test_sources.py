@@ -13,10 +13,12 @@ from tests.unit.data.conftest import chat, data_cfg, write_jsonl
 
 
 def test_jsonl_with_messages_or_configured_prompt_response_fields(tmp_path):
-    f = write_jsonl(tmp_path / "mine.jsonl", [chat("hi", "there"), {"ask": "why", "say": "because"}])
+    f = write_jsonl(tmp_path / "mine.jsonl", [chat("hi", "there"), chat("again", "here")])
+    g = write_jsonl(tmp_path / "yours.jsonl", [{"ask": "why", "say": "because"}])
     recs = load_records(data_cfg(f, tmp_path, prompt_field="ask", response_field="say"))
     assert [r.id for r in recs] == ["mine:1", "mine:2"] and {r.root for r in recs} == {"mine"}
-    assert recs[1].messages == [{"role": "user", "content": "why"}, {"role": "assistant", "content": "because"}]
+    [rec] = load_records(data_cfg(g, tmp_path, prompt_field="ask", response_field="say"))
+    assert rec.messages == [{"role": "user", "content": "why"}, {"role": "assistant", "content": "because"}]
 
 
 def test_parquet_source(tmp_path):
@@ -102,13 +104,13 @@ BAD_CHATS = [
      "'messages'[0].role is 'wizard'; accepted: system, user, assistant"),
     (_msgs({"role": "user", "content": 42}, {"role": "assistant", "content": "a"}),
      "'messages'[0].content is of type int; accepted: a string"),
-    (_msgs({"role": "user", "content": [{"type": "text", "text": "q"}]}, {"role": "assistant", "content": "a"}),
-     "'messages'[0].content is of type list; accepted: a string"),
+    (_msgs({"role": "user", "content": [{"type": "image", "image": "q.png"}]}, {"role": "assistant", "content": "a"}),
+     "'messages'[0].content[0] is a part of type 'image'; accepted: text parts"),
     (_msgs({"role": "user"}, {"role": "assistant", "content": "a"}),
      "'messages'[0] must be an object with 'role' and 'content' (got keys ['role'])"),
     (_msgs({"role": None, "content": "q"}, {"role": "assistant", "content": "a"}), "'messages'[0].role is null"),
     (_msgs("just text", {"role": "assistant", "content": "a"}), "'messages'[0] must be an object"),
-    ({"question": None, "answer": "a"}, "field 'question' is null; accepted: a string"),
+    ({"question": None, "answer": "a"}, "record fits no data format (fields ['answer'], null: ['question'])"),
     ({"question": "q", "answer": 7}, "field 'answer' is of type int; accepted: a string"),
 ]
 
@@ -116,7 +118,8 @@ BAD_CHATS = [
 @pytest.mark.parametrize("row,match", BAD_CHATS, ids=[m.split(";")[0] for _, m in BAD_CHATS])
 def test_a_chat_that_would_train_invented_text_is_refused_with_file_line(tmp_path, row, match):
     # str(None) would train the literal "None"; an unknown role would be rendered as the template pleases
-    f = write_jsonl(tmp_path / "c.jsonl", [chat("fine", "ok"), row])
+    fine = chat("fine", "ok") if "messages" in row else {"question": "fine", "answer": "ok"}
+    f = write_jsonl(tmp_path / "c.jsonl", [fine, row])
     with pytest.raises(ConfigError) as e:
         load_records(data_cfg(f, tmp_path, prompt_field="question", response_field="answer"))
     msg = str(e.value)
@@ -127,8 +130,8 @@ def test_skip_policy_counts_and_drops_bad_chats(tmp_path):
     rows = [chat("q", "a"), *(row for row, _ in BAD_CHATS), chat("q2", "a2")]
     f = write_jsonl(tmp_path / "c.jsonl", rows)
     report: dict = {}
-    recs = load_records(data_cfg(f, tmp_path, prompt_field="question", response_field="answer", on_bad_record="skip"),
-                        report)
+    recs = load_records(data_cfg(f, tmp_path, prompt_field="question", response_field="answer", on_bad_record="skip",
+                                 format="messages"), report)
     assert [r.id for r in recs] == ["c:1", f"c:{len(rows)}"]
     assert report["skipped_bad"] == len(BAD_CHATS)
     assert all("None" not in m["content"] for r in recs for m in r.messages)

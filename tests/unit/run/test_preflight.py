@@ -375,3 +375,16 @@ def test_a_directory_as_data_path_is_named_a_directory(tmp_path):
     details = {c.name: c.detail for c in report.failures}
     assert details["data file"].startswith(f"{tmp_path} is a directory; accepted: a JSONL file")
     assert details["data content hash"] == f"cannot hash the data: {details['data file']}"
+
+
+def test_a_save_to_disk_directory_is_hashed_and_its_record_format_reported(tmp_path):
+    import datasets
+
+    d = tmp_path / "saved"
+    datasets.Dataset.from_list([{"instruction": "Add 2 and 3.", "input": "", "output": "5"}]).save_to_disk(str(d))
+    report = collect(typed("allow_dirty=true", "logger=none", "data=jsonl", f"data.path={d}"))
+    checks = {c.name: c for c in report}
+    assert [checks[n].status for n in ("data file", "data content hash", "record format")] == [Status.passed] * 3
+    assert checks["record format"].detail == "saved: alpaca (detected, save_to_disk)"
+    named = collect(typed("allow_dirty=true", "logger=none", "data=jsonl", f"data.path={d}", "data.format=alpaca"))
+    assert {c.name: c.detail for c in named}["record format"] == "saved: alpaca (named by data.format)"
