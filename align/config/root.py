@@ -92,6 +92,8 @@ class TrainConfig:
         if self.objective.kind == ObjectiveKind.grpo:
             self._check_grpo()
         else:
+            _require(self.reward.function is None, "reward.function", f"is read by objective=grpo only; "
+                     f"objective={self.objective.kind.value} ignores it", self.reward.function)
             _require(
                 not self.reward.weights,
                 "reward.weights",
@@ -118,9 +120,11 @@ class TrainConfig:
             "reward.weights",
             "objective=grpo needs a reward: e.g. reward=exact_int or reward=gsm8k (docs/rewards.md)",
         )
-        from align.rewards import WeightedReward
+        from align.rewards.combine import check_weights
 
-        WeightedReward(self.reward.weights)  # unknown verifier names and bad weights: one line, exit 2
+        # Unknown verifier names, bad weights, `python` without reward.function: one line, exit 2. The
+        # function itself is imported by preflight (align/run/preflight.py), not at every conversion.
+        check_weights(self.reward.weights, function=self.reward.function)
         _require(
             self.data.truncation != Truncation.truncate,
             "data.truncation",

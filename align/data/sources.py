@@ -39,6 +39,8 @@ class Record:
     """Targets of a pre-tokenized row; null: every token."""
     where: str = ""
     """`<file>:<line>` (or `<file>:<row>` for Parquet), what an error about this record names."""
+    columns: Optional[dict[str, Any]] = None
+    """The record's fields as read (`load_records(columns=True)`: what a python reward gets); else None."""
 
 
 @dataclass(frozen=True)
@@ -276,7 +278,7 @@ def top_token(records: list[Record]) -> Optional[tuple[int, str]]:
     return top
 
 
-def _record(row: dict, lineno: int, spec: SourceSpec, index: int) -> Record:
+def _record(row: dict, lineno: int, spec: SourceSpec, index: int, columns: bool = False) -> Record:
     tokens = mask = None
     if spec.kind == Source.tokens:
         tokens, mask = _token_row(row, spec)
@@ -299,12 +301,13 @@ def _record(row: dict, lineno: int, spec: SourceSpec, index: int) -> Record:
             raise BadRecord(f"record has no root field '{spec.root_field}' (data.root_field)")
         root = f"{spec.name}/{spec.root_field}={row[spec.root_field]}"
     return Record(id=rid, root=root, messages=msgs, source=index, tokens=tokens, loss_mask=mask,
-                  where=f"{spec.path}:{lineno}")
+                  where=f"{spec.path}:{lineno}", columns=dict(row) if columns else None)
 
 
-def load_records(cfg: DataConfig, report: Optional[dict] = None) -> list[Record]:
+def load_records(cfg: DataConfig, report: Optional[dict] = None, columns: bool = False) -> list[Record]:
     """Every record of every source, in order. Bad records fail or are skipped per
-    `data.on_bad_record`; skips are counted in `report` (skipped_bad, skipped_where)."""
+    `data.on_bad_record`; skips are counted in `report` (skipped_bad, skipped_where). `columns`: each
+    record keeps its fields as read."""
     report = {} if report is None else report
     skipped: list[str] = []
     records: list[Record] = []
@@ -316,7 +319,7 @@ def load_records(cfg: DataConfig, report: Optional[dict] = None) -> list[Record]
             try:
                 if isinstance(row, BadRecord):
                     raise row
-                rec = _record(row, lineno, spec, index)
+                rec = _record(row, lineno, spec, index, columns)
                 if rec.id in seen:
                     raise BadRecord(f"duplicate record id {rec.id!r}")
             except BadRecord as e:

@@ -143,6 +143,7 @@ class RunRecord:
         from align.run.serving import serving_path
 
         m.set("serving", serving_path(cfg))
+        self._record_reward()
         self._record_files()
         m.write("started")
 
@@ -165,6 +166,17 @@ class RunRecord:
             "this build has no encode cache: every run encodes from scratch",
         )
         m.null("data.encode_meta", "pending: read from the encoded dataset after build")
+
+    def _record_reward(self) -> None:
+        cfg = self.cfg
+        if cfg.reward.function is None:
+            weights = dict(cfg.reward.weights)
+            self.manifest.null("reward", f"no python reward: reward.weights is {weights}" if weights
+                               else f"objective={cfg.objective.kind.value} reads no reward")
+            return
+        from align.rewards.function import load_function
+
+        self.manifest.set("reward", load_function(cfg.reward.function).identity())  # preflight's import, reused
 
     def accept(self) -> None:
         """This attempt now owns the run dir: its `.hydra/` and manifest replace the earlier attempt's."""

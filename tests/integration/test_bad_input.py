@@ -52,6 +52,9 @@ CASES = [
     (["data=jsonl", "data.path=/"], "data.path", "/ is a directory; accepted: a JSONL file"),
     (["data=jsonl", "data.path=/tmp/my data (1)/x.jsonl"], "data.path=/tmp/my data (1)/x.jsonl",
      """quote it: 'data.path="/tmp/my data (1)/x.jsonl"'"""),
+    # a python reward is imported and its signature checked in preflight, before the tokenizer
+    (["objective=grpo", "reward=python", "reward.function=tests.python_rewards:missing"], "reward.function",
+     "tests.python_rewards has no attribute 'missing'"),
 ]
 
 
