@@ -325,6 +325,15 @@ def check_reward(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
                 f"{f.spec} takes (prompts, completions, **kwargs); {f.file} sha256 {(f.sha256 or 'none')[:16]}")
 
 
+def check_logger(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    """The tracker's package is installed (found, not imported: importing it is the run's business)."""
+    from align.telemetry.trackers import missing_package
+
+    why = missing_package(cfg.logger.kind)
+    if why is not None:
+        yield Check("config", "logger", Status.failed, why, "logger")
+
+
 def check_model(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     """The checks that build the model on the meta device (torch is imported only when they run)."""
     from align.run.model_checks import model_checks
@@ -335,6 +344,7 @@ def check_model(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 # Cheapest first: values, git and files fail in milliseconds, before any library import.
 CHECKS: list[Callable[[TrainConfig, Context], Iterable[Check]]] = [
     check_files,
+    check_logger,
     check_reward,
     check_git,
     check_cache,

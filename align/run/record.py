@@ -144,6 +144,7 @@ class RunRecord:
 
         m.set("serving", serving_path(cfg))
         self._record_reward()
+        m.null("logger", "pending: the tracker starts when the run is built")
         self._record_files()
         m.write("started")
 
@@ -241,6 +242,7 @@ class RunRecord:
         m.set("model.sdpa_kernels", kernels, why)
         m.null("mask_probe", "pending: the mask gate runs next")
         m.set("objective", d["objective"])
+        m.set("logger", trainer.logger.describe(), f"logger={self.cfg.logger.kind.value}: history.jsonl only")
         m.write("built")
         self._gate("mask_probe", trainer.check_masks)
         failed = {**d["objective"], "gate": {"ran": True, "ok": False}}  # the record, with why the gate refused
