@@ -38,7 +38,7 @@ train: setup
 
 # The rules are [tool.ruff] in pyproject.toml.
 lint: setup
-	$(PY) -m ruff check align tests bench scripts
+	$(PY) -m ruff check align tests bench scripts examples
 
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

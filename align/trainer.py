@@ -236,7 +236,7 @@ class Trainer:
             if moved:
                 log.info("history: %d row(s) past step %d moved to history.superseded.jsonl", moved, self.state.step)
             self.history = History(self.run_dir / "history.jsonl")
-        self.logger = build_logger(self.cfg.logger, self.env.is_main, wandb_kwargs)
+        self.logger = build_logger(self.cfg.logger, self.env.is_main, wandb_kwargs, self.state.step)
 
     def check_parameters(self, refused: str) -> None:
         """Collective: halt (exit 81) on every rank when any rank's parameters hold nan/inf."""

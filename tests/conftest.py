@@ -54,6 +54,28 @@ def build_trainer(tmp_path: Path, *overrides: str):
     return Trainer.build(typed, tmp_path / "run")
 
 
+def recorded_run(tmp_path, overrides: list[str]):
+    """A run through RunRecord as `python -m align.train` makes it (no Hydra run dir, no subprocess):
+    its trainer and run dir, the manifest written."""
+    from omegaconf import OmegaConf
+
+    import align.trainer
+    from align.config import to_typed
+    from align.run.cli import compose
+    from align.run.record import RunRecord
+
+    ov = ["logger=none", "allow_dirty=true", "trainer.export=false", *overrides]
+    cfg = compose(ov)
+    typed, run_dir = to_typed(cfg), tmp_path / "run"
+    record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, ov, ov)
+    with record:
+        record.start([])
+        t = align.trainer.Trainer.build(typed, run_dir)
+        record.built(t)
+        record.finished(t, t.fit())
+    return t, run_dir
+
+
 def last_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else ""

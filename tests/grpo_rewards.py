@@ -3,13 +3,19 @@ never scores under a real verifier, so every advantage would be 0 and nothing wo
 
 from __future__ import annotations
 
-from align.rewards import Reward, Score
+from align.rewards import Reward, Score, WeightedReward
 
 
-class LengthParity:
-    """1 when the decoded completion's length is odd: about half of random completions."""
+class LengthParity(WeightedReward):
+    """1 when the decoded completion's length is odd: about half of random completions. A WeightedReward
+    whose one part is this rule (`score_group` scores each completion with `score`)."""
 
     weights = {"length_parity": 1.0}
+    verifiers: dict = {}
+    function = None
+
+    def __init__(self) -> None:
+        pass
 
     def score(self, completion: str, reference: str) -> Reward:
         v = float(len(completion) % 2)

@@ -231,4 +231,9 @@ class RewardConfig:
 
     weights: dict[str, float] = field(default_factory=dict)
     """Verifier name -> weight, e.g. {gsm8k: 1.0, format: 0.1} (docs/rewards.md); each completion is
-    scored against its prompt's reference. Empty under objectives that read no reward."""
+    scored against its prompt's reference. `python` weighs `reward.function`. Empty under objectives that
+    read no reward."""
+    function: Optional[str] = None
+    """Your own reward, weighted as `python` in `weights` (reward=python): `pkg.module:fn` or
+    `/path/to/file.py:fn`, a function with TRL's reward-function signature `fn(prompts, completions,
+    **kwargs)` returning one number per completion (docs/rewards.md). Imported and checked in preflight."""

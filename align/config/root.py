@@ -93,6 +93,8 @@ class TrainConfig:
         if self.objective.kind == ObjectiveKind.grpo:
             self._check_grpo()
         else:
+            _require(self.reward.function is None, "reward.function", f"is read by objective=grpo only; "
+                     f"objective={self.objective.kind.value} ignores it", self.reward.function)
             _require(
                 not self.reward.weights,
                 "reward.weights",
@@ -119,13 +121,17 @@ class TrainConfig:
             "reward.weights",
             "objective=grpo needs a reward: e.g. reward=exact_int or reward=gsm8k (docs/rewards.md)",
         )
-        from align.rewards import WeightedReward
+        from align.rewards.combine import check_weights
 
-        reward = WeightedReward(self.reward.weights)  # unknown verifier names and bad weights: one line, exit 2
+        # Unknown verifier names, bad weights, `python` without reward.function: one line, exit 2. The
+        # function itself is imported by preflight (align/run/preflight.py), not at every conversion.
+        check_weights(self.reward.weights, function=self.reward.function)
         from align.objectives.advantages import no_signal
+        from align.rewards.combine import constant_reward
 
         # Compositions whose every advantage is 0 by construction (the rules live beside the estimators).
-        why = no_signal(self.objective.advantage, self.objective.group_size, reward.constant(), self.reward.weights)
+        why = no_signal(self.objective.advantage, self.objective.group_size, constant_reward(self.reward.weights),
+                        self.reward.weights)
         if why is not None:
             raise ConfigError(*why)
         _require(

@@ -136,6 +136,8 @@ class ParallelConfig:
 
 class LoggerKind(StrEnum):
     wandb = "wandb"
+    tensorboard = "tensorboard"
+    mlflow = "mlflow"
     none = "none"
 
 
@@ -147,11 +149,14 @@ class WandbMode(StrEnum):
 @dataclass
 class LoggerConfig:
     kind: LoggerKind = LoggerKind.wandb
-    """wandb: log to Weights & Biases on rank 0. none: history.jsonl only."""
+    """The tracker rank 0 logs each step's row to, beside history.jsonl: wandb (Weights & Biases),
+    tensorboard (event files under `<run_dir>/tensorboard`, needs `pip install align[tensorboard]`),
+    mlflow (a local file store under `<run_dir>/mlruns`, needs `pip install align[mlflow]`). none:
+    history.jsonl only."""
     mode: WandbMode = WandbMode.offline
     """offline writes the run under the run dir with no network; online syncs."""
     project: str = "align"
-    """W&B project."""
+    """W&B project; under logger=mlflow the experiment's name."""
     entity: Optional[str] = None
     """W&B entity (team or user); null: the default of the logged-in user."""
     tags: list[str] = field(default_factory=list)
@@ -162,7 +167,8 @@ class LoggerConfig:
 
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`)."""
-        return _read({f: _only(key, self.kind, [LoggerKind.wandb]) for f in ("mode", "project", "entity", "tags")})
+        rules = {f: _only(key, self.kind, [LoggerKind.wandb]) for f in ("mode", "entity", "tags")}
+        return _read({**rules, "project": _only(key, self.kind, [LoggerKind.wandb, LoggerKind.mlflow])})
 
 
 # --------------------------------------------------------------------------------------- trainer

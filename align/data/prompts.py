@@ -10,6 +10,9 @@ addition task, and `data=jsonl_prompts` a local file of {"prompt", "reference"} 
 Refused before any model is built, one line naming file:line and exit 2: a reference that one of the
 reward's verifiers cannot read (`WeightedReward.check_reference`), and (data.truncation=fail) a prompt
 longer than `data.max_seq_len - objective.max_new_tokens`; with drop such prompts are dropped and counted.
+Under a python reward (`reward.function`) each prompt also keeps its record's fields, the keywords the
+function is called with (a field named like one of the call's own arguments is refused), and the
+fingerprint covers them.
 
 The prompts are an `EncodedDataset` (prompt tokens, no loss tokens), so the resumable stream, the
 sampler's fingerprint and the manifest's data records work as for SFT; the dataset's fingerprint also
@@ -19,6 +22,7 @@ covers the references (a changed answer is a different data set to a resume).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +35,7 @@ from align.data.samplers import ShuffleSampler
 from align.data.sources import Record, content_sha256, load_records, source_specs
 from align.errors import ConfigError
 from align.rewards import BadReference, WeightedReward
+from align.rewards.function import OWN_ARGUMENTS, Group
 
 log = logging.getLogger("align")
 
@@ -44,12 +49,23 @@ class PromptSet:
     """Row i: the tokens of prompt i (no loss tokens)."""
     references: list[str]
     """Row i: the reference answer the reward scores prompt i's completions against."""
+    texts: list[str]
+    """Row i: the prompt rendered through the chat template (what a python reward gets as `prompts`)."""
+    wheres: list[str]
+    """Row i: `<file>:<line>` of its record, what a reward failure names."""
+    columns: list[dict[str, Any]]
+    """Row i: its record's fields under a python reward; empty dicts otherwise."""
 
     def __len__(self) -> int:
         return len(self.references)
 
     def prompt(self, i: int) -> list[int]:
         return self.data.row(i)[0].tolist()
+
+    def group(self, i: int, completions: list[str], completion_ids: list[list[int]]) -> Group:
+        """Prompt i with its completions, as the reward scores them."""
+        return Group(prompt=self.texts[i], reference=self.references[i], columns=self.columns[i], where=self.wheres[i],
+                     completions=completions, completion_ids=completion_ids)
 
 
 def split_record(record: Record) -> tuple[list[dict[str, str]], str]:
@@ -64,10 +80,13 @@ def _where(cfg: DataConfig, record: Record) -> str:
     return f"{spec.path}:{line}" if spec.id_field is None else f"{spec.path} (record {record.id})"
 
 
-def _fingerprint(tokens: list[np.ndarray], ids: list[str], roots: list[str], refs: list[str]) -> str:
+def _fingerprint(tokens: list[np.ndarray], ids: list[str], roots: list[str], refs: list[str],
+                 columns: list[dict[str, Any]]) -> str:
     h = hashlib.sha256(f"prompts/{PROMPTS_VERSION}".encode())
-    for t, i, r, ref in zip(tokens, ids, roots, refs):
+    for t, i, r, ref, c in zip(tokens, ids, roots, refs, columns):
         h.update(np.ascontiguousarray(t, dtype=np.int32).tobytes() + b"\0" + f"{i}\0{r}\0{ref}\0".encode())
+        if c:  # only under a python reward, which reads them: other runs keep their fingerprint
+            h.update(json.dumps(c, sort_keys=True, default=str).encode() + b"\0")
     return h.hexdigest()
 
 
@@ -78,8 +97,22 @@ does (align/data/budget_auto.py `plan_sizes`), and one read serves both."""
 
 def _loaded_key(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> tuple:
     files = tuple((str(s.path), content_sha256(s.path)) for s in source_specs(cfg.data) if s.path.exists())
+    function = getattr(reward.function, "spec", None)  # a python reward keeps the records' fields
     return (repr(cfg.data), cfg.objective.max_new_tokens, tokenizer.name_or_path, len(tokenizer),
-            tokenizer.chat_template, tokenizer.eos_token_id, repr(sorted(reward.weights.items())), files)
+            tokenizer.chat_template, tokenizer.eos_token_id, repr(sorted(reward.weights.items())), function, files)
+
+
+def _check_fields(record: Record, function: Any, where: str) -> None:
+    """The record's fields fit the python reward's call: none collides with the call's own arguments, and
+    each field the function requires is there."""
+    clash = sorted(set(record.columns or {}) & set(OWN_ARGUMENTS))
+    if clash:
+        raise ConfigError(where, f"field {clash[0]!r} would collide with the reward function's own argument of "
+                          f"that name ({', '.join(OWN_ARGUMENTS)}): rename the field")
+    missing = [f for f in function.fields if f not in (record.columns or {})]
+    if missing:
+        raise ConfigError(where, f"reward.function {function.spec} requires the field {missing[0]!r}, which this "
+                          f"record lacks (its fields: {', '.join(sorted(record.columns or {}))})")
 
 
 def load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> PromptSet:
@@ -99,7 +132,8 @@ def longest_prompt(cfg: TrainConfig) -> tuple[int, int]:
     (`load_prompts` with the run's tokenizer and reward): what the memory plan sizes a rollout by."""
     from align.data.tokenizer import load_tokenizer
 
-    prompts = load_prompts(cfg, load_tokenizer(cfg.model), WeightedReward(cfg.reward.weights))
+    reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function)
+    prompts = load_prompts(cfg, load_tokenizer(cfg.model), reward)
     return int(prompts.data.lengths.max()), len(prompts)
 
 
@@ -107,14 +141,17 @@ def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> P
     data_cfg = cfg.data
     limit = data_cfg.max_seq_len - cfg.objective.max_new_tokens
     report: dict[str, Any] = {}
-    records = load_records(data_cfg, report)
+    keep = getattr(reward, "function", None) is not None  # a python reward is called with the record's fields
+    records = load_records(data_cfg, report, columns=keep)
     formats = report.pop("formats")
-    tokens, ids, roots, refs, sources, dropped = [], [], [], [], [], []
+    tokens, ids, roots, refs, sources, dropped, texts, wheres, columns = [], [], [], [], [], [], [], [], []
     for r in records:
         if r.text is not None:
             raise ConfigError(_where(data_cfg, r), "a text record has no prompt and no reference answer; accepted for "
                               "RL prompts: a chat format (messages, sharegpt, alpaca, prompt_completion)")
         messages, ref = split_record(r)
+        if keep:
+            _check_fields(r, reward.function, _where(data_cfg, r))
         try:
             reward.check_reference(ref)
         except BadReference as e:
@@ -132,6 +169,9 @@ def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> P
             dropped.append(r.id)
             continue
         tokens.append(np.asarray(ids_, dtype=np.int32))
+        texts.append(text)
+        wheres.append(_where(data_cfg, r))
+        columns.append(r.columns or {})
         ids.append(r.id)
         roots.append(r.root)
         refs.append(ref)
@@ -144,7 +184,7 @@ def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> P
              "dropped_ids": dropped[:100], "prompt_token_limit": limit, "tokens": int(lengths.sum()),
              "truncation_policy": data_cfg.truncation.value, **report}
     specs = source_specs(data_cfg)
-    meta = {"fingerprint": _fingerprint(tokens, ids, roots, refs), "prompts_version": PROMPTS_VERSION,
+    meta = {"fingerprint": _fingerprint(tokens, ids, roots, refs, columns), "prompts_version": PROMPTS_VERSION,
             "formats": formats,
             "references": "the last assistant turn of each record (data.response_field for prompt/response records)",
             "sources": [{"name": s.name, "kind": s.kind.value, "path": str(s.path), "sha256": content_sha256(s.path)}
@@ -155,7 +195,7 @@ def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> P
     if dropped:
         log.warning("prompts: dropped %d longer than %d tokens, first: %s", len(dropped), limit, dropped[0])
     log.info("prompts: %d, %d tokens, references checked by %s", len(ids), int(lengths.sum()), sorted(reward.weights))
-    return PromptSet(data=data, references=refs)
+    return PromptSet(data=data, references=refs, texts=texts, wheres=wheres, columns=columns)
 
 
 class WholeBatchSampler(ShuffleSampler):

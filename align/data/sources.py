@@ -47,6 +47,8 @@ class Record:
     """A `text` record (data.format=text): every token is a target and there is no chat."""
     untrained: tuple[int, ...] = ()
     """Assistant turns that are context and get no loss (a prompt/completion record's prompt)."""
+    columns: Optional[dict[str, Any]] = None
+    """The record's fields as read (`load_records(columns=True)`: what a python reward gets); else None."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,7 @@ def top_token(records: list[Record]) -> Optional[tuple[int, str]]:
 
 
 def _record(row: dict, lineno: int, spec: SourceSpec, index: int, fmt: Optional[DataFormat] = None,
-            how: str = "") -> Record:
+            how: str = "", columns: bool = False) -> Record:
     tokens = mask = None
     chat = formats.Chat([])
     if spec.kind == Source.tokens:
@@ -232,7 +234,8 @@ def _record(row: dict, lineno: int, spec: SourceSpec, index: int, fmt: Optional[
             raise BadRecord(f"record has no root field '{spec.root_field}' (data.root_field)")
         root = f"{spec.name}/{spec.root_field}={row[spec.root_field]}"
     return Record(id=rid, root=root, messages=chat.messages, source=index, tokens=tokens, loss_mask=mask,
-                  where=f"{spec.path}:{lineno}", text=chat.text, untrained=chat.untrained)
+                  where=f"{spec.path}:{lineno}", text=chat.text, untrained=chat.untrained,
+                  columns=dict(row) if columns else None)
 
 
 def source_format(spec: SourceSpec, fmt: Optional[DataFormat], how: str) -> dict[str, Any]:
@@ -240,10 +243,11 @@ def source_format(spec: SourceSpec, fmt: Optional[DataFormat], how: str) -> dict
     return {"format": fmt.value if fmt is not None else None, "chosen_by": how, "file": spec.file}
 
 
-def load_records(cfg: DataConfig, report: Optional[dict] = None) -> list[Record]:
+def load_records(cfg: DataConfig, report: Optional[dict] = None, columns: bool = False) -> list[Record]:
     """Every record of every source, in order, in the source's format. Bad records fail or are skipped
     per `data.on_bad_record`; skips are counted in `report` (skipped_bad, skipped_where), and each
-    source's format goes into `report["formats"]` ({source name: source_format})."""
+    source's format goes into `report["formats"]` ({source name: source_format}). `columns`: each
+    record keeps its fields as read (what a python reward gets)."""
     report = {} if report is None else report
     skipped: list[str] = []
     records: list[Record] = []
@@ -259,7 +263,7 @@ def load_records(cfg: DataConfig, report: Optional[dict] = None) -> list[Record]
             try:
                 if isinstance(row, BadRecord):
                     raise row
-                rec = _record(row, lineno, spec, index, fmt, how)
+                rec = _record(row, lineno, spec, index, fmt, how, columns)
                 if rec.id in seen:
                     raise BadRecord(f"duplicate record id {rec.id!r}")
             except BadRecord as e:

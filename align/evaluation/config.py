@@ -44,6 +44,8 @@ class EvalRunConfig:
     def __post_init__(self) -> None:
         _require(self.dtype in (None, "float32", "bfloat16", "float16"), "dtype",
                  "must be one of: float32, bfloat16, float16 (or null)", self.dtype)
+        _require(self.logger.kind in (LoggerKind.wandb, LoggerKind.none), "logger", "align.eval logs its summary and "
+                 "report to W&B only: logger=wandb or logger=none", self.logger.kind.value)
         if not self.eval.oracle:
             _require(bool(self.model_dir), "model_dir", "is required: an export dir (config.json, *.safetensors, "
                      "tokenizer) or a checkpoint dir (<run>/checkpoints/step_N); or eval.oracle=true")

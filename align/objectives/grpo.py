@@ -44,6 +44,7 @@ from align.objectives.reference import (
     prepare_reference,
 )
 from align.objectives.rollout import Rollout, RolloutBatch
+from align.objectives.rollout_rewards import score_rollout
 from align.objectives.rollout_stats import Sums, state_sha256
 from align.objectives.router_flips import RouterRecorder, flips, generation_topk
 from align.objectives.views import prompt_view
@@ -64,7 +65,7 @@ class GRPO:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg: ObjectiveConfig = cfg.objective
         self.train_cfg = cfg
-        self.reward = WeightedReward(cfg.reward.weights)
+        self.reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function)
         self.spec = LossSpec(clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high,
                              level=RatioLevel(self.cfg.ratio_level.value),
                              aggregation=Aggregation(self.cfg.loss_agg.value), kl_coef=self.cfg.kl_coef)
@@ -173,16 +174,10 @@ class GRPO:
 
     def _score(self, rows: np.ndarray, completions: list) -> tuple[np.ndarray, dict[str, float]]:
         t0 = time.perf_counter()
-        totals = np.zeros(len(completions), dtype=np.float64)
-        parts: dict[str, float] = {}
-        for j, c in enumerate(completions):
-            text = self.tokenizer.decode(list(c.token_ids), skip_special_tokens=True)
-            r = self.reward.score(text, self.prompts.references[int(rows[c.prompt_index])])
-            totals[j] = r.total
-            for name, s in r.parts.items():
-                parts[name] = parts.get(name, 0.0) + s.value
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        out = score_rollout(self.reward, self.prompts, rows, completions, decode, self._any_rank)
         self._timed("scoring_s", t0)
-        return totals, parts
+        return out
 
     def _round(self, batches: Iterator[Batch], round_: int) -> dict[str, Any]:
         """One generation round: the next prompt batch, its groups, scored."""

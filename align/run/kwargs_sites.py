@@ -79,6 +79,23 @@ def wandb_log_artifact(cfg: TrainConfig) -> Optional[KwargsSite]:
                       "logger.log_model")
 
 
+def tensorboard_writer(cfg: TrainConfig) -> Optional[KwargsSite]:
+    if cfg.logger.kind != LoggerKind.tensorboard:
+        return None
+    from align.telemetry.trackers import tensorboard_kwargs
+
+    return KwargsSite("torch.utils.tensorboard:SummaryWriter", tensorboard_kwargs(Path("."), 1), "logger")
+
+
+def mlflow_create_run(cfg: TrainConfig) -> Optional[KwargsSite]:
+    if cfg.logger.kind != LoggerKind.mlflow:
+        return None
+    from align.telemetry.trackers import mlflow_run_kwargs
+
+    return KwargsSite("mlflow.tracking:MlflowClient.create_run",
+                      {"experiment_id": "0", **mlflow_run_kwargs(cfg.logger, "preflight")}, "logger")
+
+
 def _per_device(cfg: TrainConfig, target: str, key: str, build: Callable[[str], dict[str, Any]]) -> KwargsSite:
     """A site whose kwargs depend on the device type. trainer.device=auto is decided by
     torch.cuda.is_available(), and importing torch costs a second: the names the call would get on
@@ -186,6 +203,8 @@ KWARGS_SITES: dict[str, Callable[[TrainConfig], Optional[KwargsSite]]] = {
     "wandb.init": wandb_init,
     "wandb model artifact": wandb_model_artifact,
     "wandb log_artifact": wandb_log_artifact,
+    "tensorboard SummaryWriter": tensorboard_writer,
+    "mlflow create_run": mlflow_create_run,
     "DataLoader": data_loader,
     "optimizer": optimizer,
     "model config class": model_config,

@@ -350,6 +350,30 @@ def check_compile_artifacts(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
                 "trainer.compile_artifacts")
 
 
+def check_reward(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    """reward.function imported (once per process: the run reuses it) and its signature checked."""
+    if cfg.reward.function is None:
+        return
+    from align.rewards.function import load_function
+
+    try:
+        f = load_function(cfg.reward.function)
+    except ConfigError as e:
+        yield Check("config", "reward function", Status.failed, str(e).removeprefix(f"{e.key}: "), e.key)
+        return
+    yield Check("config", "reward function", Status.passed,
+                f"{f.spec} takes (prompts, completions, **kwargs); {f.file} sha256 {(f.sha256 or 'none')[:16]}")
+
+
+def check_logger(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    """The tracker's package is installed (found, not imported: importing it is the run's business)."""
+    from align.telemetry.trackers import missing_package
+
+    why = missing_package(cfg.logger.kind)
+    if why is not None:
+        yield Check("config", "logger", Status.failed, why, "logger")
+
+
 def check_model(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     """The checks that build the model on the meta device (torch is imported only when they run)."""
     from align.run.model_checks import model_checks
@@ -360,6 +384,8 @@ def check_model(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 # Cheapest first: values, git and files fail in milliseconds, before any library import.
 CHECKS: list[Callable[[TrainConfig, Context], Iterable[Check]]] = [
     check_files,
+    check_logger,
+    check_reward,
     check_git,
     check_cache,
     check_attention,

@@ -143,6 +143,8 @@ class RunRecord:
         from align.run.serving import serving_path
 
         m.set("serving", serving_path(cfg))
+        self._record_reward()
+        m.null("logger", "pending: the tracker starts when the run is built")
         self._record_files()
         m.write("started")
 
@@ -166,6 +168,17 @@ class RunRecord:
         )
         m.null("data.encode_meta", "pending: read from the encoded dataset after build")
         m.null("data.format", "pending: detected from the records when they are read")
+
+    def _record_reward(self) -> None:
+        cfg = self.cfg
+        if cfg.reward.function is None:
+            weights = dict(cfg.reward.weights)
+            self.manifest.null("reward", f"no python reward: reward.weights is {weights}" if weights
+                               else f"objective={cfg.objective.kind.value} reads no reward")
+            return
+        from align.rewards.function import load_function
+
+        self.manifest.set("reward", load_function(cfg.reward.function).identity())  # preflight's import, reused
 
     def accept(self) -> None:
         """This attempt now owns the run dir: its `.hydra/` and manifest replace the earlier attempt's."""
@@ -231,6 +244,7 @@ class RunRecord:
         m.set("model.sdpa_kernels", kernels, why)
         m.null("mask_probe", "pending: the mask gate runs next")
         m.set("objective", d["objective"])
+        m.set("logger", trainer.logger.describe(), f"logger={self.cfg.logger.kind.value}: history.jsonl only")
         m.write("built")
         self._gate("mask_probe", trainer.check_masks)
         failed = {**d["objective"], "gate": {"ran": True, "ok": False}}  # the record, with why the gate refused

@@ -10,14 +10,15 @@ same dir (no checkpoint, or `trainer.resume=never`) gets a new id: its steps res
 
 from __future__ import annotations
 
-import json
+import importlib.metadata
 import logging
 import secrets
 import string
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from align.config import LoggerConfig, LoggerKind
+from align.telemetry.trackers import Logger, MlflowLogger, TensorBoardLogger, summary_scalars, wandb_row
 
 log = logging.getLogger("align")
 
@@ -98,39 +99,6 @@ def artifact_kwargs(run_id: str, step: int, export_dir: Path) -> tuple[dict[str,
             {"aliases": ["latest", f"step-{step}"]})
 
 
-def summary_scalars(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """`values` as flat chartable leaves: a nested mapping becomes `key/sub` keys, a list a JSON
-    string (W&B would store a dict or a list as one opaque value)."""
-    out: dict[str, Any] = {}
-    for k, v in values.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(summary_scalars(v, f"{key}/"))
-        elif v is None or isinstance(v, (str, int, float, bool)):
-            out[key] = v
-        else:
-            out[key] = json.dumps(v, default=str, sort_keys=True)
-    return out
-
-
-class Logger:
-    """No-op logger (logger=none, or ranks other than 0)."""
-
-    run_path: Optional[Path] = None
-
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        pass
-
-    def summary(self, values: dict[str, Any]) -> None:
-        pass
-
-    def image(self, key: str, path: Path) -> None:
-        pass
-
-    def finish(self, exit_code: int = 0) -> None:
-        pass
-
-
 class WandbLogger(Logger):
     def __init__(self, init_kwargs: dict[str, Any], log_model: bool = False) -> None:
         import wandb
@@ -140,6 +108,7 @@ class WandbLogger(Logger):
         # Stored before init: an attempt killed during init still leaves the id its resume will use.
         (run_dir / RUN_ID_FILE).write_text(init_kwargs["id"] + "\n")
         self.run = wandb.init(**init_kwargs)
+        self.mode = init_kwargs["mode"]
         self.run.define_metric("train/step")
         # Every namespace a step row logs is charted against the trainer's step, which a resume carries
         # on (W&B's own counter does not): moe/* (router telemetry), rewards/*, logps/*, nll/* (preference).
@@ -155,7 +124,7 @@ class WandbLogger(Logger):
         if isinstance(metrics.get("loss"), (int, float)):
             self.loss = float(metrics["loss"])
         # Keys that carry their own namespace (moe/l{i}/...) keep it.
-        self.run.log({"train/step": step, **{k if "/" in k else f"train/{k}": v for k, v in metrics.items()}})
+        self.run.log(wandb_row(metrics, step))
 
     def summary(self, values: dict[str, Any]) -> None:
         flat = summary_scalars(values)
@@ -173,6 +142,10 @@ class WandbLogger(Logger):
             self.log_model()
         self.run.finish(exit_code=exit_code)
 
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "wandb", "dir": None if self.run_path is None else str(self.run_path), "id": self.run.id,
+                "mode": self.mode, "wandb": importlib.metadata.version("wandb")}
+
     def log_model(self) -> None:
         import wandb
 
@@ -185,7 +158,13 @@ class WandbLogger(Logger):
         self.run.log_artifact(artifact, **log_kw)
 
 
-def build_logger(cfg: LoggerConfig, is_main: bool, init_kwargs: dict[str, Any]) -> Logger:
+def build_logger(cfg: LoggerConfig, is_main: bool, init_kwargs: dict[str, Any], start_step: int = 0) -> Logger:
+    """Rank 0's tracker (a no-op elsewhere). `init_kwargs` are W&B's (the run dir, name and config every
+    tracker takes from them); `start_step` is the step this attempt starts from (a resume's checkpoint)."""
     if cfg.kind == LoggerKind.none or not is_main:
         return Logger()
+    if cfg.kind == LoggerKind.tensorboard:
+        return TensorBoardLogger(Path(init_kwargs["dir"]), start_step, init_kwargs["config"])
+    if cfg.kind == LoggerKind.mlflow:
+        return MlflowLogger(cfg, Path(init_kwargs["dir"]), init_kwargs["name"], start_step, init_kwargs["config"])
     return WandbLogger(init_kwargs, log_model=cfg.log_model)

@@ -38,6 +38,8 @@ def test_every_option_composes_and_converts(group, option, compose, tmp_path):
         extra = [f"data.path={f}"]
     if group == "reward" and option != "none":
         extra = ["objective=grpo"]  # only objective=grpo reads a reward
+    if (group, option) == ("reward", "python"):
+        extra.append("reward.function=tests.python_rewards:recorded")
     cfg = compose([f"{group}={option}", *extra], config_name="probe" if group == "probe" else "train")
     typed = to_typed(cfg)
     assert isinstance(typed, TrainConfig)

@@ -149,6 +149,8 @@ IGNORED = [
     (["parallel.pg_timeout_s=30"], "parallel.pg_timeout_s", "ignored by parallel=single"),
     (["parallel.flight_recorder_entries=10"], "parallel.flight_recorder_entries", "ignored by parallel=single"),
     (["logger=none", "logger.project=x"], "logger.project", "ignored by logger=none; it is read by logger=wandb"),
+    (["logger=tensorboard", "logger.project=x"], "logger.project",
+     "ignored by logger=tensorboard; it is read by logger=wandb, logger=mlflow"),
     (["trainer.compile=false", "trainer.compile_dynamic=false"], "trainer.compile_dynamic",
      "ignored unless trainer.compile=true or auto"),
     (["model.lora.r=4"], "model.lora.r", "ignored unless model.lora.enabled=true"),

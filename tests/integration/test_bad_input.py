@@ -55,6 +55,9 @@ CASES = [
     # a GRPO composition whose every advantage is 0 (it ran to exit 0 with a loss and gradient of 0)
     (["objective=grpo", "objective.group_size=1", "objective.advantage=dr_grpo"], "objective.group_size",
      "advantage=dr_grpo needs >= 2 completions per prompt"),
+    # a python reward is imported and its signature checked in preflight, before the tokenizer
+    (["objective=grpo", "reward=python", "reward.function=tests.python_rewards:missing"], "reward.function",
+     "tests.python_rewards has no attribute 'missing'"),
 ]
 
 
@@ -67,6 +70,20 @@ def test_bad_input_is_one_line_exit_2_before_heavy_work(tmp_path, args, key, acc
     assert err[0].startswith("align: error: ") and key in err[0] and accepted in err[0], err[0]
     assert "TRANSFORMERS_IMPORTED=False" in p.stdout, p.stdout
     assert not (tmp_path / "run").exists(), "a refused run must not leave a run dir behind"
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow"])
+def test_a_tracker_whose_package_is_missing_is_one_line_naming_its_extra(tmp_path, tracker):
+    import importlib.util
+
+    if importlib.util.find_spec(tracker) is not None:
+        pytest.skip(f"{tracker} is installed here (tests/integration/test_trackers.py runs it)")
+    p = _run(tmp_path, f"logger={tracker}")
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert err == [f"align: error: logger: logger={tracker} needs the {tracker} package, which is not installed: "
+                   f"pip install align[{tracker}]"], err
+    assert "TRANSFORMERS_IMPORTED=False" in p.stdout and not (tmp_path / "run").exists()
 
 
 def test_unreadable_checkpoint_dir_without_config(tmp_path):

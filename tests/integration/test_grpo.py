@@ -80,7 +80,7 @@ def test_an_unknown_verifier_exits_2_before_any_work(tmp_path):
     assert p.returncode == 2, p.stderr[-2000:]
     errors = [line for line in p.stderr.splitlines() if line.strip()]
     assert errors == ["align: error: reward.weights.exactness: unknown verifier; accepted: exact_int, format, gsm8k, "
-                      "math (got 'exactness')"], errors
+                      "math, or python with reward.function (got 'exactness')"], errors
     assert not (tmp_path / "run").exists()
 
 

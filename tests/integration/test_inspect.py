@@ -120,3 +120,11 @@ def test_grpo_shows_the_prompt_it_generates_from_and_no_answer_in_the_loss(tmp_p
     assert "scored by reward.weights {'exact_int': 1.0}" in rest
     assert rest.rstrip().splitlines()[-1] == (f"reference answer, given to the verifier (exact_int), never trained on: "
                                              f"{reference!r}")
+
+
+def test_grpo_under_a_python_reward_names_the_function_and_the_fields_it_gets(tmp_path, capsys):
+    ov = ["objective=grpo", "reward=python", "reward.function=tests.python_rewards:recorded", "data.max_records=8"]
+    assert align_inspect.main([*ov, "index=2"]) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last == ("python: reward.function tests.python_rewards:recorded gets this prompt's completions with its "
+                    "rendered text and its record's fields as keywords (answer, question)"), last

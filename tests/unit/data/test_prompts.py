@@ -111,3 +111,42 @@ def test_the_plan_and_the_objective_share_one_read_of_the_prompts_until_the_file
     f.write_text('{"prompt": "1+1=", "reference": "2"}\n{"prompt": "' + "1+" * 9 + '1=", "reference": "10"}\n')
     again = load_prompts(cfg, tok, reward)
     assert again is not first and len(again) == 2 and longest_prompt(cfg)[0] > int(first.data.lengths.max())
+
+
+def _python(name: str) -> WeightedReward:
+    return WeightedReward({"python": 1.0}, function=f"tests.python_rewards:{name}")
+
+
+def test_under_a_python_reward_each_prompt_keeps_its_records_fields_and_the_fingerprint_covers_them(
+        compose, tok, tmp_path):
+    from align.data.encode import dataset_fingerprint
+
+    prints = []
+    for judge in ("strict", "lenient"):
+        f = tmp_path / f"{judge}.jsonl"
+        f.write_text(f'{{"prompt": "1+1=", "reference": "2", "judge": "{judge}"}}\n'
+                     '{"prompt": "1+2=", "reference": "3", "judge": "strict"}\n')
+        cfg = _cfg(compose, "data=jsonl_prompts", f"data.path={f}")
+        ps = load_prompts(cfg, tok, _python("needs_a_field"))
+        assert ps.columns[0] == {"prompt": "1+1=", "reference": "2", "judge": judge} and ps.wheres[1] == f"{f}:2"
+        assert ps.texts[1] == tok.apply_chat_template([{"role": "user", "content": "1+2="}], tokenize=False,
+                                                      add_generation_prompt=True)
+        prints.append(dataset_fingerprint(ps.data))
+    assert prints[0] != prints[1]  # a field the function reads is part of the data
+    plain = load_prompts(cfg, tok, WeightedReward(cfg.reward.weights))
+    assert plain.columns == [{}, {}]  # no python reward: nothing kept
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"prompt": "1+1=", "reference": "2"}', "reward.function tests.python_rewards:needs_a_field requires the "
+                                             "field 'judge', which this record lacks (its fields: prompt, reference)"),
+    ('{"prompt": "1+1=", "reference": "2", "judge": "x", "completions": 3}',
+     "field 'completions' would collide with the reward function's own argument"),
+])
+def test_a_record_that_does_not_fit_the_functions_call_is_refused_naming_its_line(compose, tok, tmp_path, line, says):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "1+2=", "reference": "3", "judge": "x"}\n' + line + "\n")
+    cfg = _cfg(compose, "data=jsonl_prompts", f"data.path={f}")
+    with pytest.raises(ConfigError) as e:
+        load_prompts(cfg, tok, _python("needs_a_field"))
+    assert str(e.value).startswith(f"{f}:2: {says}") and "\n" not in str(e.value), str(e.value)

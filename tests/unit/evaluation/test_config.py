@@ -61,3 +61,11 @@ def test_the_root_needs_a_model_unless_oracle():
     assert EvalRunConfig(eval=EvalConfig(oracle=True)).model_dir is None
     with pytest.raises(ConfigError, match="^dtype:"):
         EvalRunConfig(model_dir="x", dtype="int8")
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow"])
+def test_a_tracker_eval_does_not_log_to_is_refused(tracker):
+    with pytest.raises(ConfigError, match=f"^logger: align.eval logs its summary and report to W&B only: "
+                                          f"logger=wandb or logger=none \\(got '{tracker}'\\)$"):
+        to_typed(compose([f"logger={tracker}", "eval.oracle=true"], config_name="eval"))
+

@@ -35,7 +35,8 @@ def test_unknown_name_is_one_line_listing_the_accepted():
     with pytest.raises(ConfigError) as e:
         WeightedReward({"gsm8k": 1.0, "gsmk8": 0.5}, key="rl.reward")
     msg = str(e.value)
-    assert msg == f"rl.reward.gsmk8: unknown verifier; accepted: {accepted()} (got 'gsmk8')"
+    assert msg == f"rl.reward.gsmk8: unknown verifier; accepted: {accepted()}, or python with reward.function " \
+                  "(got 'gsmk8')"
     assert "\n" not in msg and e.value.exit_code == EXIT_CONFIG
     assert accepted() == "exact_int, format, gsm8k, math" and set(VERIFIERS) == {"exact_int", "format", "gsm8k", "math"}
 
