@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from align.errors import ConfigError
-from tests.conftest import build_trainer
+from tests.conftest import build_trainer, recorded_run
 
 
 @pytest.mark.slow
@@ -221,28 +221,6 @@ def test_a_cpu_runs_manifest_says_what_compile_auto_resolved_to_and_what_the_fir
     assert t.model_info["compile"] is None and t.model_info["optimizer_step"]["kind"] == "plain"
     assert m["throughput"]["throughput/first_step_s"] > 0
     assert 0 <= m["throughput"]["throughput/compile_share"] <= 1
-
-
-def recorded_run(tmp_path, overrides: list[str]):
-    """A run through RunRecord as `python -m align.train` makes it (no Hydra run dir, no subprocess):
-    its trainer and run dir, the manifest written."""
-    from omegaconf import OmegaConf
-
-    import align.trainer
-    from align.config import to_typed
-    from align.run.cli import compose
-    from align.run.record import RunRecord
-
-    ov = ["logger=none", "allow_dirty=true", "trainer.export=false", *overrides]
-    cfg = compose(ov)
-    typed, run_dir = to_typed(cfg), tmp_path / "run"
-    record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, ov, ov)
-    with record:
-        record.start([])
-        t = align.trainer.Trainer.build(typed, run_dir)
-        record.built(t)
-        record.finished(t, t.fit())
-    return t, run_dir
 
 
 @pytest.mark.parametrize("model, expected", [("mistral", 2), ("gemma4", 6)])
