@@ -35,7 +35,7 @@ from align.evaluation.schedule import TrainingEval
 from align.models import build_model
 from align.models.attention import sdpa_priority
 from align.models.build import resolved_backends, token_id_tables
-from align.models.registry import FAMILIES
+from align.models.family import family_of, family_spec
 from align.models.runtime import ModelRuntime
 from align.objectives import Objective, build_objective
 from align.objectives.ce import bypass_lm_head
@@ -252,7 +252,7 @@ class Trainer:
         as its own config reads back, device and world, autocast, the data's provenance, the sampler's
         epoch-0 plan and the objective's own record."""
         fast = getattr(self.autocast(), "fast_dtype", None)
-        return {"model": {**self.model_info, **resolved_backends(self.model, FAMILIES[self.cfg.model.family].is_moe)},
+        return {"model": {**self.model_info, **resolved_backends(self.model, family_spec(self.cfg.model).is_moe)},
                 "device": self.env.device, "world_size": self.env.world,
                 "autocast_dtype": str(fast).removeprefix("torch.") if fast is not None else None,
                 "data": {"stats": dict(getattr(self.data, "stats", {}) or {}),
@@ -278,7 +278,7 @@ class Trainer:
 
     @functools.cached_property
     def sdpa_kernels(self) -> Callable[[], contextlib.AbstractContextManager]:
-        return sdpa_priority(self.cfg.attention, self.cfg.model.family)
+        return sdpa_priority(self.cfg.attention, family_of(self.cfg.model))
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast_context(self.cfg.trainer.precision, self.env.device.type)()

@@ -103,9 +103,9 @@ def hf_config(typed):
 
 
 def model_class(typed):
-    from align.models.registry import FAMILIES
+    from align.models.family import family_spec
 
-    return FAMILIES[typed.model.family].classes()[1]
+    return family_spec(typed.model).classes()[1]
 
 
 def model_flops(typed):

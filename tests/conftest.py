@@ -54,7 +54,7 @@ def build_trainer(tmp_path: Path, *overrides: str):
     return Trainer.build(typed, tmp_path / "run")
 
 
-def recorded_run(tmp_path, overrides: list[str]):
+def recorded_run(tmp_path: Path, overrides: list[str], export: bool = False):
     """A run through RunRecord as `python -m align.train` makes it (no Hydra run dir, no subprocess):
     its trainer and run dir, the manifest written."""
     from omegaconf import OmegaConf
@@ -64,7 +64,7 @@ def recorded_run(tmp_path, overrides: list[str]):
     from align.run.cli import compose
     from align.run.record import RunRecord
 
-    ov = ["logger=none", "allow_dirty=true", "trainer.export=false", *overrides]
+    ov = ["logger=none", "allow_dirty=true", f"trainer.export={str(export).lower()}", *overrides]
     cfg = compose(ov)
     typed, run_dir = to_typed(cfg), tmp_path / "run"
     record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, ov, ov)
@@ -79,3 +79,27 @@ def recorded_run(tmp_path, overrides: list[str]):
 def last_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else ""
+
+
+HF_KINDS = ("llama", "qwen2", "qwen3", "phi3")
+"""model_types of no align family that `model=hf` is tested on (tiny configs, built locally)."""
+
+
+def tiny_hf_checkpoint(kind: str, d: Path, **config) -> Path:
+    """A tiny transformers checkpoint of model_type `kind` at `d`: its own config class (a few layers,
+    hidden 64; `config` replaces fields), random weights, `save_pretrained`, and the bundled tokenizer
+    beside it, as `model=hf model.pretrained=<d>` loads a checkpoint. No download."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from align.config import ModelConfig
+    from align.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(ModelConfig())
+    dims = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **{**dims, **config})).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d

@@ -19,6 +19,10 @@ class Family(StrEnum):
     """Gemma-4 text model, dense MLP (presets: tiny, small, full = gemma-4-31B)."""
     gemma4_moe = "gemma4_moe"
     """Gemma-4 text model with its MoE block (enable_moe_block; full = gemma-4-26B-A4B)."""
+    hf = "hf"
+    """Any local transformers causal-LM checkpoint (`model.pretrained` required, no presets): a
+    model_type one of the families above loads runs as that family; any other through the class
+    transformers' AutoModelForCausalLM maps it to (align/models/family.py)."""
 
 
 class Preset(StrEnum):
@@ -87,7 +91,9 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     family: Family = Family.mistral
-    """Model family: the transformers class that is built (no align model code)."""
+    """Model family: the transformers class that is built (no align model code). hf: any local causal-LM
+    checkpoint (`pretrained` required); the family its model_type picks, else the class transformers
+    maps it to (the manifest's `model.family` records which)."""
     preset: Preset = Preset.tiny
     """Size preset when building from config with random init: tiny (CPU tests), small, full."""
     pretrained: Optional[str] = None
@@ -109,6 +115,9 @@ class ModelConfig:
     """Start even when preflight's training-memory estimate exceeds the memory of the visible device."""
 
     def __post_init__(self) -> None:
+        _require(self.family != Family.hf or bool(self.pretrained), "model.pretrained",
+                 "model=hf needs a checkpoint dir: set model.pretrained=<local HF checkpoint dir with config.json>",
+                 self.pretrained)
         _require(
             self.dtype in (None, "float32", "bfloat16", "float16"),
             "model.dtype",

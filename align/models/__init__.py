@@ -1,6 +1,7 @@
 """Model families: transformers' own classes, built from a preset with random init or loaded from a
 local HF checkpoint. Every `if family == ...` branch of align lives in this package.
 
+    family_spec      which family a model config builds (model=hf: its checkpoint's; align.models.family)
     build_model      build/load, resolve backends, wrap LoRA, attach router telemetry (BuiltModel)
     model_checks     preflight: kwargs by name, attention, QLoRA/MoE refusals, params and memory
     export_hf        HF-layout export (LoRA merged)

@@ -14,10 +14,13 @@ import functools
 import importlib.util
 import logging
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from align.config import AttentionConfig, AttnImpl, Fallback, Family
 from align.errors import ConfigError
+
+if TYPE_CHECKING:
+    from align.models.registry import FamilySpec
 
 log = logging.getLogger("align")
 
@@ -36,15 +39,18 @@ class AttentionChoice:
         return self.resolved.hf_name
 
 
-def unsupported_reason(family: Family, impl: AttnImpl, device_type: Union[str, Callable[[], str]]) -> Optional[str]:
-    """Why `impl` cannot run for `family` on `device_type`, or None when it can. `device_type` may be a
-    function, called only when the rule needs the device (resolving trainer.device=auto imports torch)."""
-    from align.models.registry import FAMILIES
+def unsupported_reason(family: Union[Family, "FamilySpec"], impl: AttnImpl,
+                       device_type: Union[str, Callable[[], str]]) -> Optional[str]:
+    """Why `impl` cannot run for `family` (a family, or the spec `align.models.family.family_spec` resolved)
+    on `device_type`, or None when it can. `device_type` may be a function, called only when the rule
+    needs the device (resolving trainer.device=auto imports torch)."""
+    from align.models.family import as_spec
 
-    spec = FAMILIES[family]
+    spec = as_spec(family)
     if impl not in spec.attention:
         ok = ", ".join(sorted(a.value for a in spec.attention))
-        return f"{family.value}'s transformers class does not support {impl.hf_name} (it supports: {ok})"
+        who = spec.architecture if spec.name == Family.hf else f"{spec.name.value}'s transformers class"
+        return f"{who} does not support {impl.hf_name} (it supports: {ok})"
     if impl == AttnImpl.flash:
         if importlib.util.find_spec("flash_attn") is None:
             return ("flash_attention_2 needs the flash-attn package, which is not installed (transformers raises "
@@ -57,10 +63,13 @@ def unsupported_reason(family: Family, impl: AttnImpl, device_type: Union[str, C
     return None
 
 
-def resolve_attention(family: Family, cfg: AttentionConfig, device_type: str) -> AttentionChoice:
+def resolve_attention(family: Union[Family, "FamilySpec"], cfg: AttentionConfig, device_type: str) -> AttentionChoice:
     """The backend to build with (auto: the family's choice); ConfigError (exit 2) when refused."""
-    impl = cfg.chosen(family)
-    reason = unsupported_reason(family, impl, device_type)
+    from align.models.family import as_spec
+
+    spec = as_spec(family)
+    impl = cfg.chosen(spec.name)
+    reason = unsupported_reason(spec, impl, device_type)
     if reason is None:
         return AttentionChoice(cfg.implementation, impl)
     if cfg.fallback == Fallback.refuse:

@@ -15,14 +15,15 @@ from typing import Any, Optional
 
 import torch
 
-from align.config import AttentionConfig, AttnImpl, ModelConfig
+from align.config import AttentionConfig, AttnImpl, Family, ModelConfig
 from align.errors import ConfigError
 from align.models.attention import AttentionChoice, resolve_attention
 from align.models.checkpoint_fit import family_problem, load_checked, loading
+from align.models.family import family_spec
 from align.models.kwargs import config_kwargs, load_kwargs, preset_kwargs
 from align.models.layered_attention import plan as layered_plan
 from align.models.lora import LoraGate, apply_lora, bnb_config, qlora_refusal
-from align.models.registry import FAMILIES, FamilySpec, MoEShape, count_params
+from align.models.registry import FamilySpec, MoEShape, count_params
 from align.models.runtime import ModelRuntime
 
 log = logging.getLogger("align")
@@ -47,7 +48,7 @@ def _device_type(device: Optional[torch.device]) -> str:
 def check_config_names(cfg: ModelConfig, kwargs: dict[str, Any], key: str) -> None:
     from align.models.lora import check_names
 
-    spec = FAMILIES[cfg.family]
+    spec = family_spec(cfg)
     config_cls, _ = spec.classes()
     check_names(config_cls, kwargs, key, extra=spec.extra_config_kwargs)
 
@@ -55,13 +56,13 @@ def check_config_names(cfg: ModelConfig, kwargs: dict[str, Any], key: str) -> No
 def model_config(cfg: ModelConfig, tokenizer=None, vocab_size: Optional[int] = None,
                  special: Optional[dict[str, Any]] = None):
     """The transformers config object the model is built from (local files only)."""
-    spec = FAMILIES[cfg.family]
-    config_cls, _ = spec.classes()
     if cfg.pretrained:
-        check_config_names(cfg, dict(cfg.overrides), "model.overrides")
         why = family_problem(cfg.family, cfg.pretrained)  # before the config class reads another model's file
         if why:
             raise ConfigError("model.pretrained", why)
+    config_cls, _ = family_spec(cfg).classes()
+    if cfg.pretrained:
+        check_config_names(cfg, dict(cfg.overrides), "model.overrides")
         with loading("model config", cfg.pretrained):
             return config_cls.from_pretrained(Path(cfg.pretrained), local_files_only=True, **cfg.overrides)
     kw = config_kwargs(cfg, tokenizer) if tokenizer is not None else preset_kwargs(cfg, vocab_size, special)
@@ -74,17 +75,24 @@ def moe_shape_of(spec: FamilySpec, config) -> Optional[MoEShape]:
 
 
 def check_router_losses(cfg: ModelConfig, moe: Optional[MoEShape]) -> None:
-    """model.moe.* on a model without a router would be silently dropped: refused instead."""
+    """model.moe.* on a model without a router would be silently dropped: refused instead, and so are
+    the router losses where align reads no router (`model=hf`'s generic MoE: FamilySpec.reads_routers)."""
+    spec = family_spec(cfg)
+    name = spec.name.value if spec.name != Family.hf else f"model=hf ({spec.architecture})"
     if moe is not None:
+        for key, w in (("model.moe.lb_weight", cfg.moe.lb_weight), ("model.moe.z_weight", cfg.moe.z_weight)):
+            if w > 0 and not spec.reads_routers:
+                raise ConfigError(key, f"{name} has routers align does not read (it reads those of "
+                                  f"model=olmoe and model=gemma4_moe): there is no router loss to apply", w)
         return
     for key, w in (("model.moe.lb_weight", cfg.moe.lb_weight), ("model.moe.z_weight", cfg.moe.z_weight)):
         if w > 0:
-            raise ConfigError(key, f"{cfg.family.value} builds a dense model: there is no router to regularize", w)
+            raise ConfigError(key, f"{name} builds a dense model: there is no router to regularize", w)
     if cfg.moe.experts is not None:
-        raise ConfigError("model.moe.experts", f"{cfg.family.value} builds a dense model: it has no experts kernel",
+        raise ConfigError("model.moe.experts", f"{name} builds a dense model: it has no experts kernel",
                           cfg.moe.experts.value)
     if not cfg.moe.telemetry:
-        raise ConfigError("model.moe.telemetry", f"{cfg.family.value} builds a dense model: there is no router "
+        raise ConfigError("model.moe.telemetry", f"{name} builds a dense model: there is no router "
                           "telemetry to turn off", False)
 
 
@@ -103,8 +111,8 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
                 init_on_device: bool = False) -> BuiltModel:
     """`device` picks the attention backend; `init_on_device` also creates a random-init model there
     (a 7B model's init on the host costs a minute and its full fp32 size in host RAM)."""
-    spec = FAMILIES[cfg.family]
-    attn = resolve_attention(cfg.family, attention, _device_type(device))
+    spec = family_spec(cfg)
+    attn = resolve_attention(spec, attention, _device_type(device))
     config = model_config(cfg, tokenizer)
     moe = moe_shape_of(spec, config)
     check_router_losses(cfg, moe)
@@ -133,7 +141,7 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
     if cfg.lora.enabled:
         model, lora_info = apply_lora(model, cfg)
     runtime = ModelRuntime.build(model, cfg, spec, moe)
-    info = describe_model(model, cfg, attn, moe, lora_info)
+    info = describe_model(model, cfg, attn, moe, lora_info, spec)
     info["kv_stores_dropped"] = unread_stores
     info["weights"] = None if loaded is None else loaded.record()
     return BuiltModel(model=model, info=info, runtime=runtime)
@@ -164,15 +172,19 @@ def checkpoint_dtype(pretrained: Optional[str]) -> Optional[str]:
 
 
 def describe_model(model: torch.nn.Module, cfg: ModelConfig, attn: AttentionChoice, moe: Optional[MoEShape],
-                   lora_info: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """What the model resolved to, read back from the built object, never from the request."""
+                   lora_info: Optional[dict[str, Any]], spec: Optional[FamilySpec] = None) -> dict[str, Any]:
+    """What the model resolved to, read back from the built object, never from the request; `family` is
+    the one built (under model=hf the checkpoint's), `family_requested` the composed one."""
+    spec = spec or family_spec(cfg)
     mc = model.config
     counts = count_params(model, moe)
     resolved_attn = getattr(mc, "_attn_implementation", None)
     if resolved_attn != attn.hf_name:
         log.warning("attention: built with %s but the model resolved %s", attn.hf_name, resolved_attn)
     return {
-        "family": cfg.family.value,
+        "family": spec.name.value,
+        "family_requested": cfg.family.value,
+        "model_type": getattr(mc, "model_type", None),
         "model_class": type(model.get_base_model() if hasattr(model, "get_base_model") else model).__name__,
         "preset": None if cfg.pretrained else cfg.preset.value,
         "pretrained": cfg.pretrained,
@@ -190,7 +202,7 @@ def describe_model(model: torch.nn.Module, cfg: ModelConfig, attn: AttentionChoi
         "moe": None if moe is None else {
             "num_experts": moe.num_experts, "top_k": moe.top_k,
             "lb_weight_applied": cfg.moe.lb_weight, "z_weight_applied": cfg.moe.z_weight,
-            "telemetry": cfg.moe.telemetry,
+            "telemetry": cfg.moe.telemetry and spec.reads_routers,
         },
         "lora": lora_info,
         "attention_layers": layered_plan(mc) if resolved_attn == AttnImpl.layered.hf_name else None,

@@ -3,7 +3,9 @@ architecture, or one whose tensors were renamed or dropped, loads with a logged 
 did not land trains (or is evaluated) from random init.
 
 - `family_problem` (files only, no torch: preflight, and the build again): config.json's `model_type`
-  and `architectures` against the composed family, before any weight is read.
+  and `architectures` against the composed family, before any weight is read. Under `model=hf` the
+  family the model_type picks (align.models.family), or the class transformers maps it to: knowing
+  that one imports transformers.
 - `load_checked`: `from_pretrained(..., output_loading_info=True)` and transformers' own report of the
   load: every parameter and persistent buffer of the model read from the checkpoint, every checkpoint
   tensor placed, every shape as the model's; else one line naming the config key. Allowed to be
@@ -17,7 +19,6 @@ did not land trains (or is evaluated) from random init.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import pickle
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any, Iterator, Optional
 
 from align.config import Family
 from align.errors import ConfigError
+from align.models.family import align_family, causal_lm_classes, checkpoint_config
 from align.models.kwargs import REPORT_KWARGS
 from align.models.registry import FAMILIES
 
@@ -33,16 +35,6 @@ SHOWN = 3
 """Tensor names quoted per kind in a refusal."""
 
 # --------------------------------------------------------------------------- before the load
-
-
-def checkpoint_config(d: str | Path) -> Optional[dict[str, Any]]:
-    """config.json of the checkpoint dir `d` as a dict, or None when it does not parse as one (the file
-    checks, align.run.preflight.checkpoint_problem, say why)."""
-    try:
-        value = json.loads((Path(d) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _families_line() -> str:
@@ -54,13 +46,17 @@ def _families_line() -> str:
 
 def family_problem(family: Family, pretrained: str | Path) -> Optional[str]:
     """Why the checkpoint at `pretrained` is not one `model=<family>` loads, from its config.json; None
-    when it is (or when config.json does not parse: the file checks report that)."""
+    when it is (or when config.json does not parse: the file checks report that). Under `model=hf`: any
+    causal-LM model_type transformers knows, and one of align's families held to that family's rules."""
     config = checkpoint_config(pretrained)
     if config is None:
         return None
-    path, spec = Path(pretrained) / "config.json", FAMILIES[family]
+    path = Path(pretrained) / "config.json"
     archs = config.get("architectures") or []
     what = f"model_type {config.get('model_type')!r}" + (f" ({', '.join(map(str, archs))})" if archs else "")
+    if family == Family.hf:
+        return _hf_problem(config, pretrained, path, what)
+    spec = FAMILIES[family]
     if "model_type" not in config:
         return f"{path} has no model_type; model={family.value} loads model_type {spec.model_type!r} checkpoints"
     if not spec.fits(config):
@@ -68,12 +64,30 @@ def family_problem(family: Family, pretrained: str | Path) -> Optional[str]:
         if fits:
             return f"{path} gives {what}: that checkpoint loads with {' or '.join(fits)}, not model={family.value}"
         return (f"{path} gives {what}, which is not one of align's families ({_families_line()}): "
-                "that model_type is not supported yet")
-    wrong = [a for a in archs if a != spec.architecture]
+                "model=hf loads any causal-LM checkpoint transformers knows")
+    return _architectures_problem(path, archs, f"model={family.value}", spec.architecture)
+
+
+def _architectures_problem(path: Path, archs: list, option: str, architecture: str) -> Optional[str]:
+    wrong = [a for a in archs if a != architecture]
     if wrong:
-        return (f"{path} lists architectures {', '.join(map(str, wrong))}; model={family.value} builds "
-                f"{spec.architecture}, which does not hold that model's tensors")
+        return (f"{path} lists architectures {', '.join(map(str, wrong))}; {option} builds "
+                f"{architecture}, which does not hold that model's tensors")
     return None
+
+
+def _hf_problem(config: dict[str, Any], pretrained: str | Path, path: Path, what: str) -> Optional[str]:
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        return f"{path} has no model_type; model=hf builds the class transformers maps it to"
+    family = align_family(config)
+    if family is not None:  # the run model=<family> would make, refusals included
+        return family_problem(family, pretrained)
+    names = causal_lm_classes(model_type)
+    if names is None:
+        return (f"{path} gives {what}, which transformers' AutoModelForCausalLM maps to no class: model=hf "
+                "trains causal LMs only")
+    return _architectures_problem(path, config.get("architectures") or [], "model=hf", names[1])
 
 
 def pickle_problem(d: str | Path) -> Optional[str]:

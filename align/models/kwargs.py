@@ -1,6 +1,7 @@
 """Kwargs for the family's config class and for `from_pretrained` / `_from_config`, built as data:
 the build calls them, and preflight checks their names against the installed signatures
-(align.run.kwargs_sites). Imports neither torch nor transformers, so preflight can build them first."""
+(align.run.kwargs_sites). Imports neither torch nor transformers, so preflight can build them first
+(under model=hf, a model_type no family loads is resolved through transformers: align.models.family)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any, Optional
 from align.config import AttentionConfig, ModelConfig
 from align.errors import ConfigError
 from align.models.attention import AttentionChoice
-from align.models.registry import FAMILIES, MoEShape
+from align.models.family import family_spec
+from align.models.registry import MoEShape
 
 
 def preset_kwargs(cfg: ModelConfig, vocab_size: Optional[int] = None,
@@ -18,7 +20,7 @@ def preset_kwargs(cfg: ModelConfig, vocab_size: Optional[int] = None,
 
     `vocab_size` is the tokenizer's; a preset that names its own (the `full` presets) keeps it, and
     it must hold the tokenizer."""
-    spec = FAMILIES[cfg.family]
+    spec = family_spec(cfg)
     if cfg.preset.value not in spec.presets:
         raise ConfigError("model.preset", f"{cfg.family.value} has presets: {', '.join(spec.presets)}",
                           cfg.preset.value)
@@ -50,10 +52,11 @@ def load_kwargs(cfg: ModelConfig, attention: AttentionChoice | AttentionConfig,
                 moe: Optional[MoEShape] = _FROM_FAMILY) -> dict[str, Any]:
     """Kwargs for `from_pretrained` / `_from_config`: backends and dtype. Preflight's kwargs site
     passes the requested AttentionConfig and no `moe` (then the family's presets say MoE or not)."""
-    impl = attention.hf_name if isinstance(attention, AttentionChoice) else attention.chosen(cfg.family).hf_name
+    spec = family_spec(cfg)
+    impl = attention.hf_name if isinstance(attention, AttentionChoice) else attention.chosen(spec.name).hf_name
     # A dtype NAME: transformers resolves it with getattr(torch, name); this module stays torch-free.
     kw: dict[str, Any] = {"attn_implementation": impl, "dtype": cfg.dtype or "float32"}
-    is_moe = FAMILIES[cfg.family].is_moe if moe is _FROM_FAMILY else moe is not None
+    is_moe = spec.is_moe if moe is _FROM_FAMILY else moe is not None
     if is_moe and cfg.moe.experts is not None:
         kw["experts_implementation"] = cfg.moe.experts.value
     return kw

@@ -42,7 +42,8 @@ from align.config import (
 from align.config.base import AUTO
 from align.config.data import require_resolved
 from align.config.train import require_chunk_resolved, require_memory_budget_resolved
-from align.models.registry import FAMILIES, MoEShape, ParamCount, count_params
+from align.models.family import family_spec
+from align.models.registry import MoEShape, ParamCount, count_params
 
 GiB = 1024**3
 
@@ -82,8 +83,7 @@ def meta_model(cfg: ModelConfig):
 def _build_meta_model(cfg: ModelConfig):
     from align.models.build import model_config
 
-    spec = FAMILIES[cfg.family]
-    _, model_cls = spec.classes()
+    _, model_cls = family_spec(cfg).classes()
     vocab, special = (None, None) if cfg.pretrained else bundled_vocab()
     config = model_config(cfg, vocab_size=vocab, special=special)
     with torch.device("meta"):
@@ -149,6 +149,16 @@ def _nbytes(dtype: Optional[str]) -> int:
     return {None: 4, "float32": 4, "bfloat16": 2, "float16": 2}[dtype]
 
 
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers: the modules named `layers.<i>` (transformers' usual name), else the entries of
+    the model's longest ModuleList (a class that names them otherwise, GPT-2's `h.<i>`)."""
+    layers = [m for n, m in model.named_modules() if re.fullmatch(r".*layers\.\d+", n)]
+    if layers:
+        return layers
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
 def activation_elements_per_token(model: torch.nn.Module, moe: Optional[MoEShape]) -> int:
     """Elements saved for backward per token, summed over decoder layers (an approximation read off
     the module shapes, so heterogeneous layers such as Gemma-4's global ones count as they are):
@@ -156,8 +166,7 @@ def activation_elements_per_token(model: torch.nn.Module, moe: Optional[MoEShape
     ~4 hidden vectors, and each routed slot of an MoE layer its gathered input, gate/up, activation,
     product and down output. sdpa/flash keep no S x S matrix; eager attention would (not counted)."""
     total = 0
-    layers = [m for n, m in model.named_modules() if re.fullmatch(r".*layers\.\d+", n)]
-    for layer in layers:
+    for layer in decoder_layers(model):
         n = 0
         hidden = None
         for mod in layer.modules():
@@ -307,15 +316,26 @@ def kv_cache_tokens(cfg: TrainConfig, prompt_tokens: Optional[int] = None) -> in
 def kv_elements_per_token(model: torch.nn.Module) -> int:
     """Elements the KV cache keeps per position, summed over decoder layers: 2 (keys and values) x
     kv_heads x head_dim of each layer, read off its k_proj's output width (the model config's
-    num_key_value_heads x head_dim, per layer where layers differ, as Gemma-4's global ones do). Windowed
-    and KV-sharing layers count in full: an upper bound."""
-    layers = [m for n, m in model.named_modules() if re.fullmatch(r".*layers\.\d+", n)]
+    num_key_value_heads x head_dim, per layer where layers differ, as Gemma-4's global ones do; from the
+    config where a layer has no k_proj, `_kv_width`). Windowed and KV-sharing layers count in full: an
+    upper bound."""
     total = 0
-    for layer in layers:
+    for layer in decoder_layers(model):
         k = next((m for n, m in layer.named_modules() if n.endswith("k_proj") and isinstance(m, torch.nn.Linear)),
                  None)
-        total += 2 * k.out_features if k is not None else 0
+        total += 2 * (k.out_features if k is not None else _kv_width(getattr(model, "config", None)))
     return total
+
+
+def _kv_width(config: Any) -> int:
+    """kv_heads x head_dim from a model config, for a layer with no separate k_proj (Phi-3's fused
+    qkv_proj): `num_key_value_heads` (else every head) x `head_dim` (else hidden_size / heads)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", None) or 0
+    if not heads:
+        return 0
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    return kv * (getattr(text, "head_dim", None) or text.hidden_size // heads)
 
 
 def generation_rows(cfg: TrainConfig) -> int:
@@ -348,7 +368,7 @@ def resident_bytes(cfg: TrainConfig, device: torch.device) -> int:
     generation copy, as `estimate_memory` counts them."""
     model, config = meta_model(cfg.model)
     wbytes = _nbytes(cfg.model.dtype)
-    counts, weights, _, optimizer = _states(cfg, model, FAMILIES[cfg.model.family].moe_shape(config), wbytes)
+    counts, weights, _, optimizer = _states(cfg, model, family_spec(cfg.model).moe_shape(config), wbytes)
     return (weights + optimizer + reference_bytes(cfg, counts.total, wbytes)
             + generation_copy_bytes(cfg, counts.total, device.type))
 
@@ -358,7 +378,7 @@ def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1,
     """`shards`: how many ranks share weights, grads and optimizer state (FSDP); 1 = replicated.
     Works from the config alone (the model is built on the meta device), and under grpo the longest
     prompt where it is known (`prompt_tokens`; else `data.max_seq_len` bounds the rollout's sequences)."""
-    spec = FAMILIES[cfg.model.family]
+    spec = family_spec(cfg.model)
     model, config = meta_model(cfg.model)
     moe = spec.moe_shape(config)
     wbytes = _nbytes(cfg.model.dtype)

@@ -93,6 +93,10 @@ def _dense(config) -> Optional[MoEShape]:
     return None
 
 
+def _no_routers(model: torch.nn.Module) -> list[RouterTap]:
+    return []
+
+
 # ---------------------------------------------------------------------------------------- table
 
 
@@ -113,7 +117,7 @@ class FamilySpec:
     resolves to one of these first, `AttentionConfig.chosen`)."""
     moe_shape: Callable[[Any], Optional[MoEShape]] = _dense
     """(experts, top-k) read from a model config; None for a dense model."""
-    router_taps: Callable[[torch.nn.Module], list[RouterTap]] = lambda model: []
+    router_taps: Callable[[torch.nn.Module], list[RouterTap]] = _no_routers
     """The routers of a built model, in layer order."""
     fused_experts: bool = False
     """Expert weights are fused 3-D parameters (not nn.Linear): no LoRA on them, no 4-bit base."""
@@ -122,6 +126,9 @@ class FamilySpec:
     model_type: str = ""
     """The `model_type` a checkpoint's config.json gives for this family (the config class's own; pinned by
     a test), checked before any weight loads (align.models.checkpoint_fit)."""
+    checkpoint_moe: Optional[bool] = None
+    """Whether the model is MoE, for a family without presets (`model=hf`'s generic spec,
+    align.models.family: its checkpoint's config.json says); None: the presets say."""
 
     def classes(self) -> tuple[type, type]:
         """(config class, model class), imported now."""
@@ -140,8 +147,16 @@ class FamilySpec:
         return config.get("model_type") == self.model_type and bool(self.moe_shape(_Attrs(config))) == self.is_moe
 
     @property
+    def reads_routers(self) -> bool:
+        """Whether align has router taps for this family (telemetry, router losses): olmoe and the Gemma-4
+        families; not a dense family, nor `model=hf`'s generic spec, whose router modules align does not know."""
+        return self.router_taps is not _no_routers
+
+    @property
     def is_moe(self) -> bool:
         """Whether the family's presets are MoE (a pretrained config decides for itself: `moe_shape`)."""
+        if self.checkpoint_moe is not None:
+            return self.checkpoint_moe
         return self.moe_shape is not _dense and any(self.moe_shape(_Attrs(p)) for p in self.presets.values())
 
 

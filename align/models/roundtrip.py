@@ -24,7 +24,8 @@ from typing import Iterator, Optional
 import torch
 
 from align.config import Family
-from align.models.registry import FAMILIES
+from align.models.family import as_spec
+from align.models.registry import FamilySpec
 
 MAX_ABS = 1e-5
 
@@ -55,8 +56,8 @@ class RoundTripReport:
 
 
 @contextlib.contextmanager
-def capture_topk(model: torch.nn.Module, family: Family) -> Iterator[dict[int, torch.Tensor]]:
-    taps = FAMILIES[family].router_taps(model)
+def capture_topk(model: torch.nn.Module, family: Family | FamilySpec) -> Iterator[dict[int, torch.Tensor]]:
+    taps = as_spec(family).router_taps(model)
     got: dict[int, torch.Tensor] = {}
     handles = [t.index_module.register_forward_hook(
         lambda m, a, o, t=t: got.__setitem__(
@@ -70,7 +71,7 @@ def capture_topk(model: torch.nn.Module, family: Family) -> Iterator[dict[int, t
 
 
 @torch.no_grad()
-def outputs(model: torch.nn.Module, family: Family, input_ids: torch.Tensor) -> Outputs:
+def outputs(model: torch.nn.Module, family: Family | FamilySpec, input_ids: torch.Tensor) -> Outputs:
     """fp32 logits and router choices of `model` (a fp32 copy when its weights are not fp32)."""
     if any(p.dtype != torch.float32 for p in model.parameters()):
         model = copy.deepcopy(model).float()
@@ -85,15 +86,17 @@ def outputs(model: torch.nn.Module, family: Family, input_ids: torch.Tensor) -> 
     return Outputs(logits, dict(topk))
 
 
-def load_export(export_dir: Path, family: Family, like: Optional[torch.nn.Module] = None) -> torch.nn.Module:
+def load_export(export_dir: Path, family: Family | FamilySpec, like: Optional[torch.nn.Module] = None
+                ) -> torch.nn.Module:
     """The export as transformers loads it: fp32, and the same kernels as `like` so that only the
-    weights and config can differ."""
-    _, model_cls = FAMILIES[family].classes()
+    weights and config can differ. `family`: a family, or the spec `model=hf` resolved to."""
+    spec = as_spec(family)
+    _, model_cls = spec.classes()
     kw: dict = {"dtype": torch.float32, "local_files_only": True}
     if like is not None:
         kw["attn_implementation"] = like.config._attn_implementation
         experts = getattr(like.config, "_experts_implementation", None)
-        if experts and FAMILIES[family].moe_shape(like.config) is not None:
+        if experts and spec.moe_shape(like.config) is not None:
             kw["experts_implementation"] = experts
     return model_cls.from_pretrained(Path(export_dir), **kw)
 
@@ -120,7 +123,7 @@ def compare(ref: Outputs, got: Outputs, max_abs: float = MAX_ABS) -> RoundTripRe
     return rep
 
 
-def verify_export(model: torch.nn.Module, tokenizer, out: Path, family: Family,
+def verify_export(model: torch.nn.Module, tokenizer, out: Path, family: Family | FamilySpec,
                   input_ids: torch.Tensor) -> RoundTripReport:
     """Reference outputs, export (merging LoRA), load with transformers, compare."""
     from align.models.export import export_hf

@@ -27,7 +27,7 @@ class ModelRuntime:
     @classmethod
     def build(cls, model: torch.nn.Module, cfg, spec, moe_shape) -> "ModelRuntime":
         moe = None
-        if moe_shape is not None:
+        if moe_shape is not None and spec.reads_routers:  # model=hf's generic MoE: routers align cannot read
             from align.telemetry.moe import RouterTelemetry
 
             taps = spec.router_taps(model)

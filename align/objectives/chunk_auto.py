@@ -26,11 +26,11 @@ RATIO = 0.5
 
 def per_token_bytes(cfg: Any, device: torch.device) -> tuple[int, int]:
     """(full logits, kept layer activations) in bytes per token, as the memory estimate counts them."""
+    from align.models.family import family_spec
     from align.models.memory import compute_bytes, layer_activation_bytes, logits_bytes, meta_model
-    from align.models.registry import FAMILIES
 
     model, config = meta_model(cfg.model)
-    moe = FAMILIES[cfg.model.family].moe_shape(config)
+    moe = family_spec(cfg.model).moe_shape(config)
     nbytes = compute_bytes(cfg, device)
     logits = logits_bytes(0, 1, config.vocab_size, getattr(config, "final_logit_softcapping", None), nbytes)
     return logits, layer_activation_bytes(cfg, model, config, moe, 1, nbytes)

@@ -119,9 +119,9 @@ class GRPO:
             self.engine = build_engine(ecfg, model, **kw)
         else:
             self.engine = HFEngine.copy_of(model, ecfg, dtype=_GEN_DTYPES[self.cfg.generation_dtype], **kw)
-        from align.models.registry import FAMILIES
+        from align.models.family import family_spec
 
-        taps = FAMILIES[self.train_cfg.model.family].router_taps
+        taps = family_spec(self.train_cfg.model).router_taps
         self.router_train = RouterRecorder(model, taps(model)) if taps(model) else None
         self.router_gen = RouterRecorder(self.engine.model, taps(self.engine.model)) if self.router_train else None
 

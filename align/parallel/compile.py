@@ -66,10 +66,13 @@ def resolve_trainer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
         why.append("optimizer.overlap=true steps on side streams a compiled block would trace")
     if cfg.parallel.kind.value not in ("single", "fsdp"):
         why.append(f"parallel={cfg.parallel.kind.value}: compiled blocks are tested under single and fsdp only")
-    if cfg.model.family.value not in COMPILED_FAMILIES:
-        why.append(f"model={cfg.model.family.value}: compiled blocks were run on the GPU for "
+    from align.models.family import family_of
+
+    family = family_of(cfg.model)  # under model=hf, the family its checkpoint picks
+    if family.value not in COMPILED_FAMILIES:
+        why.append(f"model={family.value}: compiled blocks were run on the GPU for "
                    f"{', '.join(COMPILED_FAMILIES)} only")
-    attention = cfg.attention.chosen(cfg.model.family).value
+    attention = cfg.attention.chosen(family).value
     if attention not in COMPILED_ATTENTION:
         why.append(f"attention={attention}: compiled blocks are tested with {', '.join(COMPILED_ATTENTION)} only")
     if cfg.objective.kind.value == "grpo":

@@ -131,20 +131,20 @@ def scheduler(cfg: TrainConfig) -> KwargsSite:
 def model_config(cfg: TrainConfig) -> Optional[KwargsSite]:
     if cfg.model.pretrained:
         return None  # the checkpoint's config.json is loaded, not built from kwargs
+    from align.models.family import family_spec
     from align.models.kwargs import config_kwargs
-    from align.models.registry import FAMILIES
 
     # The config class's __post_init__ consumes names its signature lacks (Gemma4TextConfig:
     # global_head_dim): align.run.signatures reads those from its installed source too.
-    return KwargsSite(FAMILIES[cfg.model.family].config_class, config_kwargs(cfg.model, TokenizerShape()),
+    return KwargsSite(family_spec(cfg.model).config_class, config_kwargs(cfg.model, TokenizerShape()),
                       "model.overrides")
 
 
 def model_load(cfg: TrainConfig) -> KwargsSite:
+    from align.models.family import family_spec
     from align.models.kwargs import REPORT_KWARGS, load_kwargs
-    from align.models.registry import FAMILIES
 
-    spec = FAMILIES[cfg.model.family]
+    spec = family_spec(cfg.model)
     kw = load_kwargs(cfg.model, cfg.attention)
     if cfg.model.pretrained:
         # from_pretrained hands leftover kwargs to the config class: its names count too.
@@ -156,10 +156,10 @@ def model_load(cfg: TrainConfig) -> KwargsSite:
 def activation_checkpointing(cfg: TrainConfig) -> Optional[KwargsSite]:
     if not cfg.parallel.activation_checkpointing:
         return None
-    from align.models.registry import FAMILIES
+    from align.models.family import family_spec
     from align.parallel.wrap import activation_checkpointing_call
 
-    _, model_cls = FAMILIES[cfg.model.family].classes()
+    _, model_cls = family_spec(cfg.model).classes()
     if cfg.parallel.activation_checkpointing_fraction < 1:  # refused here, not at build, when blocks lack the switch
         from align.models.memory import meta_model
         from align.parallel.wrap import checkpointing_plan

@@ -76,7 +76,8 @@ SCHEMA: dict[str, Any] = {
         "world_size": "processes in the job",
     },
     "model": {
-        "family": "", "class": "transformers class built", "preset": "", "pretrained": "local checkpoint dir",
+        "family": "the family built (model=hf: the one its checkpoint's model_type picks, else hf)",
+        "class": "transformers class built", "preset": "", "pretrained": "local checkpoint dir",
         "attn_implementation_requested": "what the config asked for",
         "attn_implementation_resolved": "model.config._attn_implementation after build",
         "experts_implementation_requested": "",

@@ -24,10 +24,10 @@ from align.data.budget_auto import planned_estimate
 from align.errors import ConfigError
 from align.models.attention import resolve_attention
 from align.models.build import check_router_losses, token_id_tables
+from align.models.family import family_spec
 from align.models.lora import discover_targets, qlora_refusal
 from align.models.memory import meta_model, rollout_width
 from align.models.memory_levers import levers
-from align.models.registry import FAMILIES
 
 
 def _device(cfg: TrainConfig) -> torch.device:
@@ -62,9 +62,9 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
         return Check(item, name, Status.failed, e.message + ("" if e.value is None else f" (got {e.value!r})"), e.key)
 
     m = cfg.model
-    spec = FAMILIES[m.family]
     device = _device(cfg)
     try:
+        spec = family_spec(m)  # under model=hf, the family its checkpoint picks
         model, config = meta_model(m)  # preset + override names are checked while building it
     except ConfigError as e:
         yield failed("config", "model config (meta build)", e)
@@ -73,7 +73,7 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
     yield from _token_ids(model, getattr(ctx, "facts", {}).get("top_token"))
 
     try:
-        attn = resolve_attention(m.family, cfg.attention, device.type)
+        attn = resolve_attention(spec, cfg.attention, device.type)
         yield Check("config", "attention resolution (align.models)",
                     Status.passed if attn.reason is None else Status.warned,
                     attn.hf_name if attn.reason is None else

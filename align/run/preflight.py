@@ -92,8 +92,23 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
         )
         problem = family_problem(cfg.model.family, d)
         yield Check("config", "checkpoint family", Status.failed if problem else Status.passed,
-                    problem or f"config.json's model_type and architectures are model={cfg.model.family.value}'s",
-                    "model.pretrained")
+                    problem or _family_line(cfg), "model.pretrained")
+
+
+def _family_line(cfg: TrainConfig) -> str:
+    """What an accepted checkpoint builds; under model=hf, the family and class its model_type picks."""
+    from align.config import Family
+    from align.models.family import family_spec
+
+    if cfg.model.family != Family.hf:
+        return f"config.json's model_type and architectures are model={cfg.model.family.value}'s"
+    try:
+        spec = family_spec(cfg.model)
+    except ConfigError as e:  # config.json unreadable: the checkpoint dir check says why
+        return e.message
+    if spec.name == Family.hf:
+        return f"model_type {spec.model_type!r}: model=hf builds {spec.architecture} (AutoModelForCausalLM's class)"
+    return f"model_type {spec.model_type!r}: model=hf runs as model={spec.name.value} ({spec.architecture})"
 
 
 def _token_rows(cfg: TrainConfig, ctx: Context, specs: list) -> Iterable[Check]:
@@ -243,21 +258,27 @@ def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     """The family/machine support rule lives in align.models.attention (the build uses the same one)."""
     from align.config import Fallback
     from align.models.attention import unsupported_reason
+    from align.models.family import family_spec
 
     def device_type() -> str:  # only the flash rule asks; resolving trainer.device=auto imports torch
         from align.parallel.env import resolve_device
 
         return resolve_device(cfg.trainer.device).type
 
-    impl = cfg.attention.chosen(cfg.model.family)
-    reason = unsupported_reason(cfg.model.family, impl, device_type)
+    try:
+        spec = family_spec(cfg.model)  # under model=hf, the family its checkpoint picks
+    except ConfigError as e:  # the checkpoint checks said why
+        yield Check("config", "attention backend", Status.failed, e.message, e.key)
+        return
+    impl = cfg.attention.chosen(spec.name)
+    reason = unsupported_reason(spec, impl, device_type)
     if reason is None:
         auto = " (attention=auto's choice for the family)" if cfg.attention.implementation == AttnImpl.auto else ""
         yield Check(
             "config",
             "attention backend",
             Status.passed,
-            f"{cfg.model.family.value} supports {impl.value}{auto} (requested; the resolved one is recorded)",
+            f"{spec.name.value} supports {impl.value}{auto} (requested; the resolved one is recorded)",
         )
     elif cfg.attention.fallback == Fallback.allow:
         yield Check(

@@ -99,6 +99,7 @@ class RunRecord:
 
     def start(self, preflight: Any) -> None:
         """Written before any heavy work: every key present, what is known from config and disk."""
+        from align.models.family import family_of
         from align.run.manifest import versions
 
         cfg, m = self.cfg, self.manifest
@@ -120,7 +121,7 @@ class RunRecord:
                 "seed": cfg.trainer.seed,
                 "parallel.kind": cfg.parallel.kind.value,
                 "parallel.world_size": int(os.environ.get("WORLD_SIZE", "1")),
-                "model.family": cfg.model.family.value,
+                "model.family": family_of(cfg.model).value,
                 "model.attn_implementation_requested": cfg.attention.implementation.hf_name,
                 "model.experts_implementation_requested": cfg.model.moe.experts.value
                 if cfg.model.moe.experts
@@ -131,7 +132,7 @@ class RunRecord:
                 "model.experts_implementation_requested": "not requested: the library default applies "
                 "(resolved value recorded)"
                 if is_moe(cfg)
-                else f"{cfg.model.family.value} is a dense family: no experts kernel"
+                else f"{family_of(cfg.model).value} is a dense family: no experts kernel"
             },
         )
         if cfg.model.pretrained:
@@ -193,6 +194,7 @@ class RunRecord:
     def built(self, trainer: "Trainer") -> None:
         """After Trainer.build: what the run RESOLVED to (`Trainer.describe`), then the gates before
         step 1: the mask gate and the objective's own (each report, or its failure, recorded)."""
+        from align.models.family import family_of
         from align.run.manifest import device_info
 
         self.accept()  # Trainer.build wrote nothing before its resume decision; from here the attempt counts
@@ -214,7 +216,7 @@ class RunRecord:
         if m.data["model"]["experts_implementation_resolved"] is None and not is_moe(self.cfg):
             m.null(
                 "model.experts_implementation_resolved",
-                f"{self.cfg.model.family.value} is a dense family: no experts kernel",
+                f"{family_of(self.cfg.model).value} is a dense family: no experts kernel",
             )
         known = set(keys) | {
             "family",
@@ -363,9 +365,9 @@ class RunRecord:
 
 
 def is_moe(cfg: TrainConfig) -> bool:
-    from align.models.registry import FAMILIES
+    from align.models.family import family_spec
 
-    return FAMILIES[cfg.model.family].is_moe
+    return family_spec(cfg.model).is_moe
 
 
 def exit_of(exc: BaseException) -> tuple[int, str]:

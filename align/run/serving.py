@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from align.config import TrainConfig
-from align.models.registry import FAMILIES
+from align.models.family import family_spec
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +43,7 @@ class Verdict(StrEnum):
 
 def architecture(cfg: TrainConfig) -> str:
     """The class name the export's config.json lists under `architectures` (the class align builds)."""
-    return FAMILIES[cfg.model.family].model_class.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    return family_spec(cfg.model).architecture
 
 
 def vllm_lookup() -> Optional[Lookup]:
@@ -102,7 +102,7 @@ def from_class(lora: bool, moe: bool, arch: str, info: Optional[dict[str, Any]])
 
 def serving_path(cfg: TrainConfig, device: Optional["torch.device"] = None) -> dict[str, Any]:
     """The manifest's `serving` entry: every key always present, each null beside its `why`."""
-    lora, moe, arch = cfg.model.lora.enabled, FAMILIES[cfg.model.family].is_moe, architecture(cfg)
+    lora, moe, arch = cfg.model.lora.enabled, family_spec(cfg.model).is_moe, architecture(cfg)
     entry: dict[str, Any] = {"architecture": arch, "lora": lora, "moe": moe,
                              "export": EXPORT_LORA if lora else "full weights",
                              "checked": False, "why": VLLM_NOT_INSTALLED, "basis": STRUCTURAL, "vllm": None}

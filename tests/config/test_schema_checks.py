@@ -216,6 +216,8 @@ def test_options_are_named_after_the_choice_they_make(compose, tmp_path, group):
         extra = [f"data.path={tmp_path / 'x.jsonl'}"] if reads_a_file else []
         if group == "data" and f.stem in ("preference", "gsm8k_pairs"):
             extra.append("objective=dpo")
+        if group == "model" and f.stem == "hf":
+            extra.append(f"model.pretrained={tmp_path}")  # no presets: a checkpoint dir is required
         typed: TrainConfig = to_typed(compose([f"{group}={f.stem}", *extra]))
         if group == "data" and typed.data.mixture:
             continue  # a mixture names its sources, not data.source

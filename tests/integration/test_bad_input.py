@@ -28,7 +28,8 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 CASES = [
-    (["model=llama"], "model=llama", "accepted: gemma4, gemma4_moe, mistral, olmoe"),
+    (["model=llama"], "model=llama", "accepted: gemma4, gemma4_moe, hf, mistral, olmoe"),
+    (["model=hf"], "model.pretrained", "model=hf needs a checkpoint dir: set model.pretrained=<local HF checkpoint"),
     (["trainer.max_steps=ten"], "trainer.max_steps", "Integer"),
     (["sampler.kind=sorted"], "sampler.kind", "shuffle"),
     (["trainer.max_step=10"], "trainer.max_step", "accepted keys:"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import build_trainer
+from tests.conftest import HF_KINDS, build_trainer, recorded_run, tiny_hf_checkpoint
 
 FAMILIES = ["mistral", "olmoe", "gemma4"]
 
@@ -23,6 +23,50 @@ def test_tiny_family_trains_and_round_trips_through_from_pretrained(tmp_path, fa
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "export", local_files_only=True,
                                                   dtype=torch.float32)
     assert type(loaded).__name__ == type(trainer.model).__name__
+    loaded.eval()
+    trainer.model.eval()
+    batch = next(iter(trainer.stream))
+    with torch.no_grad():
+        a = trainer.model(**batch.model_inputs()).logits
+        b = loaded(**batch.model_inputs()).logits
+    assert (a - b).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("kind", HF_KINDS)
+def test_model_hf_trains_a_checkpoint_of_no_family_and_exports_the_same_architecture(tmp_path, kind):
+    """`model=hf` on a tiny Llama / Qwen2 / Qwen3 / Phi-3 checkpoint: trained through its own class, the
+    family and class in the manifest, exported as that model_type (Qwen2's q/k/v biases kept), and
+    AutoModelForCausalLM loads the export with the trained model's logits."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from align.run.manifest import load
+
+    d = tiny_hf_checkpoint(kind, tmp_path / "ckpt")
+    trainer, run_dir = recorded_run(tmp_path, ["model=hf", f"model.pretrained={d}", "trainer.max_steps=2",
+                                               "data.max_records=16"], export=True)
+    m = load(run_dir)["model"]
+    cls = type(trainer.model).__name__
+    assert m["family"] == "hf" and m["class"] == cls == json.loads((d / "config.json").read_text())["architectures"][0]
+    assert m["extra"]["model_type"] == kind and m["extra"]["family_requested"] == "hf"
+    assert m["weights"]["missing"] == m["weights"]["unexpected"] == 0 and m["attn_implementation_resolved"] == "sdpa"
+    assert len((run_dir / "history.jsonl").read_text().splitlines()) == 2
+
+    export = run_dir / "export"
+    config = json.loads((export / "config.json").read_text())
+    assert config["model_type"] == kind and config["architectures"] == [cls]
+    tensors = load_file(export / "model.safetensors")
+    trained = dict(trainer.model.named_parameters())
+    assert set(tensors) == set(trained)
+    biases = [n for n in tensors if n.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias"))]
+    assert bool(biases) == (kind == "qwen2")  # Qwen2's attention biases, trained away from their zero init
+    for n in biases:
+        assert torch.equal(tensors[n], trained[n].detach()) and tensors[n].abs().sum() > 0, n
+
+    loaded = AutoModelForCausalLM.from_pretrained(export, local_files_only=True, dtype=torch.float32)
+    assert type(loaded) is type(trainer.model)
     loaded.eval()
     trainer.model.eval()
     batch = next(iter(trainer.stream))

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from align.config import AttnImpl, Family
+from align.config import AttnImpl
 from align.data.collate import collate
 from align.data.encode import EncodedDataset
+from align.models.registry import FAMILIES
 from tests.conftest import build_trainer
 from tests.unit.data.test_packed_parity import _model
 
@@ -27,7 +28,7 @@ def _padded_case(vocab: int, lengths=(29, 17, 8), seed: int = 0):
 
 
 @pytest.mark.parametrize("impl", [AttnImpl.sdpa, AttnImpl.eager])
-@pytest.mark.parametrize("family", list(Family))
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_real_token_logits_do_not_need_the_padding_mask(tok, family, impl):
     model = _model(tok, family, impl)
     data, lengths = _padded_case(len(tok))

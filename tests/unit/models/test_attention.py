@@ -12,6 +12,7 @@ import torch
 from align.config import AttentionConfig, AttnImpl, Fallback, Family
 from align.errors import ConfigError
 from align.models.attention import resolve_attention
+from align.models.registry import FAMILIES
 
 
 def test_olmoe_flex_is_refused_with_the_reason():
@@ -24,13 +25,13 @@ def test_olmoe_flex_is_refused_with_the_reason():
 
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash-attn is installed here")
 def test_flash_without_flash_attn_is_refused_for_every_family():
-    for fam in Family:
+    for fam in FAMILIES:
         with pytest.raises(ConfigError, match="flash-attn package"):
             resolve_attention(fam, AttentionConfig(AttnImpl.flash), "cuda")
 
 
 def test_supported_backends_resolve_to_themselves():
-    for fam in Family:
+    for fam in FAMILIES:
         for impl in (AttnImpl.sdpa, AttnImpl.eager):
             c = resolve_attention(fam, AttentionConfig(impl), "cpu")
             assert (c.requested, c.resolved, c.reason) == (impl, impl, None)

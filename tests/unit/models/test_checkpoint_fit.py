@@ -16,6 +16,7 @@ from align.config import AttentionConfig, Family, ModelConfig
 from align.errors import ConfigError
 from align.models import build_model
 from align.models.checkpoint_fit import family_problem
+from align.models.registry import FAMILIES
 
 TINY = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, tie_word_embeddings=False)
@@ -60,8 +61,9 @@ def _own(build, family: Family, d: Path) -> Path:
 
 
 def test_each_familys_own_checkpoint_fits_and_another_familys_names_the_option_that_loads_it(build, tmp_path):
-    for family in Family:
-        assert family_problem(family, _own(build, family, tmp_path / family.value)) is None, family
+    for family in FAMILIES:
+        own = _own(build, family, tmp_path / family.value)
+        assert family_problem(family, own) is None and family_problem(Family.hf, own) is None, family
     gemma_moe, gemma = tmp_path / "gemma4_moe", tmp_path / "gemma4"
     assert family_problem(Family.gemma4, gemma_moe).endswith(
         "gives model_type 'gemma4_text' (Gemma4ForCausalLM): that checkpoint loads with model=gemma4_moe, "
@@ -73,12 +75,13 @@ def test_each_familys_own_checkpoint_fits_and_another_familys_names_the_option_t
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_a_model_type_no_family_loads_is_refused_as_not_supported_yet(kind, tmp_path):
+def test_a_model_type_no_family_loads_is_refused_and_pointed_at_model_hf_which_loads_it(kind, tmp_path):
     d = _hf(kind, tmp_path / kind, weights=False)
     why = family_problem(Family.mistral, d)
     assert why.startswith(f"{d / 'config.json'} gives model_type '{kind}' (") and why.endswith(
         "which is not one of align's families (mistral: model=mistral; olmoe: model=olmoe; gemma4_text: "
-        "model=gemma4, model=gemma4_moe): that model_type is not supported yet"), why
+        "model=gemma4, model=gemma4_moe): model=hf loads any causal-LM checkpoint transformers knows"), why
+    assert family_problem(Family.hf, d) is None
 
 
 def test_a_relabelled_or_unlabelled_config_is_refused(tmp_path):
@@ -87,9 +90,25 @@ def test_a_relabelled_or_unlabelled_config_is_refused(tmp_path):
     assert family_problem(Family.mistral, d) == (
         f"{d / 'config.json'} lists architectures LlamaForCausalLM; model=mistral builds MistralForCausalLM, "
         "which does not hold that model's tensors")
+    # model=hf runs a mistral model_type as model=mistral: refused alike
+    assert family_problem(Family.hf, d) == family_problem(Family.mistral, d)
     _edit_config(d, model_type=None)
     assert family_problem(Family.mistral, d) == (
         f"{d / 'config.json'} has no model_type; model=mistral loads model_type 'mistral' checkpoints")
+    assert family_problem(Family.hf, d) == (
+        f"{d / 'config.json'} has no model_type; model=hf builds the class transformers maps it to")
+
+
+def test_model_hf_refuses_what_transformers_maps_to_no_causal_lm_or_another_head(tmp_path):
+    d = _hf("qwen2", tmp_path / "qwen2", weights=False)
+    _edit_config(d, architectures=["Qwen2ForSequenceClassification"])
+    assert family_problem(Family.hf, d) == (
+        f"{d / 'config.json'} lists architectures Qwen2ForSequenceClassification; model=hf builds "
+        "Qwen2ForCausalLM, which does not hold that model's tensors")
+    _edit_config(d, model_type="vit", architectures=["ViTModel"])
+    assert family_problem(Family.hf, d) == (
+        f"{d / 'config.json'} gives model_type 'vit' (ViTModel), which transformers' AutoModelForCausalLM maps "
+        "to no class: model=hf trains causal LMs only")
 
 
 def test_preflight_and_the_build_refuse_another_familys_checkpoint_before_any_weight(build, tokenizer, tmp_path,

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from align.config import Family, LoraConfig
+from align.models.registry import FAMILIES
 from align.models.roundtrip import compare, load_export, outputs, verify_export
 from tests.unit.models.conftest import MOE_FAMILIES, perturb_
 
@@ -26,7 +27,7 @@ def exported(tmp_path_factory, tokenizer):
     from align.models import build_model
 
     out = {}
-    for fam in Family:
+    for fam in FAMILIES:
         torch.manual_seed(0)
         model = perturb_(build_model(ModelConfig(family=fam), AttentionConfig(), tokenizer, torch.device("cpu")).model)
         d = tmp_path_factory.mktemp(fam.value) / "export"
@@ -35,7 +36,7 @@ def exported(tmp_path_factory, tokenizer):
     return out
 
 
-@pytest.mark.parametrize("family", list(Family))
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_clean_export_of_every_tiny_preset_passes(exported, family):
     _, report, ref, _ = exported[family]
     assert report.passed, report.line()
@@ -103,8 +104,8 @@ def _norms(w):
 
 
 BUGS = [(f, "expert order swapped", _swap_experts, None) for f in MOE_FAMILIES] + \
-       [(f, "wrong RoPE base", None, _rope_base) for f in Family] + \
-       [(f, "wrong norm placement", _norms, None) for f in Family]
+       [(f, "wrong RoPE base", None, _rope_base) for f in FAMILIES] + \
+       [(f, "wrong norm placement", _norms, None) for f in FAMILIES]
 
 
 @pytest.mark.parametrize("family,bug,weights,config", BUGS, ids=[f"{b[0].value}-{b[1]}" for b in BUGS])
