@@ -93,10 +93,14 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
     if refusal:
         yield Check("config", "qlora", Status.failed, refusal, "model.lora.qlora")
     if m.lora.enabled:
-        s = discover_targets(model).summary()
-        yield Check("config", "lora targets", Status.passed,
-                    f"{s['target_modules']} modules {s['targets']}; not adapted: "
-                    f"{s['skipped_fused_expert_params'] + s['not_adapted_linears']}", "model.lora")
+        try:
+            s = discover_targets(model, m.lora.target_modules).summary()
+            yield Check("config", "lora targets", Status.passed,
+                        f"{s['target_modules']} modules {s['targets']}; not adapted: "
+                        f"{s['skipped_fused_expert_params'] + s['not_adapted_linears']}", "model.lora")
+        except ConfigError as e:
+            yield failed("config", "lora targets", e)
+            return  # the memory estimate counts the adapters of these targets
 
     est = estimate_memory(plan_sizes(cfg, device)[0], device, shards=shards)  # the sizes the trainer will take
     if est.fits is False and not m.allow_over_memory:
