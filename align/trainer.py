@@ -310,7 +310,7 @@ class Trainer:
         self.stepper.sync()
         self.check_parameters("nothing was exported" if cfg.export else "the run cannot end as done")
         if cfg.export:
-            export_model(self.model, self.tokenizer, self.run_dir / "export", self.env)
+            export_model(self.model, self.tokenizer, self.run_dir / "export", self.env, self.cfg.model.lora.export)
         return self.finish(EXIT_OK)
 
     def evaluate(self) -> dict[str, Any]:

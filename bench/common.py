@@ -128,7 +128,7 @@ def lora_model(model, typed):
     from align.models.lora import discover_targets, lora_kwargs
     from align.run.signatures import check_kwargs
 
-    kw = lora_kwargs(typed.model.lora, discover_targets(model))
+    kw = lora_kwargs(typed.model.lora, discover_targets(model, typed.model.lora.target_modules))
     check_kwargs(LoraConfig.__init__, kw, "bench LoraConfig")
     return get_peft_model(model, LoraConfig(**kw))
 

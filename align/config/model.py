@@ -31,6 +31,15 @@ class Preset(StrEnum):
     full = "full"
 
 
+class LoraExport(StrEnum):
+    merged = "merged"
+    """Only the merged model in `export/` (LoRA folded into the base weights)."""
+    adapter = "adapter"
+    """Only the PEFT adapter in `export/adapter/` (no merged weights are written)."""
+    both = "both"
+    """The merged model in `export/` and the PEFT adapter in `export/adapter/`."""
+
+
 class ExpertsImpl(StrEnum):
     eager = "eager"
     batched_mm = "batched_mm"
@@ -73,6 +82,16 @@ class LoraConfig:
     """Quantize the frozen base to 4-bit NF4 with bitsandbytes while loading (QLoRA). Dense families
     only (fused 3-D expert weights are not nn.Linear, so bitsandbytes would leave them full size);
     needs `model.pretrained` (quantizing random weights measures nothing)."""
+    target_modules: Optional[list[str]] = None
+    """Which linears get adapters, by name as peft matches them (a module's name, or the end of it
+    after a dot: `q_proj`, `self_attn.o_proj`), chosen among the attention and dense-MLP
+    `nn.Linear`s; a name that matches none of them is refused naming those the model has. null:
+    all of them (`align.models.lora.discover_targets`). Routers, the LM head and fused experts are
+    never offered."""
+    export: LoraExport = LoraExport.both
+    """What `trainer.export` writes for a LoRA run: `merged` (the HF model in `export/`), `adapter`
+    (peft's adapter_config.json + adapter_model.safetensors in `export/adapter/`, for
+    `PeftModel.from_pretrained(base, export/adapter)` on the model the run started from) or `both`."""
 
     def __post_init__(self) -> None:
         _require(self.r >= 1, "model.lora.r", "must be >= 1", self.r)
@@ -80,6 +99,10 @@ class LoraConfig:
         _require(0 <= self.dropout < 1, "model.lora.dropout", "must be in [0, 1)", self.dropout)
         _require(self.gate_steps >= 0, "model.lora.gate_steps", "must be >= 0 (0 disables the gate)", self.gate_steps)
         _require(self.enabled or not self.qlora, "model.lora.qlora", "needs model.lora.enabled=true", self.qlora)
+        if self.target_modules is not None:
+            _require(bool(self.target_modules) and all(isinstance(t, str) and t.strip() for t in self.target_modules),
+                     "model.lora.target_modules", "must be a non-empty list of module names (or null: all "
+                     "attention and dense-MLP linears)", self.target_modules)
 
     def ignored(self, key: str) -> dict[str, str]:
         """Fields this choice does not read, with why (see `check_ignored`)."""

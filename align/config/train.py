@@ -213,7 +213,8 @@ class TrainerConfig:
     log_every: int = 10
     """Console log line every N optimizer steps when stderr is not a TTY (history gets every step)."""
     export: bool = True
-    """Write the trained model in HF layout (safetensors, config, tokenizer) to `export/` at the end."""
+    """Write the trained model in HF layout (safetensors, config, tokenizer) to `export/` at the end;
+    a LoRA run writes what `model.lora.export` names (merged, the peft adapter in `export/adapter/`, both)."""
     save_every: int = 0
     """Write a checkpoint (torch.distributed.checkpoint) every N optimizer steps; 0: only at a
     coordinated stop. A checkpoint counts only when complete (see docs/distributed.md)."""

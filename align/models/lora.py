@@ -4,6 +4,8 @@ Targets are every `nn.Linear` whose parent is an attention module or a dense MLP
 ending in Attention / MLP in transformers' modeling files). Routers, per-layer-input projections and
 the LM head are linears too but are left alone, and fused 3-D expert weights are not `nn.Linear` at
 all: both are listed in the manifest as not adapted, so nobody believes the experts were tuned.
+`model.lora.target_modules` narrows them to the names given (matched as peft matches a list: the
+module's name or its end after a dot); a name matching no candidate is refused naming the candidates.
 Every peft / bitsandbytes kwarg is built as a dict and checked by name against the installed
 signature first (`check_names`).
 """
@@ -13,11 +15,11 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from align.config import LoraConfig, ModelConfig
+from align.config import LoraConfig, LoraExport, ModelConfig
 from align.errors import AlignError, ConfigError
 
 _LAYER_NUM = re.compile(r"\.(\d+)\.")
@@ -70,17 +72,34 @@ def _role(parent: torch.nn.Module) -> str | None:
     return None
 
 
-def discover_targets(model: torch.nn.Module) -> LoraTargets:
+def _matches(module: str, name: str) -> bool:
+    return module == name or module.endswith("." + name)
+
+
+def discover_targets(model: torch.nn.Module, names: Optional[list[str]] = None) -> LoraTargets:
+    """The attention and dense-MLP linears of `model`; with `names` (model.lora.target_modules) only
+    those matching one of them, and a name matching none is refused with the candidates' names."""
     modules = dict(model.named_modules())
     t = LoraTargets()
+    candidates: list[str] = []
     for name, mod in modules.items():
         if isinstance(mod, torch.nn.Linear):
             parent = modules.get(name.rpartition(".")[0]) if "." in name else model
             if parent is not None and _role(parent):
-                t.modules.append(name)
-                t.in_out.append((mod.in_features, mod.out_features))
+                candidates.append(name)
             else:
                 t.not_adapted_linears.append(_pattern(name))
+    unknown = [n for n in names or [] if not any(_matches(c, n) for c in candidates)]
+    if unknown:
+        accepted = ", ".join(sorted({c.rpartition(".")[2] for c in candidates}))
+        raise ConfigError("model.lora.target_modules", f"no attention or dense-MLP nn.Linear of {type(model).__name__} "
+                          f"is named {unknown}; accepted: {accepted}")
+    for name in candidates:
+        if names is None or any(_matches(name, n) for n in names):
+            t.modules.append(name)
+            t.in_out.append((modules[name].in_features, modules[name].out_features))
+        else:
+            t.not_adapted_linears.append(_pattern(name))
     for name, p in model.named_parameters():
         if p.dim() == 3:
             t.skipped_fused.append(_pattern(name))
@@ -117,11 +136,36 @@ def qlora_refusal(cfg: ModelConfig, is_moe_fused: bool) -> str | None:
     return None
 
 
+ADAPTER_DIR = "adapter"
+"""Where the PEFT adapter goes inside the export directory (`export/adapter/`)."""
+
+
+def adapter_base(cfg: ModelConfig) -> str:
+    """The model an exported adapter applies to (`PeftModel.from_pretrained(base, export/adapter)`)."""
+    if cfg.pretrained and cfg.lora.qlora:
+        return (f"{cfg.pretrained} (model.pretrained); the trained function is that base quantized as in training "
+                "(align.models.lora.bnb_config); at full precision it is what export/ merges into")
+    if cfg.pretrained:
+        return f"{cfg.pretrained} (model.pretrained)"
+    return (f"random init of preset {cfg.preset.value} (no checkpoint): the weights the run started from, rebuilt "
+            "by align.models.adapter.base_model from the run's config and trainer.seed")
+
+
+def export_record(cfg: ModelConfig) -> dict[str, Any]:
+    """The LoRA entry's `export`: what `trainer.export` writes for this run and where (every key present;
+    null where `model.lora.export` writes no such thing)."""
+    adapter = cfg.lora.export != LoraExport.merged
+    return {"choice": cfg.lora.export.value,
+            "merged_dir": "export" if cfg.lora.export != LoraExport.adapter else None,
+            "adapter_dir": f"export/{ADAPTER_DIR}" if adapter else None,
+            "adapter_base": adapter_base(cfg) if adapter else None}
+
+
 def apply_lora(model: torch.nn.Module, cfg: ModelConfig) -> tuple[torch.nn.Module, dict[str, Any]]:
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model, prepare_model_for_kbit_training
 
-    targets = discover_targets(model)
+    targets = discover_targets(model, cfg.lora.target_modules)
     if not targets.modules:
         raise ConfigError("model.lora.enabled", f"found no attention or dense-MLP nn.Linear in {type(model).__name__}")
     if cfg.lora.qlora:
@@ -132,7 +176,8 @@ def apply_lora(model: torch.nn.Module, cfg: ModelConfig) -> tuple[torch.nn.Modul
     check_names(PeftLoraConfig, kw, "model.lora")
     model = get_peft_model(model, PeftLoraConfig(**kw))
     info = {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout, "qlora": cfg.lora.qlora,
-            "gate_steps": cfg.lora.gate_steps, **targets.summary()}
+            "gate_steps": cfg.lora.gate_steps, "target_modules_requested": cfg.lora.target_modules,
+            **targets.summary(), "export": export_record(cfg)}
     return model, info
 
 
@@ -148,13 +193,16 @@ class LoraGate:
     """After `gate_steps` optimizer steps every lora_B must have moved from its zero init."""
 
     def __init__(self, model: torch.nn.Module, gate_steps: int) -> None:
-        self.params = lora_b_params(model)
+        self.model = model
         self.gate_steps = gate_steps
         self.passed: bool | None = None
 
     def check(self, step: int) -> None:
         if self.gate_steps <= 0 or step != self.gate_steps:
             return
+        # Read now, not at build: fully_shard (align/parallel/fsdp.py) registers new sharded
+        # parameters, and the ones the build saw stay zero whatever the optimizer does.
+        self.params = lora_b_params(self.model)
         moved = torch.stack([_local(p).ne(0).any().float() for _, p in self.params]) if self.params else torch.ones(0)
         if torch.distributed.is_available() and torch.distributed.is_initialized() and moved.numel():
             torch.distributed.all_reduce(moved, op=torch.distributed.ReduceOp.MAX)  # a shard may be all zero

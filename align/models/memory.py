@@ -408,7 +408,7 @@ def _states(cfg: TrainConfig, model: torch.nn.Module, moe: Optional[MoEShape], w
 
     lora = cfg.model.lora
     if lora.enabled:
-        trainable = discover_targets(model).lora_params(lora.r)
+        trainable = discover_targets(model, lora.target_modules).lora_params(lora.r)
         counts = count_params(model, moe, trainable=trainable)
         if lora.qlora:
             linear = sum(m.weight.numel() for n, m in model.named_modules()

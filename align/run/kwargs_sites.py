@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from align.config import Device, LoggerKind, ParallelKind, TrainConfig
+from align.config import Device, LoggerKind, LoraExport, ParallelKind, TrainConfig
 from align.errors import AlignError
 from align.run.checklist import Check, Context, Status
 from align.run.signatures import KwargsSite, unknown_kwargs
@@ -185,7 +185,8 @@ def lora_site(cfg: TrainConfig) -> Optional[KwargsSite]:
     from align.models.memory import meta_model
 
     model, _ = meta_model(cfg.model)
-    return KwargsSite("peft:LoraConfig", lora_kwargs(cfg.model.lora, discover_targets(model)), "model.lora")
+    targets = discover_targets(model, cfg.model.lora.target_modules)  # a name the model lacks: refused here
+    return KwargsSite("peft:LoraConfig", lora_kwargs(cfg.model.lora, targets), "model.lora")
 
 
 def qlora_site(cfg: TrainConfig) -> Optional[KwargsSite]:
@@ -195,6 +196,17 @@ def qlora_site(cfg: TrainConfig) -> Optional[KwargsSite]:
     from align.models.lora import bnb_kwargs
 
     return KwargsSite("transformers:BitsAndBytesConfig", bnb_kwargs(), "model.lora.qlora")
+
+
+def adapter_save_site(cfg: TrainConfig) -> Optional[KwargsSite]:
+    """peft's PeftModel.save_pretrained for the adapter export (align.models.adapter)."""
+    lora = cfg.model.lora
+    if not (lora.enabled and cfg.trainer.export and lora.export != LoraExport.merged):
+        return None
+    from align.models.adapter import SAVE_KWARGS
+
+    sharded = {} if cfg.parallel.kind == ParallelKind.single else {"state_dict": None}  # the gathered tensors
+    return KwargsSite("peft:PeftModel.save_pretrained", {**SAVE_KWARGS, **sharded}, "model.lora.export")
 
 
 # Every kwargs call site, in the order checked: name -> function of the TrainConfig returning a
@@ -214,6 +226,7 @@ KWARGS_SITES: dict[str, Callable[[TrainConfig], Optional[KwargsSite]]] = {
     "torch.compile of the blocks": compile_blocks,
     "peft LoraConfig": lora_site,
     "bitsandbytes 4-bit config": qlora_site,
+    "peft adapter export": adapter_save_site,
 }
 
 
@@ -221,8 +234,9 @@ def check_kwargs_sites(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     for name, build in KWARGS_SITES.items():
         try:
             site = build(cfg)
-        except AlignError as e:
-            yield Check("kwargs", name, Status.failed, str(e), getattr(e, "key", None))
+        except AlignError as e:  # the Check's error puts the key back in front
+            key = getattr(e, "key", None)
+            yield Check("kwargs", name, Status.failed, str(e).removeprefix(f"{key}: ") if key else str(e), key)
             continue
         except Exception as e:
             yield Check("kwargs", name, Status.failed, f"building the kwargs failed: {type(e).__name__}: {e}")

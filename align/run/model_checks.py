@@ -96,10 +96,14 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
     if refusal:
         yield Check("config", "qlora", Status.failed, refusal, "model.lora.qlora")
     if m.lora.enabled:
-        s = discover_targets(model).summary()
-        yield Check("config", "lora targets", Status.passed,
-                    f"{s['target_modules']} modules {s['targets']}; not adapted: "
-                    f"{s['skipped_fused_expert_params'] + s['not_adapted_linears']}", "model.lora")
+        try:
+            s = discover_targets(model, m.lora.target_modules).summary()
+            yield Check("config", "lora targets", Status.passed,
+                        f"{s['target_modules']} modules {s['targets']}; not adapted: "
+                        f"{s['skipped_fused_expert_params'] + s['not_adapted_linears']}", "model.lora")
+        except ConfigError as e:
+            yield failed("config", "lora targets", e)
+            return  # the memory estimate counts the adapters of these targets
 
     try:  # the sizes the trainer will take; under grpo the rollouts at the width of the real prompts
         est, planned, prompt_tokens = planned_estimate(cfg, device, shards)

@@ -3,9 +3,10 @@
 `serving` entry. Statements, not checks: nothing here refuses a run (the memory refusal is
 `align.run.model_checks`' "params and memory" check).
 
-The export (`align.models.export`) always holds full weights: a LoRA run's adapters are merged into
-the base, so every export serves as is. The question is whether the ADAPTER could be hot-swapped
-instead, which depends on the serving stack's class for the architecture. Where vLLM is importable,
+The export (`align.models.export`) holds full weights unless `model.lora.export=adapter`: a LoRA
+run's adapters are merged into the base, so such an export serves as is, and with adapter or both
+peft's adapter files are in `export/adapter/`. The question is whether the ADAPTER could be
+hot-swapped instead, which depends on the serving stack's class for the architecture. Where vLLM is importable,
 its registry gives that class and its MRO is read for the two attributes vLLM's LoRA loader relies
 on: `supports_lora` (True on `vllm.model_executor.models.interfaces.SupportsLoRA`) and, for an MoE
 model, `get_expert_mapping` (`vllm.lora.utils.process_packed_modules_mapping` raises "To support LoRA
@@ -19,7 +20,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from align.config import TrainConfig
+from align.config import LoraExport, TrainConfig
 from align.models.family import family_spec
 
 if TYPE_CHECKING:
@@ -27,7 +28,11 @@ if TYPE_CHECKING:
 
 VLLM_NOT_INSTALLED = "not checked: vllm not installed"
 STRUCTURAL = "structural: from align's family table, not the serving stack"
-EXPORT_LORA = "merged weights (align.models.export merges LoRA into the base; no separate adapter is written)"
+MERGED = "merged weights (align.models.export merges LoRA into the base)"
+EXPORT_LORA = {LoraExport.merged: f"{MERGED}; no separate adapter is written",
+               LoraExport.adapter: "the PEFT adapter alone, in export/adapter/ (no merged weights)",
+               LoraExport.both: f"{MERGED}, and the PEFT adapter in export/adapter/"}
+"""The manifest's `serving.export` per model.lora.export."""
 GiB = 1024**3
 
 Lookup = Callable[[str], Optional[type]]
@@ -104,7 +109,7 @@ def serving_path(cfg: TrainConfig, device: Optional["torch.device"] = None) -> d
     """The manifest's `serving` entry: every key always present, each null beside its `why`."""
     lora, moe, arch = cfg.model.lora.enabled, family_spec(cfg.model).is_moe, architecture(cfg)
     entry: dict[str, Any] = {"architecture": arch, "lora": lora, "moe": moe,
-                             "export": EXPORT_LORA if lora else "full weights",
+                             "export": EXPORT_LORA[cfg.model.lora.export] if lora else "full weights",
                              "checked": False, "why": VLLM_NOT_INSTALLED, "basis": STRUCTURAL, "vllm": None}
     verdict, reason = structural(lora, moe)
     lookup = vllm_lookup()

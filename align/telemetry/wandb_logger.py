@@ -92,6 +92,11 @@ def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path, name: str, group: Option
     }
 
 
+def has_export(export_dir: Path) -> bool:
+    """A completed export: the merged model's config.json, or the adapter alone (model.lora.export=adapter)."""
+    return (export_dir / "config.json").is_file() or (export_dir / "adapter" / "adapter_config.json").is_file()
+
+
 def artifact_kwargs(run_id: str, step: int, export_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Kwargs of `wandb.Artifact` and of `Run.log_artifact` for the exported model."""
     return ({"name": f"run-{run_id}-model", "type": "model",
@@ -149,7 +154,7 @@ class WandbLogger(Logger):
     def log_model(self) -> None:
         import wandb
 
-        if not (self.export_dir / "config.json").is_file():
+        if not has_export(self.export_dir):
             log.warning("logger.log_model: no export in %s, no model artifact logged", self.export_dir)
             return
         art_kw, log_kw = artifact_kwargs(self.run.id, self.step, self.export_dir)

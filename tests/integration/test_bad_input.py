@@ -229,3 +229,16 @@ def test_records_that_mix_formats_are_one_line_before_the_run_dir(tmp_path):
                    "accepted: one format per source (one file per format, as a mixture), or data.format=<one of them>, "
                    "under which records of the others are bad records"], err
     assert "TRANSFORMERS_IMPORTED=False" in p.stdout and not (tmp_path / "run").exists()
+
+
+def test_a_lora_target_module_the_model_lacks_is_one_line_naming_those_it_has_before_the_run_dir(tmp_path):
+    """Held against the meta model in preflight (align/run/kwargs_sites.py builds peft's kwargs from it),
+    so no weight is built and no run dir is made."""
+    p = _run(tmp_path, "model.lora.enabled=true", "model.lora.target_modules=[q_proj,qkv_proj]", "allow_dirty=true")
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    err = [ln for ln in p.stderr.splitlines() if ln.startswith("align: error: ")]  # torch's import warnings aside
+    assert "Traceback" not in p.stderr
+    assert err == ["align: error: model.lora.target_modules: no attention or dense-MLP nn.Linear of "
+                   "MistralForCausalLM is named ['qkv_proj']; accepted: down_proj, gate_proj, k_proj, o_proj, q_proj, "
+                   "up_proj, v_proj"], err
+    assert not (tmp_path / "run").exists(), "a refused run must not leave a run dir behind"

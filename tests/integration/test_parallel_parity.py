@@ -3,7 +3,9 @@
 Single process: micro-batches of 2 rows, 2 per window. Two ranks: 1 micro-batch each per window; rank r
 takes every other global micro-batch, so together they see exactly the single process's window, and
 the loss is averaged per loss token over the whole window ACROSS ranks. Losses of 5 optimizer steps
-must agree to 1e-5 in fp32. One spawn of 2 processes runs both parallel kinds (imports paid once).
+must agree to 1e-5 in fp32. One spawn of 2 processes runs both parallel kinds (imports paid once),
+and a LoRA run under fsdp: its adapters train past the inert-adapter gate, and its export (gathered
+from the shards) holds a peft adapter that, on the run's starting weights, equals the merged model.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ STEPS = 5
 JOBS = {
     "fsdp": ["model=mistral", "parallel=fsdp"],
     "ep": ["model=olmoe", "parallel=ep"],
+    "fsdp_lora": ["model=mistral", "parallel=fsdp", "model.lora.enabled=true", "model.lora.gate_steps=2",
+                  "trainer.export=true"],
 }
 
 
@@ -58,3 +62,24 @@ def test_sharding_was_applied_as_recorded(runs):
     assert set(ep["ep_plan"].values()) == {"grouped_gemm", "ep_dispatch_experts"}
     # the single-process reference ran plain AdamW and says so (adamw8bit under FSDP: test_resume_exact)
     assert result(runs / "single_fsdp", 0)["model_info"]["optimizer_impl"] == "torch.optim.adamw.AdamW"
+
+
+def test_lora_under_fsdp_trains_and_exports_an_adapter_equal_to_its_merged_model(runs):
+    import torch
+    from peft import PeftModel
+
+    from align.config import Family, to_typed
+    from align.data.tokenizer import load_tokenizer
+    from align.models.adapter import base_model
+    from align.models.roundtrip import compare, load_export, outputs
+    from align.run.cli import compose
+
+    d = runs / "fsdp_lora"  # exit 0 (fixture): the gate at step 2 saw the adapters the optimizer moved
+    cfg = to_typed(compose(_overrides(JOBS["fsdp_lora"], 1)))
+    ids = torch.randint(3, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
+    base = base_model(cfg, load_tokenizer(cfg.model))
+    before = outputs(base, Family.mistral, ids)
+    adapted = outputs(PeftModel.from_pretrained(base, d / "export" / "adapter"), Family.mistral, ids)
+    rep = compare(outputs(load_export(d / "export", Family.mistral), Family.mistral, ids), adapted)
+    assert rep.passed, rep.line()
+    assert (adapted.logits - before.logits).abs().max() > 1e-3

@@ -1,5 +1,6 @@
 """The model runtime inside the real training loop: telemetry rows every step, the applied router
-loss recorded, the LoRA gate armed, a merged export that transformers loads."""
+loss recorded, the LoRA gate armed, a merged export that transformers loads and an adapter that
+peft loads onto the run's random-init base with the merged export's logits."""
 
 from __future__ import annotations
 
@@ -41,3 +42,18 @@ def test_moe_lora_run_logs_router_telemetry_every_step_and_exports_merged(compos
     m = AutoModelForCausalLM.from_pretrained(tmp_path / "export", local_files_only=True)
     assert type(m).__name__ == "OlmoeForCausalLM" and not any("lora" in n for n, _ in m.named_parameters())
     assert isinstance(m(input_ids=torch.tensor([[5, 6, 7]])).logits, torch.Tensor)
+
+    from peft import PeftModel
+
+    from align.config import Family
+    from align.models.adapter import base_model
+    from align.models.roundtrip import compare, outputs
+
+    assert info["lora"]["export"]["adapter_base"].startswith("random init of preset tiny")
+    ids = torch.randint(3, 1000, (2, 16), generator=torch.Generator().manual_seed(1))
+    base = base_model(cfg, tr.tokenizer)  # what the adapter applies to: the run's starting weights
+    before = outputs(base, Family.olmoe, ids)
+    adapted = outputs(PeftModel.from_pretrained(base, tmp_path / "export" / "adapter"), Family.olmoe, ids)
+    rep = compare(outputs(m, Family.olmoe, ids), adapted)
+    assert rep.passed, rep.line()
+    assert (adapted.logits - before.logits).abs().max() > 1e-4  # three steps moved the function

@@ -93,6 +93,15 @@ def test_without_vllm_the_structural_verdict_is_stated_as_unchecked(no_vllm, ove
     assert e["vllm"] is None
 
 
+def test_the_entry_says_what_the_export_holds_per_lora_export_choice(no_vllm):
+    assert serving_path(typed("model=mistral"))["export"] == "full weights"
+    says = {c: serving_path(typed("model=mistral", "model.lora.enabled=true", f"model.lora.export={c}"))["export"]
+            for c in ("merged", "adapter", "both")}
+    assert says["merged"].startswith("merged weights") and "no separate adapter" in says["merged"]
+    assert says["adapter"].startswith("the PEFT adapter alone, in export/adapter/")
+    assert says["both"].startswith("merged weights") and says["both"].endswith("the PEFT adapter in export/adapter/")
+
+
 @pytest.mark.parametrize("overrides,cls,verdict,says", [
     (("model=mistral", "model.lora.enabled=true"), DenseLoRA, Verdict.hot_swap, "supports_lora from SupportsLoRA"),
     (("model=mistral", "model.lora.enabled=true"), DenseNoLoRA, Verdict.merged, "does not set supports_lora"),

@@ -11,6 +11,7 @@ from align.run.redaction import REDACTED
 from align.telemetry.wandb_logger import (
     RUN_ID_FILE,
     artifact_kwargs,
+    has_export,
     summary_scalars,
     sweep_job_name,
     wandb_init_kwargs,
@@ -66,3 +67,13 @@ def test_log_model_without_an_export_is_refused_at_config_time(compose):
     for bad in (["trainer.export=false"], ["logger=none"]):
         with pytest.raises(ConfigError, match="logger.log_model: needs logger=wandb and trainer.export=true"):
             to_typed(compose(["logger.log_model=true", *bad]))
+
+
+def test_an_adapter_only_export_is_an_export_to_log(tmp_path):
+    assert not has_export(tmp_path)
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")  # model.lora.export=adapter
+    assert has_export(tmp_path)
+    (tmp_path / "adapter" / "adapter_config.json").unlink()
+    (tmp_path / "config.json").write_text("{}")
+    assert has_export(tmp_path)
