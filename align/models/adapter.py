@@ -47,10 +47,10 @@ def base_model(cfg: TrainConfig, tokenizer) -> torch.nn.Module:
     generator is left as it was). `model.init_on_device` drew them from the CUDA generator: rebuild
     such a base on that device type."""
     from align.models.build import build_model
-    from align.models.registry import FAMILIES
+    from align.models.family import family_spec
 
     if cfg.model.pretrained:
-        _, model_cls = FAMILIES[cfg.model.family].classes()
+        _, model_cls = family_spec(cfg.model).classes()  # under model=hf: the class its checkpoint picks
         return model_cls.from_pretrained(Path(cfg.model.pretrained), dtype=torch.float32, local_files_only=True)
     plain = dataclasses.replace(cfg.model, lora=LoraConfig())
     with torch.random.fork_rng(devices=[]):
