@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 from align.config import TrainConfig
 from align.errors import EXIT_CONFIG, EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
 from align.parallel.compile import frames_over
-from align.run.manifest import MANIFEST, Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
+from align.parallel.launch import ATTEMPT, adopt_rank_log, adopt_staged_log
+from align.run.manifest import Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
 from align.run.redaction import REDACTED, recorded_env, redact, redact_argv
+from align.run.run_dir import holds_run
 
 if TYPE_CHECKING:
     from align.trainer import Trainer
@@ -44,20 +46,22 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def holds_run(run_dir: Path) -> bool:
-    return (Path(run_dir) / MANIFEST).is_file() or (Path(run_dir) / ".hydra").is_dir()
-
-
-def staging_overrides(argv: Sequence[str]) -> list[str]:
-    """Hydra writes `.hydra/` before any align code runs: when the run dir named by `hydra.run.dir=`
-    already holds a run, have it write to `.hydra.pending/` instead (rank 0 of a single run, unless
-    the command sets `hydra.output_subdir` itself)."""
-    if _rank() != 0 or any(a in ("-m", "--multirun") for a in argv):
+def staging_overrides(argv: Sequence[str], run_dir: Optional[Path]) -> list[str]:
+    """Hydra writes `.hydra/` and opens its log before any align code runs: when the run dir (as
+    align.run.run_dir planned it) already holds a run, have it write both to `.hydra.pending/` instead
+    (rank 0 of a single run, unless the command sets `hydra.output_subdir` itself; the log unless the
+    command picks its own job logging). The caller creates `.hydra.pending/`: the log opens before
+    Hydra writes the config there."""
+    if _rank() != 0 or any(a in ("-m", "--multirun") for a in argv) or run_dir is None:
         return []
-    if any(a.lstrip("+").startswith("hydra.output_subdir=") for a in argv):
+    keys = [a.lstrip("+~") for a in argv]
+    if any(k.startswith("hydra.output_subdir=") for k in keys) or not holds_run(run_dir):
         return []
-    dirs = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]
-    return [f"hydra.output_subdir={STAGED_HYDRA}"] if dirs and holds_run(Path(dirs[-1])) else []
+    out = [f"hydra.output_subdir={STAGED_HYDRA}"]
+    if not any(k.startswith(("hydra/job_logging", "hydra.job_logging")) for k in keys):
+        out.append(f"hydra.job_logging.handlers.file.filename=${{hydra.runtime.output_dir}}/{STAGED_HYDRA}/"
+                   "${hydra.job.name}.log")
+    return out
 
 
 class RunRecord:
@@ -167,10 +171,15 @@ class RunRecord:
         m.null("data.encode_meta", "pending: read from the encoded dataset after build")
 
     def accept(self) -> None:
-        """This attempt now owns the run dir: its `.hydra/` and manifest replace the earlier attempt's."""
+        """This attempt now owns the run dir: its `.hydra/` and manifest replace the earlier attempt's,
+        its log is appended to the run's (rank r > 0: its held records to rank<r>/train.log) and its exit
+        will be recorded there."""
+        ATTEMPT.accepted = True
+        adopt_rank_log()
         staging, self.staging = self.staging, None
         if staging is None or not self.manifest.enabled:
             return
+        adopt_staged_log(staging, self.run_dir)
         self.manifest.unstage()
         hydra = self.run_dir / ".hydra"
         shutil.rmtree(hydra, ignore_errors=True)

@@ -142,3 +142,12 @@ def test_a_checkpoint_that_fails_only_at_load_is_one_error_and_leaves_no_cache_e
     with pytest.raises(ConfigError, match=rf"^model.pretrained: cannot load the weights from {ckpt}: RuntimeError"):
         build_trainer(tmp_path, f"model.pretrained={ckpt}", f"data.cache_dir={cache}", "trainer.max_steps=1")
     assert not cache.exists() or not any(cache.iterdir()), list(cache.iterdir())
+
+
+def test_a_run_dir_that_cannot_be_created_is_one_line_exit_2_not_hydras_traceback(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    p = subprocess.run([sys.executable, "-c", PROBE, f"hydra.run.dir={tmp_path / 'a_file' / 'run'}", "logger=none",
+                        "allow_dirty=true"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    line = _one_line_exit_2(tmp_path, p)
+    assert line == (f"align: error: hydra.run.dir: cannot create {tmp_path / 'a_file' / 'run'}: {tmp_path / 'a_file'} "
+                    "is a file, not a directory; choose a dir this process can create"), line
