@@ -30,7 +30,7 @@ def run(cfg: DictConfig, stop: StopSignals) -> int:
     run_dir, staged = Path(hc.runtime.output_dir), hc.output_subdir == STAGED_HYDRA
     group = Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
     record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, sys.argv[1:], list(hc.overrides.task),
-                       staged=staged)
+                       staged=staged, sweep_dir=Path(hc.sweep.dir) if group else None)
     with record:  # provenance.json: every key from start(), completed on the way out whatever the exit code
         with stop.at_once():  # before step 1 there is nothing to save: a stop signal ends the run here (143)
             record.start(checks)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from align.run.redaction import RedactingFilter
+
 if TYPE_CHECKING:  # align.train imports this module first thing; a refusal must not pay for torch
     from align.parallel.env import DistEnv
 
@@ -62,6 +64,7 @@ def log_rank_to_file(env: DistEnv, run_dir: Path) -> None:
     env.rank_dir(run_dir)
     handler = logging.FileHandler(path)
     handler.setFormatter(fmt)
+    handler.addFilter(RedactingFilter())  # the rule of every written value (align.run.redaction)
     root.addHandler(handler)
 
 
@@ -87,6 +90,7 @@ def adopt_rank_log() -> None:
         pending.path.parent.mkdir(parents=True, exist_ok=True)
         handler = logging.FileHandler(pending.path)
         handler.setFormatter(pending.formatter)
+        handler.addFilter(RedactingFilter())
         for record in pending.buffer:
             handler.handle(record)
         root.removeHandler(pending)

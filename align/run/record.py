@@ -18,6 +18,7 @@ deletes `.hydra.pending/`; any other early exit completes the attempt's manifest
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shutil
@@ -30,7 +31,7 @@ from align.errors import EXIT_CONFIG, EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, Alig
 from align.parallel.compile import frames_over
 from align.parallel.launch import ATTEMPT, adopt_rank_log, adopt_staged_log
 from align.run.manifest import Manifest, dynamo_counters, flat, git_state, sha256_file, tokenizer_hashes
-from align.run.redaction import REDACTED, recorded_env, redact, redact_argv
+from align.run.redaction import REDACTED, recorded_env, redact, redact_argv, redact_logs
 from align.run.run_dir import holds_run
 
 if TYPE_CHECKING:
@@ -73,8 +74,10 @@ class RunRecord:
         argv: list[str],
         overrides: list[str],
         staged: bool = False,
+        sweep_dir: Optional[Path] = None,
     ) -> None:
-        """`staged`: Hydra wrote this attempt's config to `.hydra.pending/` (staging_overrides)."""
+        """`staged`: Hydra wrote this attempt's config to `.hydra.pending/` (staging_overrides);
+        `sweep_dir`: the sweep this job belongs to (its multirun.yaml is redacted too)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.staging: Optional[Path] = self.run_dir / STAGED_HYDRA if staged else None
@@ -91,6 +94,9 @@ class RunRecord:
         self._reason = "completed"
         if self.manifest.enabled:
             scrub_hydra_dir(self.staging or self.run_dir / ".hydra")
+            if sweep_dir is not None:
+                scrub_sweep_record(sweep_dir)
+        redact_logs()  # train.log and the console (W&B's output.log): the rule of every written value
         # W&B records sys.argv as the run's `args`; Hydra has parsed it by now, so drop secret values.
         sys.argv[1:] = redact_argv(sys.argv[1:])
 
@@ -385,23 +391,36 @@ def scrub_hydra_dir(hydra_dir: Path) -> None:
         if not path.is_file():
             continue
         node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        found: list[str] = []
         if name == "config.yaml":
-            write_replay_config(path, redact(node, found=found))
+            write_replay_config(path, redact(node))
             continue
-        if name == "overrides.yaml":
-            clean: Any = redact_argv(node)
-            found = ["x"] if clean != node else []
-        else:
-            clean = node
-            task = node.get("hydra", {}).get("overrides", {}).get("task", [])
-            if task and redact_argv(task) != task:
-                node["hydra"]["overrides"]["task"] = redact_argv(task)
-                job = node["hydra"].get("job", {})
-                if job.get("override_dirname"):
-                    job["override_dirname"] = ",".join(redact_argv(job["override_dirname"].split(",")))
-                found = ["x"]
-        if found:
+        clean = redact_argv(node) if name == "overrides.yaml" else redact_hydra_record(copy.deepcopy(node))
+        if clean != node:
+            OmegaConf.save(OmegaConf.create(clean), path)
+
+
+def redact_hydra_record(node: dict[str, Any]) -> dict[str, Any]:
+    """hydra.yaml or a sweep's multirun.yaml under the rule of every written value: the override lists
+    key by key (`name=<redacted>` keeps its key), then every value (align.run.redaction)."""
+    hydra = node.get("hydra") or {}
+    for kind, overrides in (hydra.get("overrides") or {}).items():
+        if isinstance(overrides, list):
+            hydra["overrides"][kind] = redact_argv(overrides)
+    job = hydra.get("job") or {}
+    if job.get("override_dirname"):
+        job["override_dirname"] = ",".join(redact_argv(job["override_dirname"].split(",")))
+    return redact(node)
+
+
+def scrub_sweep_record(sweep_dir: Path) -> None:
+    """Hydra writes the sweep's whole command to multirun.yaml before any job runs: redact it as hydra.yaml."""
+    from omegaconf import OmegaConf
+
+    path = Path(sweep_dir) / "multirun.yaml"
+    if path.is_file():
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        clean = redact_hydra_record(copy.deepcopy(node))
+        if clean != node:
             OmegaConf.save(OmegaConf.create(clean), path)
 
 

@@ -66,3 +66,19 @@ def test_log_model_without_an_export_is_refused_at_config_time(compose):
     for bad in (["trainer.export=false"], ["logger=none"]):
         with pytest.raises(ConfigError, match="logger.log_model: needs logger=wandb and trainer.export=true"):
             to_typed(compose(["logger.log_model=true", *bad]))
+
+
+def test_a_redacted_sweep_record_still_names_the_job_by_its_swept_values(tmp_path):
+    from omegaconf import OmegaConf
+
+    from align.run.record import scrub_sweep_record
+
+    token = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cD1eF3g"
+    (tmp_path / "multirun.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({
+        "name": token, "hydra": {"overrides": {"task": [f"name={token}", "optimizer.lr=1e-4,3e-4"]},
+                                 "job": {"override_dirname": f"name={token},optimizer.lr=1e-4"}}})))
+    scrub_sweep_record(tmp_path)  # Hydra wrote it before any job ran
+    text = (tmp_path / "multirun.yaml").read_text()
+    assert token not in text and "name=<redacted>" in text
+    sweep = list(OmegaConf.load(tmp_path / "multirun.yaml").hydra.overrides.task)
+    assert sweep_job_name([f"name={token}", "optimizer.lr=0.0003"], sweep) == "optimizer.lr=0.0003"
