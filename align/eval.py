@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import align.evaluation.config  # noqa: F401  (registers eval_schema before Hydra composes)
 from align.errors import AlignError
-from align.run.cli import CONF_DIR, die, wants_hydra_only
+from align.run.cli import CONF_DIR, checked_run_dirs, die, wants_hydra_only
 
 
 def run(cfg: DictConfig) -> int:
@@ -46,6 +46,7 @@ def main() -> None:
         from align.evaluation.preflight import validate_command_line
 
         validate_command_line(sys.argv[1:])
+        checked_run_dirs(sys.argv[1:], "eval", resumes=False)  # an eval never writes over another run
     _hydra_main()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,11 +12,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from align.config import to_typed
+from align.control.exit_record import write_exit
 from align.control.signals import StopSignals
 from align.errors import AlignError
-from align.parallel.launch import rank_overrides, record_exit
+from align.parallel.launch import ATTEMPT, rank_overrides, record_exit
 from align.run.cli import CONF_DIR, absolute_config_path, die, job_preflight, preflight_command_line, wants_hydra_only
 from align.run.record import STAGED_HYDRA, RunRecord, staging_overrides
+from align.run.run_dir import run_dir_held
 
 
 def run(cfg: DictConfig, stop: StopSignals) -> int:
@@ -27,7 +30,7 @@ def run(cfg: DictConfig, stop: StopSignals) -> int:
     run_dir, staged = Path(hc.runtime.output_dir), hc.output_subdir == STAGED_HYDRA
     group = Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
     record = RunRecord(typed, OmegaConf.to_container(cfg, resolve=True), run_dir, sys.argv[1:], list(hc.overrides.task),
-                       staged=staged)
+                       staged=staged, sweep_dir=Path(hc.sweep.dir) if group else None)
     with record:  # provenance.json: every key from start(), completed on the way out whatever the exit code
         with stop.at_once():  # before step 1 there is nothing to save: a stop signal ends the run here (143)
             record.start(checks)
@@ -51,10 +54,22 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     argv = absolute_config_path(sys.argv[1:])  # a replay's `--config-path <run>/.hydra` (docs/provenance.md)
+    rank = int(os.environ.get("RANK", "0"))
+    run_dirs: list = []
     if not wants_hydra_only(argv):
-        preflight_command_line(argv)  # every job, before Hydra creates a run dir
+        try:
+            run_dirs = preflight_command_line(argv)  # every job, before Hydra creates a run dir
+        except SystemExit as e:  # nothing was written anywhere: the code goes to a launcher's $ALIGN_EXIT_DIR only
+            if isinstance(e.code, int) and e.code:
+                write_exit(None, rank, e.code)
+            raise
+    run_dir = run_dirs[0] if len(run_dirs) == 1 and "-m" not in argv and "--multirun" not in argv else None
+    ATTEMPT.held = run_dir_held(run_dir, rank)  # an earlier run's dir: nothing of this attempt there until accepted
+    staging = staging_overrides(argv, run_dir)
+    if staging:  # Hydra opens the attempt's log there before it writes the attempt's config
+        (run_dir / STAGED_HYDRA).mkdir(exist_ok=True)
     # Hydra reads sys.argv: one edit. Ranks > 0 write no .hydra/; a used run dir stages this attempt's.
-    sys.argv[1:] = argv + rank_overrides() + staging_overrides(argv)
+    sys.argv[1:] = argv + rank_overrides() + staging
     _hydra_main()
 
 

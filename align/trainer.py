@@ -117,7 +117,7 @@ class Trainer:
               stop: StopSignals | None = None) -> "Trainer":
         """The run's records (history trim, W&B, checkpoint leftovers) are touched only once the resume is
         decided and its checkpoint loaded: a refused start leaves an earlier run's history, checkpoints
-        and W&B alone (ranks > 0 do open their own rank<r>/train.log first)."""
+        and W&B alone (a rank's own log is held until then: align.parallel.launch.Attempt)."""
         alloc_conf = apply_cuda_alloc_conf(cfg.trainer.cuda_alloc_conf)
         env = init_distributed(cfg.parallel, cfg.trainer.device, run_dir)
         cfg, sizes = plan_sizes(cfg, env.device)  # loss chunk, memory and token budgets: resolved from here on

@@ -579,6 +579,7 @@ def execute(arms: list[Arm], a: argparse.Namespace, out: Path) -> int:
         arm = next(x for x in arms if x.name == name)
         run_dir = out / "runs" / f"{probe}_{name}"
         cmd = probe_command(arm, out, probe)
+        shutil.rmtree(run_dir, ignore_errors=True)  # this OUT's previous result: a probe never writes over a run
         with (out / f"{probe}_{name}.log").open("w") as f:
             rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
         report = run_dir / f"{probe}.md"

@@ -11,7 +11,9 @@
 # every node agrees on (ALIGN_RUN_DIR, or SLURM_JOB_ID gives outputs/slurm-<id>).
 #
 # torchrun reports any worker failure as exit 1; this script exits with the code the ranks recorded
-# (align.control.exit_record): 81 non-finite halt, 143 coordinated stop, 2 refused configuration.
+# (align.control.exit_record): 81 non-finite halt, 143 coordinated stop, 2 refused configuration. The
+# ranks record it in a dir of this launch ($ALIGN_EXIT_DIR), so a refusal that wrote nothing into the run
+# dir (a bad command line, a finished run dir, a resume refused) still exits 2.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,12 +50,16 @@ fi
 
 started="$(date +%s)"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+exit_dir="$(mktemp -d)"
+export ALIGN_EXIT_DIR="$exit_dir"
 echo "launchers/torchrun.sh: $NPROC process(es) x $NNODES node(s), run dir $run_dir" >&2
 "$PYTHON" -m torch.distributed.run "${rdzv[@]}" --nproc-per-node "$NPROC" --max-restarts 0 \
   -m align.train "$@" "${extra[@]}"
 code=$?
 if [[ $code != 0 ]]; then
-  recorded="$("$PYTHON" -m align.control.exit_record "$run_dir" "$started" 2>/dev/null)"
+  recorded="$("$PYTHON" -m align.control.exit_record "$exit_dir" 0 2>/dev/null)"
+  [[ -z "$recorded" ]] && recorded="$("$PYTHON" -m align.control.exit_record "$run_dir" "$started" 2>/dev/null)"
   [[ -n "$recorded" ]] && code="$recorded"
 fi
+rm -rf "$exit_dir"
 exit "$code"

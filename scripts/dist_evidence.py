@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,6 +127,9 @@ def main() -> int:
 
     def run_dir(name: str) -> Path:
         return out / name
+
+    for name in ("single", "fsdp", "ep", "uninterrupted", "supervised"):  # this OUT's previous results: a
+        shutil.rmtree(run_dir(name), ignore_errors=True)  # finished run dir is never written again (align.run.run_dir)
 
     # 1-3: parity, fp32
     par = [*base, *FP32, f"trainer.max_steps={STEPS}"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -110,6 +111,7 @@ def main() -> int:
         cmd = [sys.executable, "-m", "align.tools.probe", *overrides(model, probe, args.smoke),
                f"hydra.run.dir={out / run}"]
         print(f"\n=== {run}: {' '.join(cmd[1:])}", flush=True)
+        shutil.rmtree(out / run, ignore_errors=True)  # this OUT's previous result: a probe never writes over a run
         t0 = time.time()
         p = subprocess.run(cmd)
         print(f"=== {run}: exit {p.returncode} in {time.time() - t0:.0f} s", flush=True)

@@ -8,6 +8,10 @@ from typing import Any, Optional
 
 from align.config.base import AUTO, _only, _read, _require, _switch, require_auto_resolved
 
+SEED_LIMIT = 2**64
+"""trainer.seed is below this: it seeds numpy's SeedSequence (non-negative integers) and torch.manual_seed
+(at most 64 bits: a wider seed fails when the model is built)."""
+
 # ------------------------------------------------------------------------------------- optimizer
 
 
@@ -199,7 +203,8 @@ class TrainerConfig:
     grad_accum: int = 1
     """Micro-batches per optimizer step. The loss is averaged per loss token over the whole window."""
     seed: int = 0
-    """Seed for model init, sampling and dropout."""
+    """Seed for model init, sampling and dropout: 0 to 2**64 - 1 (numpy's SeedSequence takes no negative
+    integer, torch.manual_seed none wider than 64 bits)."""
     deterministic: bool = False
     """`torch.use_deterministic_algorithms(True)` (slower; needed for bit-exact reruns on GPU)."""
     precision: Precision = Precision.auto
@@ -293,6 +298,7 @@ class TrainerConfig:
         _require(self.max_consecutive_skipped_steps >= 0, "trainer.max_consecutive_skipped_steps", "must be >= 0",
                  self.max_consecutive_skipped_steps)
         _require(self.grad_accum >= 1, "trainer.grad_accum", "must be >= 1", self.grad_accum)
+        _require(0 <= self.seed < SEED_LIMIT, "trainer.seed", "must be from 0 to 2**64 - 1", self.seed)
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1", self.log_every)
         _require(self.loss_chunk_tokens == AUTO or (isinstance(self.loss_chunk_tokens, int)
                  and not isinstance(self.loss_chunk_tokens, bool) and self.loss_chunk_tokens >= 0),

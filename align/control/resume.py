@@ -22,6 +22,7 @@ from align.config.data import require_resolved
 from align.control.ckpt_index import checkpoint_root, complete, problem
 from align.data.encode import dataset_fingerprint
 from align.errors import ConfigError
+from align.telemetry.history import history_lines
 
 
 def model_shape(model: torch.nn.Module) -> dict[str, Any]:
@@ -91,17 +92,21 @@ def check_resumable(path: Path, saved: dict[str, Any], current: dict[str, Any], 
 def trim_history(path: Path, step: int) -> int:
     """Rows a killed attempt logged past the step this attempt starts from (its checkpoint's, or 0 for a
     fresh start) will be recomputed: move them from history.jsonl to history.superseded.jsonl so the
-    history has one row per step. Returns how many."""
+    history has one row per step. A torn last line (the kill cut an append short) is dropped: its step is
+    past the checkpoint, since a step's row is written before its checkpoint, and the next append would
+    otherwise continue that line. Returns how many rows moved."""
     path = Path(path)
     if not path.is_file():
         return 0
+    rows, torn = history_lines(path)
     keep, drop = [], []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            (drop if json.loads(line).get("step", 0) > step else keep).append(line)
+    for line, row in rows:
+        (drop if row.get("step", 0) > step else keep).append(line)
     if drop:
         with open(path.with_name("history.superseded.jsonl"), "a") as f:
             f.write("\n".join(drop) + "\n")
+    unterminated = bool(keep) and not path.read_bytes().endswith(b"\n")
+    if drop or torn is not None or unterminated:
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, path)

@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from align.control.ckpt_index import checkpoint_root, newest
-from align.control.exit_record import recorded_exit
+from align.control.exit_record import EXIT_DIR_ENV, recorded_exit
 
 NEVER_RELAUNCH = {2: "configuration refused", 81: "non-finite halt"}
 
@@ -98,13 +99,20 @@ class Supervisor:
         """Run one attempt; its exit code as a shell reports it (128+N for a signal), or the code
         the ranks recorded when the launcher (torchrun) collapsed theirs into 1."""
         started = time.time()
-        self.child = subprocess.Popen(self.command, start_new_session=True)
-        self.record("launch", attempt=attempt, pid=self.child.pid, command=self.command)
-        while self.alive():
-            time.sleep(self.policy.poll_s)
-        rc = self.child.returncode
-        rc = 128 - rc if rc < 0 else rc
-        recorded = recorded_exit(self.run_dir, started) if rc != 0 else None
+        # The attempt's ranks record their codes in a dir of its own too: a start refused into a run dir
+        # that held a run leaves that dir as it was (align.parallel.launch.Attempt), its code only there.
+        with tempfile.TemporaryDirectory(prefix="align-exit-") as exit_dir:
+            self.child = subprocess.Popen(self.command, start_new_session=True,
+                                          env={**os.environ, EXIT_DIR_ENV: exit_dir})
+            self.record("launch", attempt=attempt, pid=self.child.pid, command=self.command)
+            while self.alive():
+                time.sleep(self.policy.poll_s)
+            rc = self.child.returncode
+            rc = 128 - rc if rc < 0 else rc
+            recorded = None
+            if rc != 0:
+                recorded = recorded_exit(Path(exit_dir))
+                recorded = recorded_exit(self.run_dir, started) if recorded is None else recorded
         return recorded if recorded is not None and rc not in NEVER_RELAUNCH else rc
 
     # ----------------------------------------------------------------------------------- loop

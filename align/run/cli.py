@@ -232,17 +232,38 @@ PREFLIGHTED: dict[tuple[str, ...], Any] = {}
 manifest instead of running the checks a second time (a job run in another process has none here)."""
 
 
-def preflight_command_line(argv: Sequence[str], config_name: str = "train") -> None:
+def preflight_command_line(argv: Sequence[str], config_name: str = "train") -> list[Optional[Path]]:
     """Compose, type and preflight every job of `argv` before Hydra creates a run dir: a refusal
-    leaves nothing behind, and a cheap failure (values, git, files) exits before any library import."""
+    leaves nothing behind, and a cheap failure (values, run dirs, git, files) exits before any library
+    import. Returns the run dir each job will write (align.run.run_dir; None: not known before Hydra)."""
     from align.run.preflight import run_preflight
 
     jobs, _ = job_override_lists(argv)
-    for job, typed in zip(jobs, validate_command_line(argv, config_name)):
+    typed_jobs = validate_command_line(argv, config_name)
+    run_dirs = checked_run_dirs(argv, config_name)
+    for job, typed in zip(jobs, typed_jobs):
         try:
             PREFLIGHTED[job_key(job)] = run_preflight(typed)
         except AlignError as e:
             die(str(e), e.exit_code)
+    return run_dirs
+
+
+def checked_run_dirs(argv: Sequence[str], config_name: str = "train", resumes: bool = True) -> list[Optional[Path]]:
+    """The run dir each job of `argv` will write, each refused in one line (exit 2) before Hydra creates
+    it when this command may not write there (align.run.run_dir.check_run_dirs); None: not known before
+    Hydra runs. `config_name` is also Hydra's job name: the entry modules are named after their config."""
+    from align.run.run_dir import check_run_dirs, planned_run_dirs
+
+    jobs, multirun = job_override_lists(argv)
+    config_dir, name = config_source(argv, config_name)
+    given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]
+    planned = planned_run_dirs(jobs, multirun, config_dir, name, config_name, Path(given[-1]) if given else None)
+    try:
+        check_run_dirs(planned, resumes)
+    except AlignError as e:
+        die(str(e), e.exit_code)
+    return [d for _, d in planned]
 
 
 def job_preflight(cfg: Any, task_overrides: Sequence[str]) -> Any:

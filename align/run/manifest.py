@@ -423,9 +423,12 @@ class Manifest:
         self.data["null_reasons"].pop("status", None)
         if not self.enabled:
             return
+        from align.run.redaction import redact_record
+
+        data = redact_record(self.data)  # the rule of every written value, `run.name` too (align.run.redaction)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=str, sort_keys=False) + "\n")
+        tmp.write_text(json.dumps(data, indent=2, default=str, sort_keys=False) + "\n")
         os.replace(tmp, self.path)
 
     def start(self, name: str, argv: list[str], overrides: list[str], resolved: Mapping[str, Any],

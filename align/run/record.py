@@ -18,6 +18,7 @@ deletes `.hydra.pending/`; any other early exit completes the attempt's manifest
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shutil
@@ -28,8 +29,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 from align.config import TrainConfig
 from align.errors import EXIT_CONFIG, EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
 from align.parallel.compile import frames_over
-from align.run.manifest import MANIFEST, Manifest, dynamo_counters, flat, git_state, tokenizer_hashes
-from align.run.redaction import REDACTED, recorded_env, redact, redact_argv
+from align.parallel.launch import ATTEMPT, adopt_rank_log, adopt_staged_log
+from align.run.manifest import Manifest, dynamo_counters, flat, git_state, tokenizer_hashes
+from align.run.redaction import REDACTED, recorded_env, redact, redact_argv, redact_logs
+from align.run.run_dir import holds_run
 
 if TYPE_CHECKING:
     from align.trainer import Trainer
@@ -44,20 +47,22 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def holds_run(run_dir: Path) -> bool:
-    return (Path(run_dir) / MANIFEST).is_file() or (Path(run_dir) / ".hydra").is_dir()
-
-
-def staging_overrides(argv: Sequence[str]) -> list[str]:
-    """Hydra writes `.hydra/` before any align code runs: when the run dir named by `hydra.run.dir=`
-    already holds a run, have it write to `.hydra.pending/` instead (rank 0 of a single run, unless
-    the command sets `hydra.output_subdir` itself)."""
-    if _rank() != 0 or any(a in ("-m", "--multirun") for a in argv):
+def staging_overrides(argv: Sequence[str], run_dir: Optional[Path]) -> list[str]:
+    """Hydra writes `.hydra/` and opens its log before any align code runs: when the run dir (as
+    align.run.run_dir planned it) already holds a run, have it write both to `.hydra.pending/` instead
+    (rank 0 of a single run, unless the command sets `hydra.output_subdir` itself; the log unless the
+    command picks its own job logging). The caller creates `.hydra.pending/`: the log opens before
+    Hydra writes the config there."""
+    if _rank() != 0 or any(a in ("-m", "--multirun") for a in argv) or run_dir is None:
         return []
-    if any(a.lstrip("+").startswith("hydra.output_subdir=") for a in argv):
+    keys = [a.lstrip("+~") for a in argv]
+    if any(k.startswith("hydra.output_subdir=") for k in keys) or not holds_run(run_dir):
         return []
-    dirs = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]
-    return [f"hydra.output_subdir={STAGED_HYDRA}"] if dirs and holds_run(Path(dirs[-1])) else []
+    out = [f"hydra.output_subdir={STAGED_HYDRA}"]
+    if not any(k.startswith(("hydra/job_logging", "hydra.job_logging")) for k in keys):
+        out.append(f"hydra.job_logging.handlers.file.filename=${{hydra.runtime.output_dir}}/{STAGED_HYDRA}/"
+                   "${hydra.job.name}.log")
+    return out
 
 
 class RunRecord:
@@ -69,8 +74,10 @@ class RunRecord:
         argv: list[str],
         overrides: list[str],
         staged: bool = False,
+        sweep_dir: Optional[Path] = None,
     ) -> None:
-        """`staged`: Hydra wrote this attempt's config to `.hydra.pending/` (staging_overrides)."""
+        """`staged`: Hydra wrote this attempt's config to `.hydra.pending/` (staging_overrides);
+        `sweep_dir`: the sweep this job belongs to (its multirun.yaml is redacted too)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.staging: Optional[Path] = self.run_dir / STAGED_HYDRA if staged else None
@@ -87,6 +94,9 @@ class RunRecord:
         self._reason = "completed"
         if self.manifest.enabled:
             scrub_hydra_dir(self.staging or self.run_dir / ".hydra")
+            if sweep_dir is not None:
+                scrub_sweep_record(sweep_dir)
+        redact_logs()  # train.log and the console (W&B's output.log): the rule of every written value
         # W&B records sys.argv as the run's `args`; Hydra has parsed it by now, so drop secret values.
         sys.argv[1:] = redact_argv(sys.argv[1:])
 
@@ -182,10 +192,15 @@ class RunRecord:
         self.manifest.set("reward", load_function(cfg.reward.function).identity())  # preflight's import, reused
 
     def accept(self) -> None:
-        """This attempt now owns the run dir: its `.hydra/` and manifest replace the earlier attempt's."""
+        """This attempt now owns the run dir: its `.hydra/` and manifest replace the earlier attempt's,
+        its log is appended to the run's (rank r > 0: its held records to rank<r>/train.log) and its exit
+        will be recorded there."""
+        ATTEMPT.accepted = True
+        adopt_rank_log()
         staging, self.staging = self.staging, None
         if staging is None or not self.manifest.enabled:
             return
+        adopt_staged_log(staging, self.run_dir)
         self.manifest.unstage()
         hydra = self.run_dir / ".hydra"
         shutil.rmtree(hydra, ignore_errors=True)
@@ -395,23 +410,36 @@ def scrub_hydra_dir(hydra_dir: Path) -> None:
         if not path.is_file():
             continue
         node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        found: list[str] = []
         if name == "config.yaml":
-            write_replay_config(path, redact(node, found=found))
+            write_replay_config(path, redact(node))
             continue
-        if name == "overrides.yaml":
-            clean: Any = redact_argv(node)
-            found = ["x"] if clean != node else []
-        else:
-            clean = node
-            task = node.get("hydra", {}).get("overrides", {}).get("task", [])
-            if task and redact_argv(task) != task:
-                node["hydra"]["overrides"]["task"] = redact_argv(task)
-                job = node["hydra"].get("job", {})
-                if job.get("override_dirname"):
-                    job["override_dirname"] = ",".join(redact_argv(job["override_dirname"].split(",")))
-                found = ["x"]
-        if found:
+        clean = redact_argv(node) if name == "overrides.yaml" else redact_hydra_record(copy.deepcopy(node))
+        if clean != node:
+            OmegaConf.save(OmegaConf.create(clean), path)
+
+
+def redact_hydra_record(node: dict[str, Any]) -> dict[str, Any]:
+    """hydra.yaml or a sweep's multirun.yaml under the rule of every written value: the override lists
+    key by key (`name=<redacted>` keeps its key), then every value (align.run.redaction)."""
+    hydra = node.get("hydra") or {}
+    for kind, overrides in (hydra.get("overrides") or {}).items():
+        if isinstance(overrides, list):
+            hydra["overrides"][kind] = redact_argv(overrides)
+    job = hydra.get("job") or {}
+    if job.get("override_dirname"):
+        job["override_dirname"] = ",".join(redact_argv(job["override_dirname"].split(",")))
+    return redact(node)
+
+
+def scrub_sweep_record(sweep_dir: Path) -> None:
+    """Hydra writes the sweep's whole command to multirun.yaml before any job runs: redact it as hydra.yaml."""
+    from omegaconf import OmegaConf
+
+    path = Path(sweep_dir) / "multirun.yaml"
+    if path.is_file():
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        clean = redact_hydra_record(copy.deepcopy(node))
+        if clean != node:
             OmegaConf.save(OmegaConf.create(clean), path)
 
 

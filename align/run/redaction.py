@@ -7,13 +7,24 @@ or ending in `_password`, `_secret`, `_api_key`, `_token`, ... (`CREDENTIAL_SUFF
 `HF_TOKEN`, `GITHUB_TOKEN`). A word merely containing KEY or TOKEN is configuration (`data.tokens_field`,
 `sampler.max_tokens`, `cache_key`): redacting it would make the recorded config unable to replay the
 run. A `*_token` that holds an integer id or a bracketed marker (`pad_token: "<pad>"`) is a tokenizer
-setting, not a credential. Shapes (`CREDENTIAL_SHAPES`) catch a key under any name: `hf_...`,
-`sk-...`, GitHub, Slack and AWS key ids, JWTs, and W&B's 40-hex API keys (a 40-hex value under a
-name that says sha/commit/revision/hash is a digest, and kept).
+setting, one holding a float a rate per token (`flops_per_token`): neither is a credential. Shapes
+(`CREDENTIAL_SHAPES`) catch a key under any name: `hf_...`, `sk-...`, GitHub, Slack and AWS key ids,
+JWTs, and W&B's 40-hex API keys (a 40-hex value under a name that says sha/commit/revision/hash is a
+digest, and kept).
+
+One rule, applied where each value is written: `redact` (a mapping or list, names collected) for the
+manifest (`redact_record` in `Manifest.write`), `.hydra/` (and a sweep's multirun.yaml), the W&B init
+kwargs (name, project, tags, config), summary and rows; `redact_value` for
+one named value (the run name in a plot title); `RedactingFilter` on every log handler (train.log,
+rank<r>/train.log, the console W&B captures into output.log), which replaces each credential shape in a
+line. What the run writes besides (history rows, exit records, HALT.json, checkpoint metadata) holds
+numbers, step counts, parameter names and paths under the run dir, whose own path is refused at the door
+when it has a credential's shape (align.run.run_dir).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from typing import Any, Mapping
@@ -45,10 +56,13 @@ def _words(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(name)).replace("-", "_").lower()
 
 
-def _is_int_like(value: Any) -> bool:
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+def _is_number_like(value: Any) -> bool:
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if value is None or number(value):
         return True
-    return isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return isinstance(value, (list, tuple)) and all(number(v) for v in value)
 
 
 def secret_name(leaf: str, value: Any = None) -> bool:
@@ -58,8 +72,8 @@ def secret_name(leaf: str, value: Any = None) -> bool:
         return True
     if not w.endswith(CREDENTIAL_SUFFIXES):
         return False
-    if w.endswith("_token") and (_is_int_like(value) or (isinstance(value, str) and _MARKER.fullmatch(value))):
-        return False  # a tokenizer's special token or its id
+    if w.endswith("_token") and (_is_number_like(value) or (isinstance(value, str) and _MARKER.fullmatch(value))):
+        return False  # a tokenizer's special token or its id, a count per token (`flops_per_token`)
     return True
 
 
@@ -78,9 +92,15 @@ def is_secret(name: str, value: Any = None) -> bool:
     return secret_name(leaf, value) or secret_shape(value, leaf)
 
 
+def redact_value(name: str, value: Any) -> Any:
+    """`value` as it may be written under `name`: REDACTED when `is_secret(name, value)`."""
+    return REDACTED if is_secret(name, value) else value
+
+
 def redact(obj: Any, path: str = "", found: list[str] | None = None) -> Any:
-    """A copy of a nested dict/list with every secret-named value replaced; `found` collects the
-    dotted names that were redacted (names only, never values)."""
+    """A copy of a nested dict/list with every secret value replaced (by its key's name or by its shape;
+    a list's string by its shape); `found` collects the dotted names that were redacted (names only,
+    never values)."""
     if isinstance(obj, Mapping):
         out = {}
         for k, v in obj.items():
@@ -93,8 +113,48 @@ def redact(obj: Any, path: str = "", found: list[str] | None = None) -> Any:
                 out[k] = redact(v, key, found)
         return out
     if isinstance(obj, (list, tuple)):
-        return type(obj)(redact(v, f"{path}[{i}]", found) for i, v in enumerate(obj))
+        out_list = []
+        for i, v in enumerate(obj):
+            if secret_shape(v):  # `logger.tags: [hf_...]`: an element has no name of its own
+                out_list.append(REDACTED)
+                if found is not None:
+                    found.append(f"{path}[{i}]")
+            else:
+                out_list.append(redact(v, f"{path}[{i}]", found))
+        return type(obj)(out_list)
     return obj
+
+
+def redact_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record as written (the manifest): `redact`ed, the names it redacted added to its `redacted` list."""
+    found: list[str] = []
+    out = redact(record, found=found)
+    out["redacted"] = list(dict.fromkeys([*(record.get("redacted") or []), *found]))
+    return out
+
+
+def redact_text(text: str) -> str:
+    """Free text (a log line) with every credential shape in it replaced. A bare 40-hex W&B key is not
+    among them: in a line nothing names it, and a commit or a digest has the same shape."""
+    return CREDENTIAL_SHAPES.sub(REDACTED, text)
+
+
+class RedactingFilter(logging.Filter):
+    """On a log handler: the record's line with every credential shape replaced (`redact_text`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        line = record.getMessage()
+        clean = redact_text(line)
+        if clean != line:
+            record.msg, record.args = clean, ()
+        return True
+
+
+def redact_logs(logger: logging.Logger | None = None) -> None:
+    """Put `RedactingFilter` on every handler of `logger` (the root logger by default), once each."""
+    for handler in (logger or logging.getLogger()).handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 def redact_override(override: str) -> str:

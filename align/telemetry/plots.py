@@ -79,8 +79,10 @@ def plot_run(run_dir: Path, name: str, logger: Any) -> Optional[Path]:
     warning: it never decides the run's exit code."""
     import logging
 
-    try:
-        path = write_loss_plot(run_dir, f"training loss: {name}")
+    from align.run.redaction import redact_value
+
+    try:  # the title is written too: a token-shaped run name is redacted as in the manifest
+        path = write_loss_plot(run_dir, f"training loss: {redact_value('name', name)}")
         if path is not None:
             logger.image("plots/loss", path)
         return path

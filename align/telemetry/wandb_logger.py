@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from align.config import LoggerConfig, LoggerKind
+from align.run.redaction import redact
 from align.telemetry.trackers import Logger, MlflowLogger, TensorBoardLogger, summary_scalars, wandb_row
 
 log = logging.getLogger("align")
@@ -45,13 +46,18 @@ def sweep_job_name(task_overrides: list[str], sweep_overrides: Optional[list[str
     """A multirun job's name: its values of the swept keys (`optimizer.lr=0.0001,data.max_seq_len=512`).
     `sweep_overrides` is the sweep's command line (multirun.yaml); without it, all the job's overrides."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
 
     from align.run.redaction import redact_argv
 
     swept = None
     if sweep_overrides:
-        parsed = OverridesParser.create().parse_overrides(list(sweep_overrides))
-        swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
+        parser, swept = OverridesParser.create(), set()
+        for text in sweep_overrides:
+            try:  # multirun.yaml is redacted (align.run.record.scrub_sweep_record): `key=<redacted>` parses no more
+                swept |= {o.key_or_group for o in parser.parse_overrides([text]) if o.is_sweep_override()}
+            except OverrideParseException:
+                continue
     mine = [o for o in task_overrides if swept is None or o.split("=", 1)[0].lstrip("+~") in swept]
     return ",".join(redact_argv(mine)) or None
 
@@ -76,8 +82,9 @@ def hydra_job_name() -> Optional[str]:
 
 def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path, name: str, group: Optional[str], config: dict,
                       resuming: bool = False) -> dict[str, Any]:
-    """Kwargs for `wandb.init`, built as data so preflight can check their names."""
-    return {
+    """Kwargs for `wandb.init`, built as data so preflight can check their names; every value under the
+    rule of every written value (a token-shaped `name`, project or tag is redacted: align.run.redaction)."""
+    return redact({
         "project": cfg.project,
         "entity": cfg.entity,
         "name": (hydra_job_name() or name) if group else name,
@@ -89,7 +96,7 @@ def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path, name: str, group: Option
         "reinit": "finish_previous",
         "id": wandb_run_id(run_dir, resuming),
         "resume": "allow",
-    }
+    })
 
 
 def has_export(export_dir: Path) -> bool:
@@ -129,10 +136,10 @@ class WandbLogger(Logger):
         if isinstance(metrics.get("loss"), (int, float)):
             self.loss = float(metrics["loss"])
         # Keys that carry their own namespace (moe/l{i}/...) keep it.
-        self.run.log(wandb_row(metrics, step))
+        self.run.log(redact(wandb_row(metrics, step)))
 
     def summary(self, values: dict[str, Any]) -> None:
-        flat = summary_scalars(values)
+        flat = redact(summary_scalars(values))
         if self.loss is not None:  # the headline number; the loss function's settings are under loss/
             flat["loss"] = self.loss
         self.run.summary.update(flat)

@@ -47,6 +47,21 @@ def affected_keys(text: str, affects: Sequence[str], paths: Sequence[str]) -> tu
     return [p for p in paths if p in chosen or p.split(".", 1)[0] in chosen & groups], unknown
 
 
+def _parse(path: Path, raw: bytes) -> dict[str, Any]:
+    """The manifest, or ConfigError (exit 2): a note must name the sha256 of a whole manifest."""
+    from align.errors import ConfigError
+
+    try:
+        manifest = json.loads(raw)
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+        where = f"line {e.lineno} column {e.colno}" if hasattr(e, "lineno") else "its encoding"
+        raise ConfigError(str(path), f"not a whole JSON document ({getattr(e, 'msg', e)} at {where}): a manifest "
+                          "cut short (a kill during its write, a copy that stopped) cannot be annotated") from None
+    if not isinstance(manifest, dict) or "schema_version" not in manifest:
+        raise ConfigError(str(path), "not a provenance manifest (a JSON object with schema_version)")
+    return manifest
+
+
 def annotate(run_dir: Path, text: str, affects: Sequence[str] = ()) -> Path:
     manifest_path = Path(run_dir) / MANIFEST
     if not manifest_path.is_file():
@@ -54,7 +69,7 @@ def annotate(run_dir: Path, text: str, affects: Sequence[str] = ()) -> Path:
 
         raise ConfigError("RUN_DIR", f"no {MANIFEST} in {run_dir}: nothing to annotate")
     raw = manifest_path.read_bytes()
-    manifest = json.loads(raw)
+    manifest = _parse(manifest_path, raw)
     paths = [p for p in manifest_paths(manifest) if p != "null_reasons"]
     hit, unknown = affected_keys(text, affects, paths)
     if unknown:

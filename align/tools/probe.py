@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from align.config import to_typed
 from align.errors import AlignError, ConfigError
-from align.run.cli import CONF_DIR, die, validate_command_line, wants_hydra_only
+from align.run.cli import CONF_DIR, checked_run_dirs, die, validate_command_line, wants_hydra_only
 
 # probe name -> module with run(cfg, out_dir). Only implemented probes are listed.
 PROBES: dict[str, str] = {
@@ -49,6 +49,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 def main() -> None:
     if not wants_hydra_only(sys.argv[1:]):
         validate_command_line(sys.argv[1:], config_name="probe")
+        checked_run_dirs(sys.argv[1:], "probe", resumes=False)  # a probe never writes over another run
     _hydra_main()
 
 

@@ -4,6 +4,8 @@ Per job: the overrides that differ between jobs, real (unpadded) tokens/s, paddi
 fraction of zero-pad micro-batches, roots per accumulation window and the final loss, all read from
 the job's `.hydra/overrides.yaml` and `history.jsonl`. Tokens/s leaves out step 1 (it carries
 one-time costs: allocator warm-up, first-call dispatch). Writes report.json and report.png into DIR.
+A torn last line of a history (a kill during an append) is skipped and noted; any other line that is not a
+JSON row refuses the report with file:line (exit 2).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from align.errors import EXIT_CONFIG
+from align.errors import EXIT_CONFIG, AlignError
+from align.telemetry.history import history_lines
 
 
 def job_dirs(root: Path) -> list[Path]:
@@ -35,11 +38,13 @@ def _overrides(job: Path) -> list[str]:
     return [str(x) for x in OmegaConf.load(f)]
 
 
-def _history(job: Path) -> list[dict[str, Any]]:
+def _history(job: Path) -> tuple[list[dict[str, Any]], Optional[int]]:
+    """The job's rows and the number of a torn last line that was skipped (align.telemetry.history)."""
     f = job / "history.jsonl"
     if not f.is_file():
-        return []
-    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        return [], None
+    rows, torn = history_lines(f)
+    return [row for _, row in rows], torn
 
 
 def _num(x: Any) -> Optional[float]:
@@ -47,8 +52,10 @@ def _num(x: Any) -> Optional[float]:
 
 
 def job_row(job: Path) -> dict[str, Any]:
-    rows = _history(job)
+    rows, torn = _history(job)
     out: dict[str, Any] = {"job": job.name, "overrides": _overrides(job), "steps": len(rows)}
+    if torn is not None:  # what a kill during an append leaves: the rows before it are whole
+        out["torn_last_line"] = f"{job / 'history.jsonl'}:{torn}"
     if not rows:
         return {**out, "status": "no history"}
     timed = rows[1:] or rows
@@ -90,6 +97,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{r['job']:>4}  {ov:<44} {r['steps']:>5} {fmt(r['real_tokens_per_s'], ',.0f'):>10} "
                      f"{pct(r['pad_waste']):>9} {pct(r['zero_pad_frac']):>8} "
                      f"{fmt(r['roots_per_window'], '.2f'):>9} {fmt(r['final_loss'], '.4f'):>10}")
+    lines += [f"note: {r['torn_last_line']}: torn last line skipped (a kill during an append)"
+              for r in rows if r.get("torn_last_line")]
     return "\n".join(lines)
 
 
@@ -171,7 +180,7 @@ def loss_points(job: Path) -> list[tuple[int, float]]:
     """(step, loss) of every step of a job whose loss is finite."""
     from align.telemetry.plots import finite
 
-    points = [(r["step"], finite(r.get("loss"))) for r in _history(job) if "step" in r]
+    points = [(r["step"], finite(r.get("loss"))) for r in _history(job)[0] if "step" in r]
     return [(s, v) for s, v in points if v is not None]
 
 
@@ -187,7 +196,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not jobs:
         print(f"align: error: {args.dir}: no job dirs (expected <dir>/<n>/.hydra or history.jsonl)", file=sys.stderr)
         return EXIT_CONFIG
-    rows = [job_row(j) for j in jobs]
+    try:
+        rows = [job_row(j) for j in jobs]
+    except AlignError as e:  # a history corrupt before its last line: refused, never read past
+        print(f"align: error: {e}", file=sys.stderr)
+        return e.exit_code
     print(format_table(rows), flush=True)
     out = args.out or args.dir
     out.mkdir(parents=True, exist_ok=True)

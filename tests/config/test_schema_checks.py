@@ -250,3 +250,25 @@ def test_optimizer_values_torch_would_refuse_at_step_one_are_refused_at_compose(
 def test_an_error_inside_a_mapping_entry_names_the_entry_in_full(capsys):
     line = _refused(capsys, "+data.mixture.extra={kind:jsonl,path:/x.jsonl}")
     assert line.startswith("data.mixture.extra: "), line
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64])
+def test_a_seed_numpy_or_torch_cannot_take_is_refused_at_compose(capsys, seed):
+    import numpy as np
+    import torch
+
+    with pytest.raises((ValueError, RuntimeError)):  # what the run would have hit once the model was built
+        np.random.default_rng([seed, 0])
+        torch.Generator().manual_seed(seed)
+    line = _refused(capsys, f"trainer.seed={seed}")
+    assert line == f"trainer.seed: must be from 0 to 2**64 - 1 (got {seed})", line
+
+
+@pytest.mark.parametrize("seed", [0, 2**64 - 1])
+def test_the_seeds_at_either_end_of_the_range_seed_numpy_and_torch(seed):
+    import numpy as np
+    import torch
+
+    assert validate_command_line([f"trainer.seed={seed}"])[0].trainer.seed == seed
+    np.random.default_rng([seed, 0])
+    torch.manual_seed(seed)

@@ -242,3 +242,12 @@ def test_a_lora_target_module_the_model_lacks_is_one_line_naming_those_it_has_be
                    "MistralForCausalLM is named ['qkv_proj']; accepted: down_proj, gate_proj, k_proj, o_proj, q_proj, "
                    "up_proj, v_proj"], err
     assert not (tmp_path / "run").exists(), "a refused run must not leave a run dir behind"
+
+
+def test_a_run_dir_that_cannot_be_created_is_one_line_exit_2_not_hydras_traceback(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    p = subprocess.run([sys.executable, "-c", PROBE, f"hydra.run.dir={tmp_path / 'a_file' / 'run'}", "logger=none",
+                        "allow_dirty=true"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    line = _one_line_exit_2(tmp_path, p)
+    assert line == (f"align: error: hydra.run.dir: cannot create {tmp_path / 'a_file' / 'run'}: {tmp_path / 'a_file'} "
+                    "is a file, not a directory; choose a dir this process can create"), line

@@ -37,6 +37,15 @@ def test_torchrun_launcher_gives_every_rank_one_run_dir(tmp_path):
     assert (run_dir / "rank1" / "train.log").is_file()
     assert [json.loads((run_dir / f"rank{r}" / "exit.json").read_text())["code"] for r in (0, 1)] == [0, 0]
 
+    # the same launch again: every rank refuses the finished run dir before Hydra runs, and the launcher
+    # reports their 2 (recorded in its own exit dir), not torchrun's 1; not a file of the run changes
+    before = {f: f.read_bytes() for f in run_dir.rglob("*") if f.is_file()}
+    p = subprocess.run(cmd, env=_env(NPROC="2"), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-3000:]
+    refusals = [ln for ln in p.stderr.splitlines() if ln.startswith("align: error:")]
+    assert len(refusals) == 2 and all(f"{run_dir} holds a finished run" in ln for ln in refusals), refusals
+    assert {f: f.read_bytes() for f in run_dir.rglob("*") if f.is_file()} == before
+
 
 FAKE_TORCHRUN = """#!/bin/sh
 # plays `python -m torch.distributed.run ...` whose ranks recorded {code} and which itself exits 1;

@@ -10,10 +10,12 @@ layouts differ, so it fails loudly.)
 A newest checkpoint that one rank cannot read makes BOTH ranks fall back to the one before it, and
 that resume is bit-exact too. All runs share one spawn of 2 processes.
 
-Then, through the CLI (one process): a resume refused for other data leaves the run it would have
-continued byte for byte as it was; a corrupt newest checkpoint falls back to the newest that loads
-(and says so), none loading is refused in one line; a restart after a kill before any checkpoint keeps
-one history row per step.
+Then, through the CLI (one process): the same command resumes a stopped run to its end and is then
+refused on the finished run dir, which no command writes again (every file byte for byte); a resume
+refused for other data leaves the run it would have continued byte for byte as it was, its own log and
+exit record included; a corrupt newest checkpoint falls back to the newest that loads (and says so),
+none loading is refused in one line; a restart after a kill before any checkpoint keeps one history
+row per step.
 """
 
 from __future__ import annotations
@@ -257,14 +259,25 @@ def test_expert_parallel_and_8bit_adamw_resume_bit_exactly_too(runs, name):
 CLI = ["allow_dirty=true", "logger=none", "trainer.device=cpu", "data.max_records=32", "data.max_seq_len=64",
        "data.truncation=truncate", "sampler=shuffle", "sampler.micro_batch_size=2", "optimizer.warmup_ratio=0",
        "trainer.log_every=1000"]
-FINISHED = CLI + ["trainer.max_steps=6", "trainer.save_every=2", "trainer.keep_last=0", "trainer.export=true"]
-# Written by every attempt, on purpose: Hydra's log appends, and rank<r>/exit.json is the attempt's exit code
-# that the supervisor and launchers/torchrun.sh read.
-PER_ATTEMPT = {"train.log", "rank0/exit.json"}
+RUN = CLI + ["trainer.max_steps=6", "trainer.save_every=2", "trainer.keep_last=0", "trainer.export=true"]
+
+# `python -m align.train` that sends itself a SIGTERM while it computes step 5 (deterministic, unlike a timed kill)
+STOPPED_IN_STEP_5 = (
+    "import os, runpy, signal, sys\n"
+    "import align.trainer as t\n"
+    "step = t.Trainer.train_step\n"
+    "def train_step(self, batches):\n"
+    "    if self.state.step == 4:\n"
+    "        os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    return step(self, batches)\n"
+    "t.Trainer.train_step = train_step\n"
+    "sys.argv = ['align.train'] + sys.argv[1:]\n"
+    "runpy.run_module('align.train', run_name='__main__')\n"
+)
 
 
-def train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return run_cli("align.train", f"hydra.run.dir={run_dir}", *overrides, timeout=300)
+def train(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run_cli("align.train", f"hydra.run.dir={run_dir}", *overrides, timeout=300, env=env)
 
 
 def error_lines(p: subprocess.CompletedProcess) -> list[str]:
@@ -272,8 +285,8 @@ def error_lines(p: subprocess.CompletedProcess) -> list[str]:
 
 
 def snapshot(run_dir: Path) -> dict[str, bytes]:
-    return {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*"))
-            if f.is_file() and str(f.relative_to(run_dir)) not in PER_ATTEMPT}
+    """Every file of a run dir, train.log and the exit records included."""
+    return {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*")) if f.is_file()}
 
 
 def truncate(f: Path, size: int) -> None:
@@ -282,54 +295,112 @@ def truncate(f: Path, size: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A finished 6-step run with checkpoints at 2, 4 and 6 and an export."""
+def interrupted(tmp_path_factory) -> Path:
+    """A 6-step run stopped during step 5: checkpoints at 2 and 4, the stop's at 5, no export (exit 143)."""
+    d = tmp_path_factory.mktemp("cli") / "interrupted"
+    p = subprocess.run([sys.executable, "-c", STOPPED_IN_STEP_5, f"hydra.run.dir={d}", *RUN], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 143, p.stderr[-3000:]
+    assert [s.name for s in sorted((d / "checkpoints").iterdir())] == [f"step_{s:08d}" for s in (2, 4, 5)]
+    return d
+
+
+@pytest.fixture(scope="module")
+def finished(interrupted, tmp_path_factory) -> Path:
+    """The interrupted run resumed by the same command to its end (exit 0, an export)."""
     d = tmp_path_factory.mktemp("cli") / "finished"
-    p = train(d, *FINISHED)
+    shutil.copytree(interrupted, d)
+    p = train(d, *RUN)
     assert p.returncode == 0, p.stderr[-3000:]
     return d
 
 
-def test_a_resume_refused_for_other_data_leaves_the_run_it_would_continue_as_it_was(finished, tmp_path):
+def test_the_same_command_resumes_an_interrupted_run_and_is_refused_on_the_finished_one_untouched(finished, tmp_path):
+    m = json.loads((finished / "provenance.json").read_text())
+    assert m["model"]["extra"]["resumed_from"]["step"] == 5 and m["run"]["exit_code"] == 0
+    assert [r["step"] for r in history(finished)] == list(range(1, 7)) and (finished / "export").is_dir()
     d = tmp_path / "run"
     shutil.copytree(finished, d)
     before = snapshot(d)
-    p = train(d, *FINISHED, "data.max_records=24")
+    p = train(d, *RUN, env={"ALIGN_EXIT_DIR": str(tmp_path / "exits")})
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert error_lines(p) == [ln for ln in p.stderr.splitlines() if ln.strip()]  # one line, no traceback
+    [line] = error_lines(p)
+    assert line.startswith(f"align: error: hydra.run.dir: {d} holds a finished run (provenance.json: complete, "
+                           "exit 0; export/; rank0/exit.json: exit 0) and a finished run dir is never written again")
+    assert line.endswith(f"trainer.resume_from={d / 'checkpoints' / 'step_00000006'}")
+    assert snapshot(d) == before  # every file, train.log and rank0/exit.json included
+    assert not (d / ".hydra.pending").exists()
+    assert json.loads((tmp_path / "exits" / "rank0" / "exit.json").read_text())["code"] == 2  # for a launcher
+
+
+@pytest.mark.parametrize("entry,overrides", [
+    ("train", ["optimizer.lr=1e-3", "trainer.resume=never"]),
+    ("eval", ["eval=gsm8k", "allow_dirty=true"]),
+    ("probe", ["probe=mask"]),
+])
+def test_no_other_command_writes_into_a_finished_run_dir(finished, capsys, entry, overrides):
+    import align.evaluation.config  # noqa: F401  (align.eval registers its schema on import)
+    from align.run.cli import checked_run_dirs
+
+    before = snapshot(finished)
+    extra = [f"model_dir={finished / 'export'}"] if entry == "eval" else []
+    with pytest.raises(SystemExit) as e:
+        checked_run_dirs([f"hydra.run.dir={finished}", *extra, *overrides], entry, resumes=entry == "train")
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert e.value.code == 2 and len(err) == 1 and f"{finished} holds a finished run" in err[0], err
+    assert snapshot(finished) == before
+
+
+def test_a_resume_refused_for_other_data_leaves_the_run_it_would_continue_as_it_was(interrupted, tmp_path):
+    d = tmp_path / "run"
+    shutil.copytree(interrupted, d)
+    before = snapshot(d)
+    p = train(d, *RUN, "data.max_records=24", env={"ALIGN_EXIT_DIR": str(tmp_path / "exits")})
     assert p.returncode == 2, p.stderr[-3000:]
     [line] = error_lines(p)
     assert "refusing to resume" in line and "dataset_fingerprint was" in line and "Traceback" not in p.stderr
-    assert snapshot(d) == before  # provenance.json, .hydra/, history, checkpoints, export: byte for byte
+    # provenance.json, .hydra/, history, checkpoints, and the attempt's own train.log lines and exit record
+    assert snapshot(d) == before
     assert not (d / ".hydra.pending").exists()
+    assert json.loads((tmp_path / "exits" / "rank0" / "exit.json").read_text())["code"] == 2  # for a launcher
 
 
-def test_a_corrupt_newest_checkpoint_falls_back_to_one_that_loads_and_none_loading_is_refused(finished, tmp_path):
+def test_a_corrupt_newest_checkpoint_falls_back_to_one_that_loads_and_none_loading_is_refused(
+        interrupted, finished, tmp_path):
     d = tmp_path / "run"
-    shutil.copytree(finished, d)
+    shutil.copytree(interrupted, d)
     ck = d / "checkpoints"
-    truncate(ck / "step_00000006" / "model" / "__0_0.distcp", 1000)
+    truncate(ck / "step_00000005" / "model" / "__0_0.distcp", 1000)
     truncate(ck / "step_00000004" / "optim" / ".metadata", 100)
-    p = train(d, *FINISHED)
+    log_before = (d / "train.log").read_text()
+    p = train(d, *RUN)
     assert p.returncode == 0, p.stderr[-3000:]
     logged = p.stdout + p.stderr  # Hydra's console log goes to stdout
-    assert "step_00000006 does not load (ValueError: model/__0_0.distcp is 1000 bytes" in logged
+    assert "step_00000005 does not load (ValueError: model/__0_0.distcp is 1000 bytes" in logged
     assert "step_00000004 does not load (ValueError: optim/.metadata is unreadable" in logged
     m = json.loads((d / "provenance.json").read_text())
     resumed = m["model"]["extra"]["resumed_from"]
     assert resumed["step"] == 2
-    assert [Path(s["path"]).name for s in resumed["skipped"]] == ["step_00000006", "step_00000004"]
+    assert [Path(s["path"]).name for s in resumed["skipped"]] == ["step_00000005", "step_00000004"]
     # the accepted attempt's record replaced the earlier one (staged until the resume was decided)
     assert m["run"]["run_dir"] == str(d.resolve()) and m["status"] == "complete" and not (d / ".hydra.pending").exists()
+    # its log (staged until then too) follows the earlier attempt's in train.log
+    log = (d / "train.log").read_text()
+    assert log.startswith(log_before) and "step_00000005 does not load" in log.removeprefix(log_before)
     assert [r["step"] for r in history(d)] == list(range(1, 7))
     a, b = load_file(finished / "export" / "model.safetensors"), load_file(d / "export" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the fallback resume is exact
 
-    for s in (2, 4, 6):
-        truncate(ck / f"step_{s:08d}" / "model" / "__0_0.distcp", 10)
-    p = train(d, *FINISHED)
+    d = tmp_path / "none_loads"
+    shutil.copytree(interrupted, d)
+    for s in (2, 4, 5):
+        truncate(d / "checkpoints" / f"step_{s:08d}" / "model" / "__0_0.distcp", 10)
+    p = train(d, *RUN)
     assert p.returncode == 2, p.stderr[-3000:]
     [line] = error_lines(p)
     assert line.startswith("align: error: trainer.resume: no checkpoint loads:") and "Traceback" not in p.stderr
-    assert all(f"step_{s:08d}: ValueError: model/__0_0.distcp is 10 bytes" in line for s in (2, 4, 6))
+    assert all(f"step_{s:08d}: ValueError: model/__0_0.distcp is 10 bytes" in line for s in (2, 4, 5))
 
 
 def test_a_restart_after_a_kill_before_any_checkpoint_keeps_one_history_row_per_step(tmp_path):

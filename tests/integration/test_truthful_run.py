@@ -21,6 +21,10 @@ from tests.conftest import REPO, run_cli
 
 SECRETS = {"ALIGN_PLANTED_API_KEY": "sk-planted-0xdeadbeef-1", "HF_TOKEN": "hf_planted_0xdeadbeef_2",
            "MY_DB_PASSWORD": "pw-planted-0xdeadbeef-3"}
+# Credential-shaped values under names that say nothing: the run's name and two logger strings, which reach
+# the manifest, .hydra/, the plot's title, W&B's run record (name, project, tags) and its summary.
+SHAPED = {"name": "hf_aB3dE5gH7jK9mN1pQ3sT5vX7zA9cD1eF3g", "logger.project": "sk-proj-Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2",
+          "logger.tags": "ghp_" + "a1" * 18}
 
 
 def assert_present_and_null(manifest: dict) -> None:
@@ -43,8 +47,9 @@ def files_containing(root: Path, needles: list[str]) -> list[str]:
 @pytest.mark.slow
 def test_train_writes_a_complete_manifest_and_leaks_no_planted_secret(tmp_path):
     run_dir = tmp_path / "run"
+    shaped = [f"{k}={v}" if k != "logger.tags" else f"{k}=[{v}]" for k, v in SHAPED.items()]
     p = run_cli("align.train", f"hydra.run.dir={run_dir}", "allow_dirty=true", "trainer.max_steps=2",
-                "data.max_records=32", "trainer.export=false", env={**SECRETS, "WANDB_MODE": "offline"})
+                "data.max_records=32", "trainer.export=false", *shaped, env={**SECRETS, "WANDB_MODE": "offline"})
     assert p.returncode == 0, p.stderr[-3000:]
     m = load(run_dir)
     assert_present_and_null(m)
@@ -67,6 +72,18 @@ def test_train_writes_a_complete_manifest_and_leaks_no_planted_secret(tmp_path):
     assert not [v for v in SECRETS.values() if v in p.stdout + p.stderr]
     # W&B got the provenance summary
     assert files_containing(run_dir / "wandb", ["provenance/model/attn_implementation_resolved"])
+    # credential-shaped values: every file the run wrote (W&B's offline files too) and the console, none of them
+    assert (run_dir / "plots" / "loss.png").is_file() and list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert not files_containing(run_dir, [v[:12] for v in SHAPED.values()])  # not even cut short
+    assert not [v for v in SHAPED.values() if v in p.stdout + p.stderr]
+    assert m["run"]["name"] == REDACTED
+    assert {"run.name", "name", "logger.project", "logger.tags[0]"} <= set(m["redacted"])
+    from tests.wandb_log import read_run
+
+    (wandb_dir,) = (run_dir / "wandb").glob("offline-run-*")
+    w = read_run(wandb_dir)
+    assert (w["run"]["name"], w["run"]["project"], w["config"]["logger"]["tags"]) == (REDACTED, REDACTED, [REDACTED])
+    assert w["summary"]["provenance/run/name"] == REDACTED
 
 
 def _copy_repo(dst: Path) -> Path:

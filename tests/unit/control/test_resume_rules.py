@@ -180,3 +180,20 @@ def test_nonfinite_parameters_names_every_tensor_with_nan_or_inf():
     assert nonfinite.nonfinite_parameters(m, ENV) == ["0.bias", "1.weight"]
     msg = nonfinite.parameters_message(["0.bias", "1.weight"], 4, 3, "nothing was exported")
     assert msg.startswith("2 of 4 parameter tensors hold nan/inf after step 3 (0.bias, 1.weight): nothing was exported")
+
+
+def test_a_torn_last_history_line_is_dropped_so_the_next_append_starts_a_row(tmp_path):
+    from align.telemetry.history import History, read_history
+
+    h = tmp_path / "history.jsonl"
+    h.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "lo')  # killed mid-append
+    assert trim_history(h, 3) == 0
+    history = History(h)
+    history.append({"step": 4})
+    history.close()
+    assert [r["step"] for r in read_history(h)] == [1, 2, 3, 4]
+    assert not (tmp_path / "history.superseded.jsonl").exists()
+
+    h.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')  # not the last line: corruption, refused
+    with pytest.raises(ConfigError, match=f"{h}:2: not a JSON row"):
+        trim_history(h, 1)

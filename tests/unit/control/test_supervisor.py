@@ -145,3 +145,21 @@ def test_the_run_dir_is_fixed_once_for_every_attempt(tmp_path):
     assert cmd[-1] == f"hydra.run.dir={tmp_path / 'r'}" and d == tmp_path / "r"
     cmd2, d2 = with_run_dir(cmd, None)
     assert cmd2 == cmd and d2 == d
+
+
+def test_a_refusal_recorded_outside_the_run_dir_is_not_relaunched(tmp_path):
+    # a start refused into a run dir that held a run records its code in $ALIGN_EXIT_DIR only (the run
+    # dir is left as it was), and torchrun collapses it into 1
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(f'''
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r})
+        from align.control.exit_record import write_exit
+        write_exit(None, 0, 2); write_exit(None, 1, 2)
+        sys.exit(1)
+    '''))
+    code = supervised(Supervisor([sys.executable, str(script), f"hydra.run.dir={run_dir}"], policy=FAST))
+    assert code == 2 and [r["event"] for r in _rows(run_dir)].count("launch") == 1
+    assert not list(run_dir.glob("rank*"))

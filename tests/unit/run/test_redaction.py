@@ -78,3 +78,40 @@ def test_config_error_never_echoes_a_credential_value():
     assert "sk-live" not in str(ConfigError("logger.api_key", "bad", "sk-live-123"))
     assert "(got 3)" in str(ConfigError("trainer.max_steps", "bad", 3))
     assert "(got 'nope')" in str(ConfigError("data.tokens_field", "bad", "nope"))
+
+
+def test_a_list_element_is_redacted_by_its_shape_and_a_rate_per_token_is_kept():
+    found: list[str] = []
+    out = redact({"logger": {"tags": ["baseline", HF]}, "throughput": {"flops_per_token": 1.5e9}}, found=found)
+    assert out == {"logger": {"tags": ["baseline", REDACTED]}, "throughput": {"flops_per_token": 1.5e9}}
+    assert found == ["logger.tags[1]"]
+    assert is_secret("db_token", "x") and is_secret("password", 1.5)  # a string under *_token, any password
+
+
+def test_a_record_as_written_names_what_was_redacted_beside_what_it_already_named():
+    from align.run.redaction import redact_record
+
+    out = redact_record({"run": {"name": HF}, "redacted": ["env:HF_TOKEN"], "seed": 0})
+    assert out == {"run": {"name": REDACTED}, "redacted": ["env:HF_TOKEN", "run.name"], "seed": 0}
+
+
+def test_every_log_handler_writes_a_line_with_the_credential_shapes_replaced():
+    import io
+    import logging
+
+    from align.run.redaction import redact_logs, redact_text
+
+    assert redact_text(f"resumed from /runs/{SK}/step_2 (commit {WANDB})") == \
+        f"resumed from /runs/{REDACTED}/step_2 (commit {WANDB})"  # a 40-hex word in a line may be a commit
+    logger, stream = logging.getLogger("test.redaction"), io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        redact_logs(logger)
+        redact_logs(logger)  # once per handler
+        assert len(handler.filters) == 1
+        logger.warning("loading %s from %s", "weights", f"/ckpt/{HF}")
+        assert stream.getvalue() == f"loading weights from /ckpt/{REDACTED}\n"
+    finally:
+        logger.removeHandler(handler)

@@ -53,3 +53,14 @@ def test_a_run_without_wandb_still_writes_it(compose, tmp_path):
     assert Trainer.build(cfg, tmp_path / "run").fit() == 0
     rows = [json.loads(x) for x in (tmp_path / "run" / "history.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and (tmp_path / "run" / LOSS_PNG).stat().st_size > 10_000
+
+
+def test_the_plot_title_takes_a_token_shaped_run_name_redacted(tmp_path, monkeypatch):
+    import align.telemetry.plots as plots
+    from align.run.redaction import REDACTED
+    from align.telemetry.wandb_logger import Logger
+
+    titles: list[str] = []
+    monkeypatch.setattr(plots, "write_loss_plot", lambda run_dir, title: titles.append(title))
+    plots.plot_run(tmp_path, "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cD1eF3g", Logger())
+    assert titles == [f"training loss: {REDACTED}"]

@@ -77,3 +77,19 @@ def test_an_adapter_only_export_is_an_export_to_log(tmp_path):
     (tmp_path / "adapter" / "adapter_config.json").unlink()
     (tmp_path / "config.json").write_text("{}")
     assert has_export(tmp_path)
+
+
+def test_a_redacted_sweep_record_still_names_the_job_by_its_swept_values(tmp_path):
+    from omegaconf import OmegaConf
+
+    from align.run.record import scrub_sweep_record
+
+    token = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cD1eF3g"
+    (tmp_path / "multirun.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({
+        "name": token, "hydra": {"overrides": {"task": [f"name={token}", "optimizer.lr=1e-4,3e-4"]},
+                                 "job": {"override_dirname": f"name={token},optimizer.lr=1e-4"}}})))
+    scrub_sweep_record(tmp_path)  # Hydra wrote it before any job ran
+    text = (tmp_path / "multirun.yaml").read_text()
+    assert token not in text and "name=<redacted>" in text
+    sweep = list(OmegaConf.load(tmp_path / "multirun.yaml").hydra.overrides.task)
+    assert sweep_job_name([f"name={token}", "optimizer.lr=0.0003"], sweep) == "optimizer.lr=0.0003"

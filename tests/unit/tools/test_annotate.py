@@ -57,3 +57,18 @@ def test_a_run_dir_without_manifest_is_refused(tmp_path):
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path), "x"])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("cut", ["half", "not a manifest"])
+def test_a_truncated_or_foreign_manifest_is_refused_in_one_line(run_dir, capsys, cut):
+    path = run_dir / "provenance.json"
+    raw = path.read_bytes()
+    path.chmod(0o644)
+    path.write_bytes(raw[: len(raw) // 2] if cut == "half" else b'["a", "list"]\n')  # a kill during a copy
+    with pytest.raises(SystemExit) as e:
+        main([str(run_dir), "x"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"align: error: {path}: not a ")
+    assert ("not a whole JSON document" in err[0]) == (cut == "half")
+    assert not (run_dir / NOTE).exists()

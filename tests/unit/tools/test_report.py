@@ -69,3 +69,23 @@ def test_the_report_figure_has_a_title_readable_labels_and_loss_curves(tmp_path)
     assert loss.get_xlim()[0] > 3.9  # final losses 3.97 and 3.94: not an axis from 0
     assert [ln.get_label() for ln in curves.get_lines()] == ["sampler.bucket_size=2", "sampler.bucket_size=32"]
     assert curves.get_xlabel() == "optimizer step" and "loss" in curves.get_ylabel()
+
+
+def test_a_torn_last_history_line_is_skipped_and_said_a_torn_middle_line_refused(tmp_path, capsys):
+    rows = [_row(s, 4.0 - 0.1 * s, 100, 50, 1.0, 0, 3) for s in (1, 2, 3)]
+    _job(tmp_path, 0, ["sampler=bucket"], rows)
+    hist = tmp_path / "0" / "history.jsonl"
+    whole = hist.read_text()
+    hist.write_text(whole + json.dumps(_row(4, 3.0, 100, 50, 1.0, 0, 3))[:17])  # a kill during the append of step 4
+    assert report.main([str(tmp_path)]) == 0
+    [row] = json.loads((tmp_path / "report.json").read_text())
+    assert row["steps"] == 3 and row["final_loss"] == 4.0 - 0.3 and row["torn_last_line"] == f"{hist}:4"
+    assert f"note: {hist}:4: torn last line skipped" in capsys.readouterr().out
+
+    lines = whole.splitlines(keepends=True)
+    hist.write_text(lines[0] + lines[1][:17] + "\n" + lines[2])  # the same tear, but rows follow it: corruption
+    (tmp_path / "report.json").unlink()
+    assert report.main([str(tmp_path)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith(f"align: error: {hist}:2: not a JSON row"), err
+    assert not (tmp_path / "report.json").exists()
