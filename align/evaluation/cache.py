@@ -27,7 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from align.run.manifest import canonical_json, now
+from align.run.hashing import canonical_json
+from align.run.manifest import now
 
 log = logging.getLogger("align")
 

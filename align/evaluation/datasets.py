@@ -16,7 +16,7 @@ from align.data.sources import bundled_gsm8k
 from align.errors import ConfigError
 from align.evaluation.config import EvalConfig, EvalTask
 from align.rewards import BadReference, Verifier
-from align.run.manifest import sha256_file
+from align.run.hashing import sha256_file
 
 
 @dataclass(frozen=True)

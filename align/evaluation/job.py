@@ -32,7 +32,8 @@ from align.evaluation.runner import (
     stop_ids,
 )
 from align.evaluation.scoring import Scorer, build_scorer
-from align.run.manifest import canonical_json, config_hash, git_state, now
+from align.run.hashing import canonical_json, config_hash
+from align.run.manifest import git_state, now
 
 log = logging.getLogger("align")
 

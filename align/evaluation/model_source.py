@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from align.errors import ConfigError
-from align.run.manifest import canonical_json, sha256_file, sha256_files, tokenizer_hashes
+from align.run.hashing import canonical_json, sha256_file, sha256_files, tokenizer_hashes
 
 ACCEPTED = ("an export dir (config.json, *.safetensors, tokenizer files) or a checkpoint dir "
             "(<run>/checkpoints/step_N with that run's .hydra/config.yaml)")

@@ -295,7 +295,7 @@ def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     from align.data.sources import content_sha256, path_problem, source_specs
     from align.data.tokenizer import tokenizer_dir
-    from align.run.manifest import tokenizer_hashes
+    from align.run.hashing import tokenizer_hashes
 
     spec = source_specs(cfg.data)[0]
     problem = path_problem(spec)

@@ -30,7 +30,8 @@ from align.config import TrainConfig
 from align.errors import EXIT_CONFIG, EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
 from align.parallel.compile import frames_over
 from align.parallel.launch import ATTEMPT, adopt_rank_log, adopt_staged_log
-from align.run.manifest import Manifest, dynamo_counters, flat, git_state, tokenizer_hashes
+from align.run.hashing import tokenizer_hashes
+from align.run.manifest import Manifest, dynamo_counters, flat, git_state
 from align.run.redaction import REDACTED, recorded_env, redact, redact_argv, redact_logs
 from align.run.run_dir import holds_run
 

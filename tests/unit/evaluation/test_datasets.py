@@ -12,7 +12,7 @@ from align.errors import ConfigError
 from align.evaluation.config import EvalConfig, EvalTask
 from align.evaluation.datasets import load_data
 from align.rewards import get_verifier
-from align.run.manifest import sha256_file
+from align.run.hashing import sha256_file
 
 
 def _jsonl(path, rows):

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from align.probes.sdpa import classify_kernels
+from align.run.hashing import tokenizer_hashes
 from align.run.manifest import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -22,7 +23,6 @@ from align.run.manifest import (
     manifest_paths,
     null_leaves,
     skeleton,
-    tokenizer_hashes,
 )
 from align.run.record import exit_of
 
