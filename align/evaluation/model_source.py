@@ -93,7 +93,10 @@ class ModelSource:
             from transformers import AutoModelForCausalLM
 
             tok = load_tokenizer(ModelConfig(pretrained=str(self.path)))
-            model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=dtype)
+            from align.run.quiet import library_progress_bars
+
+            with library_progress_bars():
+                model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=dtype)
         else:
             model, tok = self._load_checkpoint(device)
         return model.to(device=device, dtype=dtype).eval(), tok

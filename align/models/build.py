@@ -24,6 +24,7 @@ from align.models.layered_attention import plan as layered_plan
 from align.models.lora import LoraGate, apply_lora, bnb_config, qlora_refusal
 from align.models.registry import FAMILIES, FamilySpec, MoEShape, count_params
 from align.models.runtime import ModelRuntime
+from align.run.quiet import library_progress_bars
 
 log = logging.getLogger("align")
 
@@ -134,7 +135,7 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
         # checkpoint loaded as bf16 never holds an fp32 copy of the model.
         if cfg.lora.qlora:
             kw["quantization_config"] = bnb_config()
-        with loading("weights", cfg.pretrained):
+        with loading("weights", cfg.pretrained), library_progress_bars():
             model = model_cls.from_pretrained(Path(cfg.pretrained), config=config, local_files_only=True, **kw)
     else:
         with torch.device(device) if init_on_device and device is not None else contextlib.nullcontext():

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from align.run.quiet import library_progress_bars
+
 log = logging.getLogger("align")
 
 
@@ -63,7 +65,8 @@ def export_hf(model: torch.nn.Module, tokenizer, out: Path, state_dict: dict | N
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    merged(model).save_pretrained(tmp, **({} if state_dict is None else {"state_dict": state_dict}))
+    with library_progress_bars():
+        merged(model).save_pretrained(tmp, **({} if state_dict is None else {"state_dict": state_dict}))
     tokenizer.save_pretrained(tmp)
     if out.exists():
         shutil.rmtree(out)

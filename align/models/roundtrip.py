@@ -25,6 +25,7 @@ import torch
 
 from align.config import Family
 from align.models.registry import FAMILIES
+from align.run.quiet import library_progress_bars
 
 MAX_ABS = 1e-5
 
@@ -95,7 +96,8 @@ def load_export(export_dir: Path, family: Family, like: Optional[torch.nn.Module
         experts = getattr(like.config, "_experts_implementation", None)
         if experts and FAMILIES[family].moe_shape(like.config) is not None:
             kw["experts_implementation"] = experts
-    return model_cls.from_pretrained(Path(export_dir), **kw)
+    with library_progress_bars():
+        return model_cls.from_pretrained(Path(export_dir), **kw)
 
 
 def compare(ref: Outputs, got: Outputs, max_abs: float = MAX_ABS) -> RoundTripReport:
