@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,8 @@ def _install(tmp_path: Path) -> Path:
     p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *flags, "--target", str(site),
                         str(src)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+    # pyproject.toml's include-package-data: with it on, setuptools printed a page per conf/ and assets/ folder
+    assert not re.search(r"\w+Warning\b", p.stderr), p.stderr[:3000]
     return site
 
 
