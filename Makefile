@@ -19,7 +19,7 @@ else
 TORCH_ARGS = --index-url "$(TORCH_INDEX)" "$(TORCH_SPEC)"
 endif
 
-.PHONY: setup train lint test test-gpu clean
+.PHONY: setup train lint test test-gpu clean clean-cache
 
 setup: $(VENV)/.installed
 
@@ -51,5 +51,12 @@ GPU_WORKERS ?= 4
 test-gpu:
 	$(GPU_PY) -m pytest -q -m "gpu and not multigpu" -n $(GPU_WORKERS) --dist loadfile -p no:cacheprovider tests/gpu
 
+# What runs leave in the checkout. align's caches are not here (align.run.caches): `make clean-cache`.
+# .cache: a checkout's old encode and eval caches (they defaulted to the working directory).
 clean:
 	rm -rf outputs multirun .cache
+
+# align's caches (encode, reference, eval, signatures, inductor): $ALIGN_CACHE_DIR, else
+# $XDG_CACHE_HOME/align, else ~/.cache/align.
+clean-cache:
+	rm -rf "$${ALIGN_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/align}"

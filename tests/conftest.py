@@ -22,11 +22,11 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # processes side by side, and OpenMP threads spinning against each other on 2 cores cost far more
 # than they win.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# align.run.signatures' cache in a directory of this session (inherited by the CLI subprocesses): tests
-# neither trust a user's cache nor write into it.
-if "ALIGN_SIGNATURE_CACHE" not in os.environ:
-    os.environ["ALIGN_SIGNATURE_CACHE"] = tempfile.mkdtemp(prefix="align-signatures-")
-    atexit.register(shutil.rmtree, os.environ["ALIGN_SIGNATURE_CACHE"], ignore_errors=True)
+# align's caches (encode, reference, eval, signatures, inductor: align.run.caches) in a directory of this
+# session, inherited by the CLI subprocesses: tests neither trust a user's caches nor write into them.
+if "ALIGN_CACHE_DIR" not in os.environ:
+    os.environ["ALIGN_CACHE_DIR"] = tempfile.mkdtemp(prefix="align-cache-")
+    atexit.register(shutil.rmtree, os.environ["ALIGN_CACHE_DIR"], ignore_errors=True)
 
 
 def run_cli(module: str, *args: str, cwd: Path | None = None, timeout: float = 900,

@@ -185,8 +185,9 @@ class DataConfig:
     """Use only the first N records of each source (null: all)."""
     cache: bool = True
     """Reuse encodings from `cache_dir`, keyed on everything that can change what they mean."""
-    cache_dir: str = ".cache/align/encode"
-    """Encode cache directory (relative to the working directory); one sub-directory per key."""
+    cache_dir: Optional[str] = None
+    """Encode cache directory, one sub-directory per key; null: `encode/` in align's cache directory
+    ($ALIGN_CACHE_DIR, else $XDG_CACHE_HOME/align, else ~/.cache/align)."""
     encode_workers: Optional[int] = None
     """Worker processes that encode; 0 encodes in-process; null: in-process under 2,000 records,
     else one per available core (at most 8)."""

@@ -65,8 +65,9 @@ class EvalConfig:
     cache: bool = True
     """Reuse a finished arm from `cache_dir` when everything that gives its results their meaning is
     unchanged (weights, tokenizer, generation settings, data, scorer, template)."""
-    cache_dir: str = ".cache/align/eval"
-    """Eval cache directory (relative to the working directory); one JSON file per key."""
+    cache_dir: Optional[str] = None
+    """Eval cache directory, one JSON file per key; null: `eval/` in align's cache directory
+    ($ALIGN_CACHE_DIR, else $XDG_CACHE_HOME/align, else ~/.cache/align)."""
 
     def __post_init__(self) -> None:
         _require("{prompt}" in self.template, "eval.template", "must contain {prompt}", self.template)

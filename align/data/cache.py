@@ -37,6 +37,7 @@ from align.data.masks import load_mask_files
 from align.data.sources import content_sha256, file_sha256, load_records, path_problem, source_specs
 from align.data.tokenizer import tokenizer_dir
 from align.errors import ConfigError
+from align.run.caches import encode_location
 
 log = logging.getLogger("align")
 
@@ -248,6 +249,11 @@ def provenance(data: EncodedDataset, parts: dict[str, Any], entry: Path, cache: 
     )
 
 
+def encode_dir(data_cfg: DataConfig) -> Path:
+    """`data.cache_dir`, else `encode/` in align's cache directory (align.run.caches)."""
+    return Path(encode_location(data_cfg.cache_dir)["dir"])
+
+
 def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer, save: bool = True) -> EncodedDataset:
     """The encoded data set of a run: from the cache when its key matches, else encoded (in worker
     processes) and cached (`save=False`: by `save_dataset`, later). `.meta` carries the provenance the
@@ -259,7 +265,7 @@ def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer, save: 
     parts = cache_key_parts(data_cfg, model_cfg)
     key = parts["key"]
     check_chat_template(tokenizer, model_cfg, parts)
-    entry = Path(data_cfg.cache_dir) / key
+    entry = encode_dir(data_cfg) / key
     hit = data_cfg.cache and (entry / "meta.json").is_file()
     if hit:
         data = _read_entry(entry, key)
@@ -290,6 +296,6 @@ def load_dataset(data_cfg: DataConfig, model_cfg: ModelConfig, tokenizer, save: 
 
 def save_dataset(data_cfg: DataConfig, data: EncodedDataset) -> None:
     """Write a freshly encoded data set into the cache (nothing for a hit, or with data.cache=false)."""
-    entry = Path(data_cfg.cache_dir) / data.meta["encode_cache_key"]
+    entry = encode_dir(data_cfg) / data.meta["encode_cache_key"]
     if data_cfg.cache and not data.meta.get("cache_hit") and not (entry / "meta.json").is_file():
         _write_entry(entry, data, {k: data.meta[k] for k in _CONTENT})

@@ -32,7 +32,6 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -46,6 +45,7 @@ from align.data.cache import (
     _write_entry,
     cache_key_parts,
     check_chat_template,
+    encode_dir,
     provenance,
 )
 from align.data.encode import EncodedDataset, dataset_fingerprint, map_with_tokenizer, resolve_workers
@@ -424,7 +424,7 @@ def load_pairs(cfg: TrainConfig, tokenizer) -> EncodedPairs:
     parts = cache_key_parts(data_cfg, cfg.model)
     key = parts["key"]
     check_chat_template(tokenizer, cfg.model, parts)
-    entry = Path(data_cfg.cache_dir) / key
+    entry = encode_dir(data_cfg) / key
     hit = data_cfg.cache and (entry / "meta.json").is_file()
     if hit:
         meta, arrays = _read_raw(entry, key, _PAIR_ARRAYS)

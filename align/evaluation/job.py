@@ -32,6 +32,7 @@ from align.evaluation.runner import (
     stop_ids,
 )
 from align.evaluation.scoring import Scorer, build_scorer
+from align.run.caches import cache_location
 from align.run.hashing import canonical_json, config_hash
 from align.run.manifest import git_state, now
 
@@ -89,10 +90,12 @@ class EvalJob:
         ev = self.cfg.eval
         if source is None:
             run = oracle_arm(data, ev, scorer)
-            arm = {"model": None, "engine": None, "cache": {"enabled": False, "key": None, "hit": None, "path": None}}
+            arm = {"model": None, "engine": None,
+                   "cache": {"enabled": False, "key": None, "hit": None, "path": None, "dir_source": None}}
             reasons = {"model": "oracle: the references are the completions, no model",
                        "engine": "oracle: nothing generated", "cache.key": "oracle: not cached (nothing to save)",
-                       "cache.hit": "oracle: not cached", "cache.path": "oracle: not cached"}
+                       "cache.hit": "oracle: not cached", "cache.path": "oracle: not cached",
+                       "cache.dir_source": "oracle: not cached"}
         else:
             run, arm, reasons = self._model_arm(name, source, data, scorer)
         self.arms[name] = run
@@ -118,7 +121,8 @@ class EvalJob:
         identity = source.identity()
         parts = key_parts(model=identity, generation=generation_meaning(ev, gen, device.type, dtype),
                           data=data.meaning(ev), scorer=scorer.identity(), template=ev.template)
-        cache = EvalCache(Path(ev.cache_dir)) if ev.cache else None
+        where = cache_location("eval", ev.cache_dir, "eval.cache_dir")
+        cache = EvalCache(Path(where["dir"])) if ev.cache else None
         cached = cache.get(parts) if cache else None
         reasons: dict[str, str] = {}
         if cached is not None:
@@ -140,9 +144,10 @@ class EvalJob:
         arm = {"model": {**identity, **model_info},
                "engine": run.engine,
                "cache": {"enabled": cache is not None, "key": key, "hit": cached is not None,
-                         "path": str(cache.path(key)) if cache else None}}
+                         "path": str(cache.path(key)) if cache else None,
+                         "dir_source": where["source"] if cache else None}}
         if cache is None:
-            reasons["cache.path"] = "eval.cache=false: nothing read or written"
+            reasons["cache.path"] = reasons["cache.dir_source"] = "eval.cache=false: nothing read or written"
         for k, v in model_info.items():
             if v is None:
                 reasons[f"model.{k}"] = f"the loaded model's config has no {k}"

@@ -30,6 +30,7 @@ from align.errors import ConfigError
 from align.models.family import align_family, causal_lm_classes, checkpoint_config
 from align.models.kwargs import REPORT_KWARGS
 from align.models.registry import FAMILIES
+from align.run.quiet import library_progress_bars
 
 SHOWN = 3
 """Tensor names quoted per kind in a refusal."""
@@ -226,7 +227,7 @@ class LoadReport:
 def load_checked(model_cls: Any, path: str | Path, key: str, **kwargs: Any) -> tuple[Any, LoadReport]:
     """`model_cls.from_pretrained(path, **kwargs)`, refused (ConfigError naming `key`) unless every
     tensor landed (`LoadReport.problem`)."""
-    with loading("weights", path, key), _load_report_held():
+    with loading("weights", path, key), _load_report_held(), library_progress_bars():
         model, info = model_cls.from_pretrained(Path(path), **kwargs, **REPORT_KWARGS)
     report = LoadReport.of(model, info)
     why = report.problem()

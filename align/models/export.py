@@ -24,6 +24,7 @@ import torch
 from align.config import LoraExport
 from align.models.adapter import save_adapter
 from align.models.lora import ADAPTER_DIR
+from align.run.quiet import library_progress_bars
 
 log = logging.getLogger("align")
 
@@ -91,13 +92,14 @@ def export_hf(model: torch.nn.Module, tokenizer, out: Path, state_dict: dict | N
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     lora = is_peft(model)
-    if lora and what != LoraExport.merged:
-        save_adapter(model, tmp / ADAPTER_DIR, state_dict)
-        tokenizer.save_pretrained(tmp / ADAPTER_DIR)
-    if not lora or what != LoraExport.adapter:
-        plain = state_dict is None or lora  # a LoRA host copy already holds the gathered tensors
-        merged(model, state_dict).save_pretrained(tmp, **({} if plain else {"state_dict": state_dict}))
-        tokenizer.save_pretrained(tmp)
+    with library_progress_bars():
+        if lora and what != LoraExport.merged:
+            save_adapter(model, tmp / ADAPTER_DIR, state_dict)
+            tokenizer.save_pretrained(tmp / ADAPTER_DIR)
+        if not lora or what != LoraExport.adapter:
+            plain = state_dict is None or lora  # a LoRA host copy already holds the gathered tensors
+            merged(model, state_dict).save_pretrained(tmp, **({} if plain else {"state_dict": state_dict}))
+            tokenizer.save_pretrained(tmp)
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
@@ -174,7 +175,12 @@ def apply_lora(model: torch.nn.Module, cfg: ModelConfig) -> tuple[torch.nn.Modul
         model = prepare_model_for_kbit_training(model, **kw)
     kw = lora_kwargs(cfg.lora, targets)
     check_names(PeftLoraConfig, kw, "model.lora")
-    model = get_peft_model(model, PeftLoraConfig(**kw))
+    with warnings.catch_warnings():
+        # peft's PeftModel.__init__ reads `model.is_gradient_checkpointing`, the property transformers
+        # deprecated for `is_activation_checkpointing`: peft's call, not align's; the value it reads is
+        # unchanged (docs/pitfalls.md#25).
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        model = get_peft_model(model, PeftLoraConfig(**kw))
     info = {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout, "qlora": cfg.lora.qlora,
             "gate_steps": cfg.lora.gate_steps, "target_modules_requested": cfg.lora.target_modules,
             **targets.summary(), "export": export_record(cfg)}

@@ -26,6 +26,7 @@ import torch
 from align.config import Family
 from align.models.family import as_spec
 from align.models.registry import FamilySpec
+from align.run.quiet import library_progress_bars
 
 MAX_ABS = 1e-5
 
@@ -98,7 +99,8 @@ def load_export(export_dir: Path, family: Family | FamilySpec, like: Optional[to
         experts = getattr(like.config, "_experts_implementation", None)
         if experts and spec.moe_shape(like.config) is not None:
             kw["experts_implementation"] = experts
-    return model_cls.from_pretrained(Path(export_dir), **kw)
+    with library_progress_bars():
+        return model_cls.from_pretrained(Path(export_dir), **kw)
 
 
 def compare(ref: Outputs, got: Outputs, max_abs: float = MAX_ABS) -> RoundTripReport:

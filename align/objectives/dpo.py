@@ -239,8 +239,10 @@ class DPO:
         return table
 
     def _cache_root(self) -> Path:
-        """Beside the encode cache (`data.cache_dir`'s parent): `<parent>/reference/<key>.npy`."""
-        return Path(self.train_cfg.data.cache_dir).parent / "reference"
+        """Beside the encode cache (its directory's parent): `<parent>/reference/<key>.npy`."""
+        from align.data.cache import encode_dir
+
+        return encode_dir(self.train_cfg.data).parent / "reference"
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device

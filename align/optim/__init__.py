@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import math
 from typing import TYPE_CHECKING, Any, Callable
 
 from align.config import OptimizerConfig, OptimizerName
@@ -10,7 +12,7 @@ from align.config import OptimizerConfig, OptimizerName
 if TYPE_CHECKING:  # torch is imported by the calls, not by preflight's kwargs builders
     import torch
 
-SCHEDULER = "transformers:get_cosine_schedule_with_warmup"
+SCHEDULER = "align.optim:cosine_with_warmup"
 """The LR schedule factory (an import path: preflight reads its signature without importing it)."""
 
 
@@ -57,6 +59,27 @@ def build_optimizer(cfg: OptimizerConfig, params, device: torch.device) -> torch
     params = list(params)
     sharded = any(isinstance(p, DTensor) for p in params)
     return optimizer_class(cfg, sharded)(params, **optimizer_kwargs(cfg, device.type))
+
+
+def _cosine_factor(step: int, *, num_warmup_steps: int, num_training_steps: int, num_cycles: float) -> float:
+    if step < num_warmup_steps:
+        return float(step) / float(max(1, num_warmup_steps))
+    progress = float(step - num_warmup_steps) / float(max(1, num_training_steps - num_warmup_steps))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * float(num_cycles) * 2.0 * progress)))
+
+
+def cosine_with_warmup(optimizer: torch.optim.Optimizer, num_warmup_steps: int, num_training_steps: int,
+                       num_cycles: float = 0.5, last_epoch: int = -1):
+    """transformers' `get_cosine_schedule_with_warmup` (same signature, same factor at every step, a
+    partial on torch's LambdaLR as there), written here because its module imports transformers'
+    Trainer utilities, and they import peft and bitsandbytes whenever installed: every run would
+    import both for one formula (docs/pitfalls.md#25). tests/unit/optim/test_schedule.py holds the
+    two equal."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    factor = functools.partial(_cosine_factor, num_warmup_steps=num_warmup_steps,
+                               num_training_steps=num_training_steps, num_cycles=num_cycles)
+    return LambdaLR(optimizer, factor, last_epoch)
 
 
 def scheduler_factory():

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Any, Optional
 
 from align.config.base import AUTO
 from align.parallel import compile_artifacts
+from align.run.caches import cache_location
 
 COMPILE = "torch:compile"
 """The callable `nn.Module.compile` hands its kwargs to: the name preflight checks them against."""
@@ -188,19 +188,15 @@ def apply_memory_budget(requested: Optional[float]) -> dict[str, Any]:
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "align" / "inductor"
-
-
 def apply_cache_dir() -> dict[str, str]:
     """Point inductor's on-disk caches (FX graphs, generated kernels, autotune results, and Triton's
     under it) at a directory that outlives the run, unless the environment names one (the user's
     wins): torch's own default lives under /tmp, which a reboot or a fresh container empties."""
     if os.environ.get(CACHE_ENV):
         return {"dir": os.environ[CACHE_ENV], "source": f"${CACHE_ENV} from the environment"}
-    path = default_cache_dir()
-    os.environ[CACHE_ENV] = str(path)
-    return {"dir": str(path), "source": "align's default (XDG_CACHE_HOME or ~/.cache, then align/inductor)"}
+    where = cache_location("inductor")
+    os.environ[CACHE_ENV] = where["dir"]
+    return where
 
 
 def compile_seconds() -> float:

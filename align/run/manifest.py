@@ -99,6 +99,7 @@ SCHEMA: dict[str, Any] = {
         "tokenizer_sha256": "sha256 over the tokenizer files' content",
         "chat_template_sha256": "sha256 of the chat template text",
         "encode_cache_key": "key of the encode cache entry used",
+        "encode_cache_dir": "the encode cache's directory and its source (data.cache_dir, $ALIGN_CACHE_DIR, ...)",
         "encode_meta": "the encoded dataset's own provenance (.meta): cache hit, entry, encode version, "
         "per-source hashes",
         "encode_stats": "records in/kept/dropped/truncated, tokens, loss tokens",

@@ -178,6 +178,10 @@ class RunRecord:
             encode_cache_key(cfg),
             "this build has no encode cache: every run encodes from scratch",
         )
+        from align.run.caches import encode_location
+
+        m.set("data.encode_cache_dir", encode_location(cfg.data.cache_dir) if cfg.data.cache else None,
+              "data.cache=false: nothing read or written")
         m.null("data.encode_meta", "pending: read from the encoded dataset after build")
         m.null("data.format", "pending: detected from the records when they are read")
 

@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from align.errors import ConfigError
+from align.run.caches import cache_home
 
 CACHE_ENV = "ALIGN_SIGNATURE_CACHE"
-"""Directory of the cache (tests point it at a tmp dir); default $XDG_CACHE_HOME/align/signatures."""
+"""Directory of the cache; default `signatures/` in align's cache directory (align.run.caches)."""
 
 
 @dataclass
@@ -167,7 +168,7 @@ def _top(obj: Any) -> str:
 def cache_dir() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "align" / "signatures"
+    return cache_home()[0] / "signatures"
 
 
 def _key(target: str) -> Optional[dict[str, Any]]:

@@ -1,5 +1,5 @@
-"""`python -m align.tools.annotate RUN_DIR "text" [--affects KEY,...]`: correct a run's record without
-editing it (docs/triage.md#8).
+"""`python -m align.tools.annotate RUN_DIR "text" [--affects KEY,...]` (or `run_dir=RUN_DIR "text=..."
+affects=KEY,...`): correct a run's record without editing it (docs/triage.md#8).
 
 provenance.json is never touched. The correction is appended to PROVENANCE-NOTE.md beside it with
 the manifest's sha256 (so a reader can tell the manifest is the one the note was written against),
@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from align.errors import EXIT_CONFIG, EXIT_OK
 from align.run.manifest import MANIFEST, _get, manifest_paths, now
+from align.tools import keyed_argv
 
 NOTE = "PROVENANCE-NOTE.md"
 
@@ -117,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("run_dir", type=Path)
     p.add_argument("text")
     p.add_argument("--affects", default="", help="comma-separated dotted manifest keys the correction concerns")
-    args = p.parse_args(argv)
+    args = p.parse_args(keyed_argv(sys.argv[1:] if argv is None else argv, ("run_dir", "text"), ("affects",)))
     try:
         note = annotate(args.run_dir, args.text, args.affects.split(","))
     except AlignError as e:

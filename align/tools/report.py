@@ -1,4 +1,5 @@
-"""`python -m align.tools.report DIR`: one row per job of a multirun (or one run) dir, printed and plotted.
+"""`python -m align.tools.report DIR` (or `dir=DIR`; `out=` for --out): one row per job of a multirun (or one
+run) dir, printed and plotted.
 
 Per job: the overrides that differ between jobs, real (unpadded) tokens/s, padding waste, the
 fraction of zero-pad micro-batches, roots per accumulation window and the final loss, all read from
@@ -19,6 +20,7 @@ from typing import Any, Optional
 
 from align.errors import EXIT_CONFIG, AlignError
 from align.telemetry.history import history_lines
+from align.tools import keyed_argv
 
 
 def job_dirs(root: Path) -> list[Path]:
@@ -188,7 +190,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m align.tools.report", description=__doc__.splitlines()[0])
     ap.add_argument("dir", type=Path, help="a multirun dir (multirun/<sweep>) or one run dir")
     ap.add_argument("--out", type=Path, default=None, help="where report.json and report.png go (default: DIR)")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(keyed_argv(sys.argv[1:] if argv is None else argv, ("dir",), ("out",)))
     if not args.dir.is_dir():
         print(f"align: error: {args.dir}: no such directory", file=sys.stderr)
         return EXIT_CONFIG

@@ -1,5 +1,6 @@
 """`python -m align.tools.supervise [options] -- <train command>`: relaunch a training command after a
-failure while its checkpoints advance (align/control/supervisor.py; docs/distributed.md)."""
+failure while its checkpoints advance (align/control/supervisor.py; docs/distributed.md). Options as
+`--max-no-progress 3` or `max_no_progress=3`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 from align.control.supervisor import Policy, Supervisor
+from align.tools import keyed_argv
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds before the first relaunch (doubles)")
     ap.add_argument("--backoff-max", type=float, default=Policy.backoff_max_s)
     ap.add_argument("--run-dir", type=Path, default=None, help="run dir when the command has no hydra.run.dir=")
-    args = ap.parse_args(argv[:cut])
+    args = ap.parse_args(keyed_argv(argv[:cut], (), ("max_no_progress", "backoff", "backoff_max", "run_dir")))
     command = argv[cut + 1:]
     if not command:
         ap.error("no command after --")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,14 +38,20 @@ def _install(tmp_path: Path) -> Path:
     p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *flags, "--target", str(site),
                         str(src)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+    # pyproject.toml's include-package-data: with it on, setuptools printed a page per conf/ and assets/ folder
+    assert not re.search(r"\w+Warning\b", p.stderr), p.stderr[:3000]
     return site
 
 
-def _run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+def _env(site: Path) -> dict[str, str]:
     # The installed copy first, then the caller's path (the environment's own packages stay reachable).
     path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": path}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": path}
+
+
+def _run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=_env(site), capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_an_installed_align_composes_and_preflights_from_another_directory(tmp_path):
@@ -61,7 +68,12 @@ def test_an_installed_align_composes_and_preflights_from_another_directory(tmp_p
     assert job.returncode == 0, job.stderr[-2000:]
     assert "family: olmoe" in job.stdout and "kind: bucket" in job.stdout
 
-    pre = _run(site, cwd, "-m", "align.tools.preflight", "allow_dirty=true")
+    # The console script pip wrote (pyproject.toml [project.scripts]), run as a user would.
+    script = site / "bin" / "align"
+    assert "preflight" in subprocess.run([str(script), "--help"], cwd=cwd, env=_env(site), capture_output=True,
+                                         text=True, timeout=60).stdout
+    pre = subprocess.run([str(script), "preflight", "allow_dirty=true"], cwd=cwd, env=_env(site), capture_output=True,
+                         text=True, timeout=300)
     assert pre.returncode == 0, (pre.stdout + pre.stderr)[-3000:]
     assert f"data file: {site / 'align' / 'data' / 'assets' / 'gsm8k' / 'train.jsonl'}" in pre.stdout
     assert "preflight PASS" in pre.stdout

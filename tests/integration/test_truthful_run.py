@@ -265,6 +265,23 @@ def test_the_trainers_exit_code_and_its_meaning_are_recorded(tmp_path, code, rea
     assert m["run"]["exit_code"] == code and m["run"]["exit_reason"].startswith(reason)
 
 
+@pytest.mark.parametrize("override", [None, "data.cache_dir", "data.cache=false"])
+def test_the_encode_cache_directory_and_its_source_are_recorded_beside_the_key(tmp_path, override):
+    extra = {None: [], "data.cache_dir": [f"data.cache_dir={tmp_path / 'c'}"], "data.cache=false": ["data.cache=false"]}
+    typed, record, run_dir, checks = _record(tmp_path, "logger=none", *extra[override])
+    with record:
+        record.start(checks)
+        record.finished(None, 0)
+    m = load(run_dir)
+    assert_present_and_null(m)
+    assert m["data"]["encode_cache_key"]
+    want = {None: {"dir": str(Path(os.environ["ALIGN_CACHE_DIR"]) / "encode"), "source": "$ALIGN_CACHE_DIR/encode"},
+            "data.cache_dir": {"dir": str(tmp_path / "c"), "source": "data.cache_dir"}, "data.cache=false": None}
+    assert m["data"]["encode_cache_dir"] == want[override]
+    if override == "data.cache=false":
+        assert m["null_reasons"]["data.encode_cache_dir"].startswith("data.cache=false")
+
+
 def test_encode_cache_provenance_is_taken_from_the_data_pipeline(tmp_path, monkeypatch):
     # Stand-in for align.data.cache (data branch): preflight and start() compute the key from files;
     # after build, the encoded dataset's own .meta (cache hit or miss) is what gets recorded.

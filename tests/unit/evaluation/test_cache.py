@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -114,7 +115,19 @@ def test_a_finished_arm_rerun_generates_nothing_and_a_changed_one_does(tiny_expo
     off = replace(cfg, eval=replace(cfg.eval, cache=False))
     assert job(off, "off").run() == 0 and len(loads) == 3
     rec = json.loads((tmp_path / "off" / "eval.json").read_text())["arms"]["model"]["cache"]
-    assert rec["enabled"] is False and rec["hit"] is False
+    assert rec["enabled"] is False and rec["hit"] is False and rec["dir_source"] is None
+    assert first["arms"]["model"]["cache"]["dir_source"] == "eval.cache_dir"
+
+
+def test_by_default_the_eval_cache_is_in_the_user_cache_directory(tiny_export, tmp_path, monkeypatch):
+    from align.evaluation.job import EvalJob
+
+    monkeypatch.setenv("ALIGN_CACHE_DIR", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert EvalJob(run_config(tiny_export, tmp_path, cache_dir=None), tmp_path / "run", [], [], {}).run() == 0
+    rec = json.loads((tmp_path / "run" / "eval.json").read_text())["arms"]["model"]["cache"]
+    assert rec["dir_source"] == "$ALIGN_CACHE_DIR/eval" and Path(rec["path"]).parent == tmp_path / "home" / "eval"
+    assert Path(rec["path"]).is_file() and not (tmp_path / ".cache").exists()
 
 
 def test_an_engine_that_resolved_other_settings_than_the_key_says_stops_the_arm(tiny_export, tmp_path, monkeypatch):

@@ -124,3 +124,17 @@ def test_preflight_checks_the_peft_and_bnb_kwargs_by_name_before_any_model_load(
     assert bad.status == Status.failed and "['lora_dropuot']" in bad.detail and bad.key == "model.lora"
     assert checks.lora_site(to_typed(compose(["model=mistral"]))) is None
     assert isinstance(checks.lora_site(cfg), KwargsSite)
+
+
+def test_applying_lora_warns_nothing(build):
+    """peft reads transformers' deprecated `is_gradient_checkpointing`; align's LoRA build says nothing of it."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        b = build(Family.mistral, lora=_lora())
+    assert b.info["lora"]["targets"]
+    # What a plain run would print: Python shows no DeprecationWarning raised outside __main__.
+    hidden = (DeprecationWarning, PendingDeprecationWarning)
+    shown = [str(w.message) for w in seen if not issubclass(w.category, hidden)]
+    assert shown == []

@@ -99,9 +99,10 @@ def test_a_switch_outside_true_false_auto_is_refused():
 
 def test_the_inductor_cache_goes_to_a_persistent_default_unless_the_environment_names_one(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("ALIGN_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     rec = apply_cache_dir()
-    assert rec["dir"] == str(tmp_path / "xdg" / "align" / "inductor")
+    assert rec == {"dir": str(tmp_path / "xdg" / "align" / "inductor"), "source": "$XDG_CACHE_HOME/align/inductor"}
     import os
 
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == rec["dir"]
