@@ -50,9 +50,9 @@ from align.parallel.launch import log_rank_to_file
 from align.parallel.wrap import parallelize
 from align.probes.mask import assert_masks
 from align.probes.sdpa import sdpa_kernel_family
+from align.telemetry.console import end_of_run
 from align.telemetry.history import History
-from align.telemetry.plots import plot_run
-from align.telemetry.progress import Progress
+from align.telemetry.progress import start_progress
 from align.telemetry.throughput import Throughput
 from align.telemetry.wandb_logger import Logger, build_logger, wandb_init_kwargs
 
@@ -290,7 +290,7 @@ class Trainer:
         cfg = self.cfg.trainer
         batches = iter(self.stream)
         self.t_start = time.perf_counter()
-        progress = Progress(cfg.max_steps, self.state.step, self.env.is_main, cfg.log_every)
+        progress = start_progress(self)  # the start block, then a bar or log lines of the objective's metrics
         with self.stop, contextlib.closing(progress):  # a signal only flags a stop; the boundary acts on it
             while self.state.step < cfg.max_steps:
                 metrics, verdict = self.train_step(batches)
@@ -298,7 +298,7 @@ class Trainer:
                     metrics.update(self.evaluate())  # into this step's row; a stop skips it (time is short)
                 with record_function("align.log"):  # phases name the host's work in a profile (align.probes.gaps)
                     self.log(metrics)
-                    progress.update(metrics["step"], metrics["loss"], metrics["tokens_per_s"], metrics["step_time_s"])
+                    progress.update(metrics)
                 if self.state.skips.over(cfg.max_consecutive_skipped_steps):
                     self.halt()
                 if verdict.stop or (cfg.save_every and self.state.step % cfg.save_every == 0):
@@ -439,7 +439,7 @@ class Trainer:
         self.logger.summary(self.summary())
         if self.history is not None:
             self.history.close()
-            plot_run(self.run_dir, self.cfg.name or self.run_dir.name, self.logger)
+            end_of_run(self, code, time.perf_counter() - self.t_start)  # plots/loss.png and the summary
         self.logger.finish(code)
         return code
 

@@ -8,7 +8,8 @@ An objective decides
 - the forward and loss of one micro-batch (`micro_loss`, a SUM over the micro-batch's loss units)
   and the unit the window normalises by (`weight`: loss tokens for SFT, pairs for DPO), so a window
   cut into micro-batches any way weighs every unit the same;
-- the metrics it adds to a step's row (`window_metrics`);
+- the metrics it adds to a step's row (`window_metrics`), and which of the row's metrics a person
+  watches (`console_metrics`: the progress line, the end summary, the loss plot);
 - the extra state a checkpoint must hold: `state_dict` / `load_state_dict` what all ranks share (a
   reference's identity, a rollout count), `rank_state_dict` / `load_rank_state_dict` what is this
   rank's own (a rollout buffer: each rank generates its own completions);
@@ -57,6 +58,9 @@ class View:
 
 class Objective(Protocol):
     name: str
+    console_metrics: tuple[tuple[str, str], ...]
+    """(label, history key) of the metrics the progress line, the end summary and plots/loss.png show
+    (align/telemetry/console.py), most telling first."""
 
     @staticmethod
     def view(cfg: "TrainConfig", tokenizer: Any, index: int) -> View:

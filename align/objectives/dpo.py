@@ -51,6 +51,7 @@ log = logging.getLogger("align")
 
 class DPO:
     name = "dpo"
+    console_metrics = (("loss", "loss"), ("reward acc", "rewards/accuracy"), ("margin", "rewards/margin"))
     view = staticmethod(pair_view)
 
     def __init__(self, cfg: TrainConfig) -> None:

@@ -60,6 +60,8 @@ class StaleWeights(AlignError):
 
 class GRPO:
     name = "grpo"
+    # the clipped surrogate's value says little (about 0 with group-normalised advantages): the reward does
+    console_metrics = (("reward", "reward/mean"), ("kl", "kl/ref_mean"), ("logp mismatch", "mismatch/logp_abs_mean"))
     view = staticmethod(prompt_view)
 
     def __init__(self, cfg: TrainConfig) -> None:

@@ -21,6 +21,7 @@ from align.parallel.env import DistEnv, autocast_dtype
 
 class SFT:
     name = "sft"
+    console_metrics = (("loss", "loss"),)
     view = staticmethod(chat_view)
 
     def __init__(self, cfg: TrainConfig) -> None:

@@ -61,6 +61,6 @@ def test_the_plot_title_takes_a_token_shaped_run_name_redacted(tmp_path, monkeyp
     from align.telemetry.wandb_logger import Logger
 
     titles: list[str] = []
-    monkeypatch.setattr(plots, "write_loss_plot", lambda run_dir, title: titles.append(title))
+    monkeypatch.setattr(plots, "write_loss_plot", lambda run_dir, title, *_: titles.append(title))
     plots.plot_run(tmp_path, "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cD1eF3g", Logger())
-    assert titles == [f"training loss: {REDACTED}"]
+    assert titles == [f"training: {REDACTED}"]
