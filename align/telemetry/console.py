@@ -13,10 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
-
-if TYPE_CHECKING:
-    from align.trainer import Trainer
+from typing import Any, Mapping, Optional, Sequence
 
 log = logging.getLogger("align")
 
@@ -59,7 +56,7 @@ def _formats(meta: Mapping[str, Any]) -> str:
     return ", ".join(f"{src}: {f.get('format', f) if isinstance(f, Mapping) else f}" for src, f in formats.items())
 
 
-def start_lines(trainer: "Trainer") -> list[str]:
+def start_lines(trainer: Any) -> list[str]:
     cfg, info = trainer.cfg, trainer.model_info
     stats = dict(getattr(trainer.data, "stats", None) or {})
     meta = dict(getattr(trainer.data, "meta", None) or {})
@@ -90,7 +87,7 @@ def last_row(run_dir: Path) -> dict[str, Any]:
     return rows[-1] if rows else {}
 
 
-def end_lines(trainer: "Trainer", code: int, wall_s: float, last: Mapping[str, Any]) -> list[str]:
+def end_lines(trainer: Any, code: int, wall_s: float, last: Mapping[str, Any]) -> list[str]:
     from align.run.manifest import MANIFEST
 
     s, run_dir = trainer.state, Path(trainer.run_dir)
@@ -104,19 +101,19 @@ def end_lines(trainer: "Trainer", code: int, wall_s: float, last: Mapping[str, A
     ]
 
 
-def announce_start(trainer: "Trainer") -> None:
+def announce_start(trainer: Any) -> None:
     if trainer.env.is_main:
         for line in start_lines(trainer):
             log.info(line)
 
 
-def announce_end(trainer: "Trainer", code: int, wall_s: float) -> None:
+def announce_end(trainer: Any, code: int, wall_s: float) -> None:
     if trainer.env.is_main:
         for line in end_lines(trainer, code, wall_s, last_row(trainer.run_dir)):
             log.info(line)
 
 
-def end_of_run(trainer: "Trainer", code: int, wall_s: float) -> None:
+def end_of_run(trainer: Any, code: int, wall_s: float) -> None:
     """Rank 0, once history is closed: plots/loss.png of the objective's metrics, then the summary."""
     from align.telemetry.plots import plot_run
 
