@@ -36,6 +36,7 @@ from align.evaluation.scoring import build_scorer
 from align.generation import GenerateMode, HFEngine, build_engine
 from align.generation.fingerprint import fingerprint
 from align.parallel.env import DistEnv
+from align.telemetry.progress import Phase
 
 PREFIX = "eval/"
 
@@ -94,7 +95,7 @@ class TrainingEval:
         index = (torch.cuda.current_device() if device.index is None else device.index) if cuda else None
         with torch.random.fork_rng(devices=[index] if cuda else [], device_type="cuda" if cuda else None):
             engine, stance = self._engine(model, compiled)
-            with torch.no_grad(), autocast(), stance():
+            with torch.no_grad(), autocast(), stance(), Phase("in-training eval", enabled=self.env.is_main):
                 shard = generate_shard(engine, self.tokenizer, self.data, self.cfg, self.scorer,
                                        prompts_per_call(self.engine_cfg, self.cfg.samples), progress=False,
                                        rank=self.env.rank, world=self.env.world)

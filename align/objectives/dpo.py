@@ -44,6 +44,7 @@ from align.objectives.reference import (
 )
 from align.objectives.views import pair_view
 from align.parallel.env import DistEnv, autocast_dtype
+from align.telemetry.progress import Phase
 
 log = logging.getLogger("align")
 
@@ -230,8 +231,10 @@ class DPO:
         table = torch.zeros(self.pairs.pairs, 2, dtype=torch.float32)
         was = self.model.training
         self.model.eval()
-        with torch.no_grad():
+        main = self.env is None or self.env.is_main
+        with torch.no_grad(), Phase("reference log-probs (pairs)", self.pairs.pairs, enabled=main) as phase:
             for b in batches:
+                phase.advance(len(b.pair_rows))
                 b = b.to(self._device())
                 seq = self.sequence_logps(self.forward, b).cpu()
                 ids = torch.as_tensor(b.pair_rows)

@@ -50,6 +50,7 @@ from align.objectives.router_flips import RouterRecorder, flips, generation_topk
 from align.objectives.views import prompt_view
 from align.parallel.env import DistEnv, autocast_context
 from align.rewards import WeightedReward
+from align.telemetry.progress import Phase
 
 _GEN_DTYPES = {GenerationDtype.bf16: torch.bfloat16, GenerationDtype.fp32: torch.float32}
 
@@ -236,7 +237,8 @@ class GRPO:
 
     def _new_rollout(self, batches: Iterator[Batch], micro: int) -> None:
         weights = self._sync_engine()
-        groups, stats = self._groups(batches)
+        with Phase(f"rollout {self.rollouts}", enabled=self.env is None or self.env.is_main, quiet=True):
+            groups, stats = self._groups(batches)  # a rollout that lasts long says so
         rewards = torch.from_numpy(np.stack([g["rewards"] for g in groups]))
         adv = group_advantages(rewards, self.cfg.advantage.value).reshape(-1).numpy()
         seqs = [(g["row"], gi, g["prompt"], o) for gi, g in enumerate(groups) for o in g["outs"]]

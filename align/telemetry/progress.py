@@ -88,15 +88,18 @@ def start_progress(trainer: Any) -> Progress:
 
 class Phase:
     """Progress of a long phase of `total` items (None: unknown) on rank 0: a bar on a TTY, else a
-    line at the start, about every `every_s` seconds, and at the end; each line also in train.log."""
+    line at the start, about every `every_s` seconds, and at the end; each line also in train.log.
+    `quiet`: a phase that recurs every step (a rollout) says nothing unless it lasts `every_s`."""
 
-    def __init__(self, what: str, total: Optional[int], enabled: bool = True, every_s: float = 30.0) -> None:
-        self.what, self.total, self.enabled, self.every_s = what, total, enabled, every_s
+    def __init__(self, what: str, total: Optional[int] = None, enabled: bool = True, every_s: float = 30.0,
+                 quiet: bool = False) -> None:
+        self.what, self.total, self.enabled, self.every_s, self.quiet = what, total, enabled, every_s, quiet
         self.tty = enabled and sys.stderr.isatty()
         self.done = 0
         self.t0 = self.t_said = time.perf_counter()
         self.bar = tqdm(total=total, desc=what, dynamic_ncols=True, disable=not self.tty, leave=False)
-        self.say(f"{what}: started" + (f" ({total:,} to do)" if total else ""))
+        if not quiet:
+            self.say(f"{what}: started" + (f" ({total:,} to do)" if total else ""))
 
     def say(self, line: str) -> None:
         if self.tty:
@@ -118,5 +121,6 @@ class Phase:
 
     def __exit__(self, *exc: Any) -> None:
         self.bar.close()
-        if exc[0] is None:
-            self.say(f"{self.what}: {self.done:,} done in {time.perf_counter() - self.t0:,.1f}s")
+        seconds = time.perf_counter() - self.t0
+        if exc[0] is None and (not self.quiet or seconds >= self.every_s):
+            self.say(f"{self.what}: " + (f"{self.done:,} " if self.done else "") + f"done in {seconds:,.1f}s")

@@ -16,7 +16,8 @@ from tests.conftest import recorded_run
 DPO = ["objective=dpo", "trainer.device=cpu", "data.max_records=16", "sampler=shuffle", "sampler.micro_batch_size=4",
        "data.max_seq_len=128", "data.truncation=drop", "data.on_bad_record=skip"]
 GRPO = ["objective=grpo", "objective.group_size=4", "objective.prompts_per_rollout=4", "trainer.device=cpu",
-        "data.max_records=16", "objective.kl_coef=0.05"]
+        "data.max_records=16", "objective.kl_coef=0.05", "eval=gsm8k", "trainer.eval_every=2", "eval.limit=2",
+        "eval.max_new_tokens=4"]
 
 
 def logged_run(tmp_path: Path, overrides: list[str]) -> tuple[list[str], Path]:
@@ -43,7 +44,8 @@ def block(lines: list[str], head: str) -> str:
 
 @pytest.mark.parametrize("kind", ["dpo", "grpo"])
 def test_the_start_block_the_steps_and_the_summary_reach_train_log(tmp_path, kind):
-    lines, run_dir = logged_run(tmp_path, DPO if kind == "dpo" else GRPO)
+    cache = [f"data.cache_dir={tmp_path / 'cache'}"]  # a fresh reference precompute: its progress shows
+    lines, run_dir = logged_run(tmp_path, DPO + cache if kind == "dpo" else GRPO)
     text = "\n".join(lines)
     assert block(lines, "model ").startswith("model     mistral MistralForCausalLM: ") and " trainable / " in text
     assert block(lines, "objective ").startswith(f"objective {kind} ")
@@ -59,10 +61,15 @@ def test_the_start_block_the_steps_and_the_summary_reach_train_log(tmp_path, kin
         want = f"loss {rows[1]['loss']:.4f} reward acc {rows[1]['rewards/accuracy']:.4f} margin "
         assert steps[1].startswith(f"step 2/2 {want}"), steps
         assert block(lines, "objective ").endswith("watching: loss, reward acc, margin")
+        pairs = json.loads((run_dir / "provenance.json").read_text())["data"]["encode_stats"]["pairs"]
+        ref = "reference log-probs (pairs): "
+        assert block(lines, ref + "started") == f"{ref}started ({pairs} to do)"
+        assert block(lines, f"{ref}{pairs} done in ")
     else:
         assert steps[0].startswith(f"step 1/2 reward {rows[0]['reward/mean']:.4f} kl "), steps
         assert " logp mismatch " in steps[0] and " loss " not in steps[0]  # the surrogate is not the signal
         assert block(lines, "objective ").endswith("watching: reward, kl, logp mismatch")
+        assert block(lines, "in-training eval: started") and block(lines, "in-training eval: done in ")
     done = block(lines, "done ")
     tokens = sum(r["tokens"] for r in rows)
     assert done.startswith(f"done      exit 0: 2 steps, {tokens:,} tokens in ") and "tokens/s)" in done

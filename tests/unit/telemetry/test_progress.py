@@ -83,3 +83,15 @@ def test_a_phase_off_a_tty_says_start_and_end(caplog):
     got = lines_of(caplog)
     assert got[0] == "rollout 0: started (8 to do)" and got[1].startswith("rollout 0: 4/8 in ")
     assert got[-1].startswith("rollout 0: 8 done in "), got
+
+
+def test_a_quiet_phase_says_nothing_unless_it_lasts(caplog):
+    """A rollout recurs every GRPO step: only one that lasts `every_s` gets a line."""
+    with caplog.at_level(logging.INFO, logger="align"):
+        with Phase("rollout 0", quiet=True, every_s=3600.0):
+            pass
+        assert lines_of(caplog) == []
+        with Phase("rollout 1", quiet=True, every_s=0.0):
+            pass
+    (line,) = lines_of(caplog)
+    assert line.startswith("rollout 1: done in ")
