@@ -20,7 +20,7 @@ from align.evaluation.config import EvalRunConfig, EvalTask
 from align.evaluation.datasets import EvalData, load_data
 from align.evaluation.model_source import ModelSource, model_record, resolve_source
 from align.evaluation.refusal import discriminate
-from align.evaluation.report import REPORT_MD, EvalRecord, markdown
+from align.evaluation.report import REPORT_JSON, REPORT_MD, EvalRecord, markdown
 from align.evaluation.runner import (
     ArmRun,
     essentials_of,
@@ -107,8 +107,7 @@ class EvalJob:
         self.record.set(f"arms.{name}", {**arm, "metrics": run.metrics, "timing": run.timing,
                                           "samples_file": samples_file.name}, reasons)
         self.record.write("running")
-        log.info("eval %s: %s", name, ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                                                for k, v in run.metrics.items()))
+        log.info("eval %s: %s", name, metrics_line(run.metrics))
 
     def _model_arm(self, name: str, source: ModelSource, data: EvalData, scorer: Scorer):
         import torch
@@ -222,6 +221,10 @@ class EvalJob:
             self.record.set("discriminator", discriminate({n: a.metrics for n, a in self.arms.items()}))
         (self.run_dir / REPORT_MD).write_text(markdown(self.record.data))
         self._log_wandb()
+        # the summary a person reads last: the arms' lines above it have scrolled away on a long eval
+        for name, run in self.arms.items():
+            log.info("result %s: %s", name, metrics_line(run.metrics))
+        log.info("report %s, record %s", self.run_dir / REPORT_MD, self.run_dir / REPORT_JSON)
 
     def _log_wandb(self) -> None:
         from align.config import LoggerKind
@@ -236,3 +239,7 @@ class EvalJob:
                    if isinstance(v, (int, float))}
         logger.summary({**summary, "eval/task": self.cfg.eval.task.value})
         logger.finish(0)
+
+
+def metrics_line(metrics: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())

@@ -86,8 +86,12 @@ def _final(answer: str) -> str:
 
 
 def test_the_oracle_scores_100_and_its_shuffle_scores_chance(tmp_path):
-    _, gold, _ = _eval(tmp_path, "eval=gsm8k", "eval.oracle=true", name="gold")
+    p, gold, gold_dir = _eval(tmp_path, "eval=gsm8k", "eval.oracle=true", name="gold")
     assert gold["arms"]["oracle"]["metrics"]["pass@1"] == 1.0 and gold["dataset"]["records"] == 1319
+    # the console ends with the metrics and where the record is (the lines go to the eval's log too)
+    tail = [ln.split(" - ", 1)[-1] for ln in p.stdout.strip().splitlines()[-2:]]
+    assert tail[0].startswith("result oracle: ") and "pass@1=1.0000" in tail[0], p.stdout[-2000:]
+    assert tail[1] == f"report {gold_dir / 'eval.md'}, record {gold_dir / 'eval.json'}", p.stdout[-2000:]
     _, shuf, run_dir = _eval(tmp_path, "eval=gsm8k", "eval.oracle=true", "eval.oracle_shuffle=true", name="shuf")
     from align.data.sources import bundled_gsm8k
 
