@@ -133,15 +133,18 @@ def test_a_frame_that_compiles_more_graphs_than_expected_is_found():
     torch._dynamo.reset()
 
 
-def test_the_first_step_and_the_compile_share_are_on_the_progress_line(capsys, monkeypatch):
+def test_the_first_step_and_the_compile_share_are_on_the_progress_line(caplog, monkeypatch):
+    import logging
+
     import align.telemetry.progress as progress
 
     clock = iter([10.0, 11.5, 11.5])  # 10 s compiled before this run (an earlier job of the process)
     monkeypatch.setattr(progress, "compile_seconds", lambda: next(clock))
-    p = progress.Progress(4, 0, True, 1)
-    p.tty = False
-    p.update(1, 2.0, 100.0, 3.25)
-    err = capsys.readouterr().err
+    with caplog.at_level(logging.INFO, logger="align"):
+        p = progress.Progress(4, 0, True, 1)
+        p.tty = False
+        p.update({"step": 1, "loss": 2.0, "tokens_per_s": 100.0, "step_time_s": 3.25})
+    err = "\n".join(r.getMessage() for r in caplog.records)
     assert "first step 3.2s (compiling 1.5s so far)" in err and "of the wall" in err
 
 
