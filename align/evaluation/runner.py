@@ -10,6 +10,7 @@ c samples with seed derive_seed(eval.seed, c): the same settings draw the same c
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -78,12 +79,19 @@ class SampleProgress:
         self._next = max(1, total // 10)
 
     def update(self, n: int) -> None:
+        """The lines go through the `align` logger (the console and the run's log); under a bar, to the
+        log file only (align/telemetry/progress.py)."""
+        from align.telemetry.progress import to_log_files
+
         self.done += n
-        if self.tty:
-            self.bar.update(n)
-        elif self.enabled and (self.done >= self._next or self.done == self.total):
+        self.bar.update(n)
+        if self.enabled and (self.done >= self._next or self.done == self.total):
             rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
-            print(f"{self.label}: {self.done}/{self.total} samples, {rate:.2f} samples/s", file=sys.stderr, flush=True)
+            line = f"{self.label}: {self.done}/{self.total} samples, {rate:.2f} samples/s"
+            if self.tty:
+                to_log_files(line)
+            else:
+                logging.getLogger("align").info(line)
             self._next = self.done + max(1, self.total // 10)
 
     def close(self) -> None:
