@@ -78,24 +78,27 @@ def start_lines(trainer: Any) -> list[str]:
     ]
 
 
-def last_row(run_dir: Path) -> dict[str, Any]:
-    """The last step's row of history.jsonl (closed by now), {} without one."""
+def step_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The step rows of history.jsonl (closed by now; every segment of a resumed run)."""
     from align.telemetry.history import read_history
 
     path = Path(run_dir) / "history.jsonl"
-    rows = [r for r in read_history(path) if "step" in r] if path.is_file() else []
-    return rows[-1] if rows else {}
+    return [r for r in read_history(path) if "step" in r] if path.is_file() else []
 
 
-def end_lines(trainer: Any, code: int, wall_s: float, last: Mapping[str, Any]) -> list[str]:
+def end_lines(trainer: Any, code: int, wall_s: float, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """`wall_s` is this attempt's: its tokens/s counts the tokens of the steps it trained (a resumed
+    run's earlier steps were another process's)."""
     from align.run.manifest import MANIFEST
 
     s, run_dir = trainer.state, Path(trainer.run_dir)
+    first = int((trainer.model_info.get("resumed_from") or {}).get("step", 0))
+    tokens = sum(int(r.get("tokens") or 0) for r in rows if r["step"] > first)
     export = run_dir / "export"
     return [
-        f"done      exit {code}: {s.step} steps, {fmt(s.tokens)} tokens in {wall_s:,.1f}s "
-        f"({s.tokens / max(wall_s, 1e-9):,.0f} tokens/s)",
-        "final     " + (metric_fields(watched(trainer.objective), last) or "no step logged"),
+        f"done      exit {code}: {s.step} steps" + (f" (resumed at {first})" if first else "")
+        + f", {fmt(tokens)} tokens in {wall_s:,.1f}s ({tokens / max(wall_s, 1e-9):,.0f} tokens/s)",
+        "final     " + (metric_fields(watched(trainer.objective), rows[-1] if rows else {}) or "no step logged"),
         f"export    {export if export.is_dir() else 'none (trainer.export=false or the run did not finish)'}",
         f"manifest  {run_dir / MANIFEST}",
     ]
@@ -109,7 +112,7 @@ def announce_start(trainer: Any) -> None:
 
 def announce_end(trainer: Any, code: int, wall_s: float) -> None:
     if trainer.env.is_main:
-        for line in end_lines(trainer, code, wall_s, last_row(trainer.run_dir)):
+        for line in end_lines(trainer, code, wall_s, step_rows(trainer.run_dir)):
             log.info(line)
 
 

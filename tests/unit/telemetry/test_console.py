@@ -82,3 +82,15 @@ def test_the_start_block_the_steps_and_the_summary_reach_train_log(tmp_path, kin
                                                ("logp mismatch", "mismatch/logp_abs_mean")])]
     assert labels == (["loss", "reward acc", "margin"] if kind == "dpo" else ["reward", "kl", "logp mismatch"])
     assert (run_dir / "plots" / "loss.png").is_file()
+
+
+def test_a_resumed_runs_summary_counts_the_tokens_of_its_own_steps(tmp_path):
+    """tokens/s is this attempt's tokens over this attempt's wall time, not the run's since step 1."""
+    sft = ["trainer.device=cpu", "data.max_records=16", "trainer.save_every=2"]
+    logged_run(tmp_path, sft)
+    lines, run_dir = logged_run(tmp_path, [*sft, "trainer.max_steps=3"])
+    rows = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    done = [ln for ln in lines if ln.startswith("done ")][-1]
+    assert done.startswith(f"done      exit 0: 3 steps (resumed at 2), {rows[2]['tokens']:,} tokens in "), done
+    assert [ln for ln in lines if ln.startswith("step ")][-1].startswith("step 3/3 loss ")
