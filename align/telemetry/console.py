@@ -26,7 +26,8 @@ def fmt(value: Any) -> str:
         return "n/a" if value is None else str(value)
     if isinstance(value, int):
         return f"{value:,}"
-    return f"{value:.4f}" if math.isfinite(value) and abs(value) >= 1e-3 or value == 0 else f"{value:.3g}"
+    readable = value == 0 or (math.isfinite(value) and abs(value) >= 1e-3)  # else 3 significant digits
+    return f"{value:.4f}" if readable else f"{value:.3g}"
 
 
 def watched(objective: Any) -> tuple[Metric, ...]:
