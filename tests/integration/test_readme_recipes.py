@@ -1,11 +1,12 @@
 """README.md's recipes run as written.
 
-Every recipe line of the README (the indented command lines of "Recipes", and the Quick start's `align ...`
-lines) is classified here: SKIPPED (with why it cannot run on a CPU test machine) or run. A recipe that is
-run keeps every argument it has; the test appends only test-size additions (a couple of steps, a few
-records, no W&B, a run dir under tmp, allow_dirty) and replaces only the placeholders of SUBSTITUTED, most
-of them with the output of an earlier recipe of the same test. A README line that is in neither list fails
-`test_every_recipe_line_is_classified`, so a new recipe gets classified when it is written.
+Every recipe line of the README (the indented command lines of "Recipes" and "Scale out", and the
+Quick start's `align ...` lines) is classified here: SKIPPED (with why it cannot run on a CPU test
+machine) or run. A recipe that is run keeps every argument it has; the test appends only test-size
+additions (a couple of steps, a few records, no W&B, a run dir under tmp, allow_dirty) and replaces
+only the placeholders of SUBSTITUTED, most of them with the output of an earlier recipe of the same
+test. A README line that is in neither list fails `test_every_recipe_line_is_classified...`, so a new
+recipe gets classified when it is written.
 
 The runs go in-process through `align <command>` (align/__main__.py), each as its CLI would run it.
 """
@@ -30,6 +31,15 @@ SKIPPED = {
         "rewrites docs/configuration.md inside the repo; tests/config/test_docs.py checks that same generation",
     "python -m align.train data=jsonl data.path=/data/chat.jsonl model.pretrained=/ckpt/Mistral-7B-v0.3":
         "a user's data file (/data/...) and a 7B checkpoint (/ckpt/...)",
+    "launchers/torchrun.sh --nproc 8 parallel=fsdp model=olmoe model.pretrained=/ckpt/OLMoE-1B-7B-0125 "
+    "trainer.save_every=200":
+        "8 GPUs and a 7B checkpoint; tests/integration/test_launchers.py runs the launcher on CPU",
+    "NNODES=4 NODE_RANK=$i MASTER_ADDR=node0 ALIGN_RUN_DIR=/shared/runs/x launchers/torchrun.sh --nproc 8 "
+    "parallel=fsdp ...": "four nodes of 8 GPUs sharing a run dir",
+    "python -m align.train -m hydra/launcher=slurm hydra.launcher.nodes=4 hydra.launcher.partition=gpu "
+    "parallel=fsdp ...": "a Slurm cluster; tests/integration/test_launchers.py renders its sbatch script",
+    "python -m align.tools.supervise -- launchers/torchrun.sh --nproc 8 parallel=fsdp trainer.save_every=200 ...":
+        "relaunches 8 GPU processes; tests/unit/control/test_supervisor.py holds the supervisor",
 }
 """Recipe (the command, without its comment) -> why it is not run here."""
 
@@ -55,13 +65,14 @@ MODULES = {"align.preflight": "preflight"}
 
 def recipe_lines(readme: str) -> list[str]:
     """The README's recipe commands, comments dropped: indented `python -m` lines of the "Recipes"
-    section and indented `align ` lines of the Quick start."""
+    section, indented `align ` lines of the Quick start, and every indented command of "Scale out"."""
     def section(title):
-        return readme.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+        return readme.split(f"\n## {title}", 1)[1].split("\n", 1)[1].split("\n## ", 1)[0]
 
-    picks = [(section("Quick start"), "align "), (section("Recipes"), "python -m ")]
+    picks = [(section("Quick start"), "align "), (section("Recipes"), "python -m "), (section("Scale out"), "")]
     return [re.split(r"\s+#\s", ln.strip(), maxsplit=1)[0].strip() for text, start in picks
-            for ln in text.splitlines() if ln.startswith("    ") and ln.strip().startswith(start)]
+            for ln in text.splitlines()
+            if ln.startswith("    ") and ln.strip().startswith(start) and not ln.strip().startswith("#")]
 
 
 def readme_recipes() -> list[str]:
@@ -89,8 +100,9 @@ def test_every_recipe_line_is_classified_and_every_entry_is_in_the_readme():
 def test_recipe_lines_are_read_with_comments_dropped():
     text = ("# t\n\n## Quick start\n\n    align train a=1     # python -m align.train a=1\n    make train\n"
             "## Recipes\n\n    python -m align.eval x=<y> z=1   # what\n                      # a continuation\n"
+            "## Scale out (more)\n\n    # a comment line\n    launchers/x.sh --n 2 ...\n"
             "## Next\n\n    python -m align.train never\n")
-    assert recipe_lines(text) == ["align train a=1", "python -m align.eval x=<y> z=1"]
+    assert recipe_lines(text) == ["align train a=1", "python -m align.eval x=<y> z=1", "launchers/x.sh --n 2 ..."]
 
 
 def _argv(recipe: str) -> tuple[str, list[str]]:
