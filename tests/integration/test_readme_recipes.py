@@ -14,6 +14,7 @@ The runs go in-process through `align <command>` (align/__main__.py), each as it
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -149,17 +150,24 @@ CHAINED = ("<run_id>", "<sweep_id>", "<tuned>", "<base>", "/ckpt/sft-export")
 
 
 @pytest.fixture
-def environ_kept():
+def process_state_kept():
     """The runs are in-process: whatever of os.environ they set (align.trainer's allocator setting,
-    align.parallel.compile's cache dir) goes with the test."""
-    saved = dict(os.environ)
+    align.parallel.compile's cache dir) and the root logger's handlers Hydra's job logging adds go
+    with the test."""
+    saved, root = dict(os.environ), logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     yield
     os.environ.clear()
     os.environ.update(saved)
+    for h in root.handlers[:]:
+        if h not in handlers:
+            root.removeHandler(h)
+            h.close()
+    root.setLevel(level)
 
 
 @pytest.mark.slow
-def test_readme_recipes_run_as_written(tmp_path, monkeypatch, environ_kept):
+def test_readme_recipes_run_as_written(tmp_path, monkeypatch, process_state_kept):
     monkeypatch.chdir(tmp_path)  # `examples/rewards.py` and `p.jsonl` are relative: a copy / a file here
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples" / "rewards.py").write_text((REPO / "examples" / "rewards.py").read_text())
