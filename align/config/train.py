@@ -20,6 +20,12 @@ class OptimizerName(StrEnum):
     adamw8bit = "adamw8bit"
 
 
+class Schedule(StrEnum):
+    cosine = "cosine"
+    linear = "linear"
+    constant = "constant"
+
+
 @dataclass
 class OptimizerConfig:
     name: OptimizerName = OptimizerName.adamw
@@ -37,6 +43,10 @@ class OptimizerConfig:
     warmup_ratio: float = 0.05
     """Warm-up as a fraction of `trainer.max_steps`; converted to steps at the scheduler call site,
     so it survives a change of run length (docs/pitfalls.md#7)."""
+    schedule: Schedule = Schedule.cosine
+    """The learning rate after warm-up (which rises linearly from 0 to `lr`): cosine decays it to 0 at
+    `trainer.max_steps`, linear decays it linearly to 0, constant holds it at `lr`. Each is transformers'
+    schedule of the same name with warm-up, computed by align/optim/__init__.py."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still logged)."""
     compile: Any = AUTO
