@@ -206,10 +206,19 @@ class ResumePolicy(StrEnum):
     must = "must"
 
 
+DEFAULT_MAX_STEPS = 150
+"""The run's length when neither trainer.max_steps nor trainer.epochs is set."""
+
+
 @dataclass
 class TrainerConfig:
-    max_steps: int = 150
-    """Optimizer steps to run."""
+    max_steps: Optional[int] = None
+    """Optimizer steps to run; null: `trainer.epochs` decides, or without it DEFAULT_MAX_STEPS. Exactly one
+    of the two may be set (an experiment's max_steps with trainer.epochs needs trainer.max_steps=null)."""
+    epochs: Optional[int] = None
+    """Passes over the data instead of `max_steps` (objective=sft and dpo): the run's optimizer steps are
+    the micro-batches the sampler plans for these epochs (align.run.run_length) over `grad_accum`, the
+    last incomplete window left out. The manifest's `run_length` records the steps and which key decided."""
     grad_accum: int = 1
     """Micro-batches per optimizer step. The loss is averaged per loss token over the whole window."""
     seed: int = 0
@@ -299,7 +308,13 @@ class TrainerConfig:
     ranks; more than this many in a row halt the run (exit 81, HALT.json)."""
 
     def __post_init__(self) -> None:
-        _require(self.max_steps >= 1, "trainer.max_steps", "must be >= 1", self.max_steps)
+        if self.epochs is not None:
+            _require(self.max_steps is None, "trainer.epochs", "cannot be set with trainer.max_steps (exactly one "
+                     "decides the run's length): give trainer.max_steps=null with trainer.epochs", self.epochs)
+            _require(self.epochs >= 1, "trainer.epochs", "must be >= 1 (null: trainer.max_steps decides)", self.epochs)
+        elif self.max_steps is None:
+            self.max_steps = DEFAULT_MAX_STEPS
+        _require(self.max_steps is None or self.max_steps >= 1, "trainer.max_steps", "must be >= 1", self.max_steps)
         self.compile = _switch("trainer.compile", self.compile)
         self.compile_loss = _switch("trainer.compile_loss", self.compile_loss)
         _require(self.save_every >= 0, "trainer.save_every", "must be >= 0", self.save_every)

@@ -126,7 +126,8 @@ def scheduler(cfg: TrainConfig) -> KwargsSite:
     from align.optim import scheduler_kwargs, scheduler_target
 
     opt = cfg.optimizer
-    return KwargsSite(scheduler_target(opt), scheduler_kwargs(opt, cfg.trainer.max_steps), "optimizer")
+    # the names are what is checked: under trainer.epochs the length is known once the data is planned
+    return KwargsSite(scheduler_target(opt), scheduler_kwargs(opt, cfg.trainer.max_steps or 1), "optimizer")
 
 
 def model_config(cfg: TrainConfig) -> Optional[KwargsSite]:
