@@ -160,6 +160,10 @@ class WandbMode(StrEnum):
     online = "online"
 
 
+DEFAULT_PROJECT = "align"
+"""The W&B project (and MLflow experiment) when neither `logger.project` nor $WANDB_PROJECT names one."""
+
+
 @dataclass
 class LoggerConfig:
     kind: LoggerKind = LoggerKind.wandb
@@ -167,12 +171,14 @@ class LoggerConfig:
     tensorboard (event files under `<run_dir>/tensorboard`, needs `pip install align[tensorboard]`),
     mlflow (a local file store under `<run_dir>/mlruns`, needs `pip install align[mlflow]`). none:
     history.jsonl only."""
-    mode: WandbMode = WandbMode.offline
-    """offline writes the run under the run dir with no network; online syncs."""
-    project: str = "align"
-    """W&B project; under logger=mlflow the experiment's name."""
+    mode: Optional[WandbMode] = None
+    """offline writes the run under the run dir with no network; online syncs. null: $WANDB_MODE where
+    set (online or offline), else offline. The manifest's `logger.sources` says which it came from."""
+    project: Optional[str] = None
+    """W&B project; null: $WANDB_PROJECT where set, else DEFAULT_PROJECT. Under logger=mlflow the
+    experiment's name (null: DEFAULT_PROJECT)."""
     entity: Optional[str] = None
-    """W&B entity (team or user); null: the default of the logged-in user."""
+    """W&B entity (team or user); null: $WANDB_ENTITY where set, else the logged-in user's default."""
     tags: list[str] = field(default_factory=list)
     """W&B tags."""
     log_model: bool = False
