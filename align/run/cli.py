@@ -90,8 +90,12 @@ def describe(exc: BaseException, root: Optional[type] = None) -> str:
     if isinstance(exc, MissingConfigException):
         missing = str(exc).split("Could not find '", 1)[-1].split("'", 1)[0]
         group, _, option = missing.rpartition("/")
-        if group and (CONF_DIR / group).is_dir():
-            return f"{group}={option}: no such option; accepted: {', '.join(_options(group))}"
+        # Hydra lists the options of every directory on the search path (--config-dir's, hydra.searchpath's)
+        text = str(exc).split(f"Available options in '{group}':", 1)
+        listed = sorted(ln.strip() for ln in text[1].split("Config search path:")[0].splitlines() if ln.strip()) \
+            if len(text) == 2 else []
+        if group and (listed or (CONF_DIR / group).is_dir()):
+            return f"{group}={option}: no such option; accepted: {', '.join(listed or _options(group))}"
         return str(exc).splitlines()[0]
     if isinstance(exc, OverrideParseException):
         # The message's later lines are a caret under the argument and a link to the grammar.

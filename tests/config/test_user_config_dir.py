@@ -63,3 +63,12 @@ def test_train_runs_an_experiment_from_config_dir(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert "experiment=mine" in (run_dir / ".hydra" / "overrides.yaml").read_text()
     assert "seed: 7" in (run_dir / ".hydra" / "config.yaml").read_text()
+
+
+def test_a_misspelt_option_lists_the_users_options_too(tmp_path, capsys):
+    d = _user_dir(tmp_path / "conf")
+    with pytest.raises(SystemExit):
+        cli.validate_command_line(["--config-dir", str(d), "experiment=mnie"])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("align: error: experiment=mnie: no such option; accepted: ") and "mine" in err, err
+    assert "smoke" in err and "\n" not in err
