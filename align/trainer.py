@@ -1,5 +1,4 @@
-"""The trainer: `build()` wires the components from the typed config, `fit()` is the loop, and
-`train_step()` is one optimizer step over an accumulation window."""
+"""The trainer: `build()` wires the typed config's components, `fit()` loops, `train_step()` is one optimizer step."""
 
 from __future__ import annotations
 
@@ -50,6 +49,7 @@ from align.parallel.launch import log_rank_to_file
 from align.parallel.wrap import parallelize
 from align.probes.mask import assert_masks
 from align.probes.sdpa import sdpa_kernel_family
+from align.run.run_length import plan_run_length
 from align.telemetry.console import end_of_run
 from align.telemetry.history import History
 from align.telemetry.progress import start_progress
@@ -130,6 +130,7 @@ class Trainer:
         tokenizer = load_tokenizer(cfg.model)
         objective = build_objective(cfg)
         data, stream = objective.build_data(cfg, tokenizer, env)
+        cfg, sizes["run_length"] = plan_run_length(cfg, stream)  # trainer.epochs: max_steps from the data's plan
 
         on_device = cfg.model.init_on_device and env.device.type == "cuda" and cfg.parallel.kind != ParallelKind.ep
         built = build_model(cfg.model, cfg.attention, tokenizer, env.device, init_on_device=on_device)

@@ -42,9 +42,31 @@ def _mapped_schema(tp: Any) -> Optional[type]:
     return None
 
 
+FOREIGN_KEYS: dict[str, str] = {
+    "learning_rate": "optimizer.lr",
+    "per_device_train_batch_size": "sampler.micro_batch_size (rows per micro-batch, sampler=shuffle or bucket; "
+                                   "the default sampler=budget sizes micro-batches by sampler.max_tokens)",
+    "gradient_accumulation_steps": "trainer.grad_accum",
+    "num_train_epochs": "trainer.epochs",
+    "max_steps": "trainer.max_steps",
+    "output_dir": "hydra.run.dir",
+    "save_steps": "trainer.save_every",
+    "max_length": "data.max_seq_len",
+    "loss_type": "objective.loss",
+    "warmup_ratio": "optimizer.warmup_ratio",
+    "lr_scheduler_type": "optimizer.schedule",
+    "logging_steps": "trainer.log_every",
+    "seed": "trainer.seed",
+    "beta": "objective.beta",
+}
+"""Names users bring from transformers' TrainingArguments and TRL's trainer configs, and align's key
+for each: an unknown key that is one of them is answered with align's, wherever it was put."""
+
+
 def unknown_key(dotted: str, root: Optional[type] = None) -> Optional[ConfigError]:
     """The error for a dotted key no schema declares, naming the schema it falls in, its keys and
-    the closest one; None when the key is declared or lies inside an open mapping."""
+    the closest one (for a transformers/TRL name, align's key for it); None when the key is declared
+    or lies inside an open mapping."""
     parts, cls, i = dotted.split("."), root or TrainConfig, 0
     while i < len(parts):
         fields_ = schema_fields(cls)
@@ -52,6 +74,8 @@ def unknown_key(dotted: str, root: Optional[type] = None) -> Optional[ConfigErro
             parent, bad = ".".join(parts[:i]), ".".join(parts[:i + 1])
             close = difflib.get_close_matches(parts[i], list(fields_), n=1)
             mean = f" (did you mean {_join(parent, close[0])}?)" if close else ""
+            if parts[i] in FOREIGN_KEYS and (root or TrainConfig) is TrainConfig:
+                mean = f" (transformers/TRL's {parts[i]}: align's key is {FOREIGN_KEYS[parts[i]]})"
             return ConfigError(bad, f"unknown key{' in ' + parent if parent else ''}{mean}; accepted keys: "
                                     f"{', '.join(fields_)}")
         tp, i = fields_[parts[i]], i + 1

@@ -91,6 +91,8 @@ class TrainConfig:
         )
 
         if self.objective.kind == ObjectiveKind.grpo:
+            _require(self.trainer.epochs is None, "trainer.epochs", "is for objective=sft and dpo; objective=grpo "
+                     "steps through prompts as rollouts ask: set trainer.max_steps", self.trainer.epochs)
             self._check_grpo()
         else:
             _require(self.reward.function is None, "reward.function", f"is read by objective=grpo only; "

@@ -20,6 +20,12 @@ class OptimizerName(StrEnum):
     adamw8bit = "adamw8bit"
 
 
+class Schedule(StrEnum):
+    cosine = "cosine"
+    linear = "linear"
+    constant = "constant"
+
+
 @dataclass
 class OptimizerConfig:
     name: OptimizerName = OptimizerName.adamw
@@ -37,6 +43,10 @@ class OptimizerConfig:
     warmup_ratio: float = 0.05
     """Warm-up as a fraction of `trainer.max_steps`; converted to steps at the scheduler call site,
     so it survives a change of run length (docs/pitfalls.md#7)."""
+    schedule: Schedule = Schedule.cosine
+    """The learning rate after warm-up (which rises linearly from 0 to `lr`): cosine decays it to 0 at
+    `trainer.max_steps`, linear decays it linearly to 0, constant holds it at `lr`. Each is transformers'
+    schedule of the same name with warm-up, computed by align/optim/__init__.py."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still logged)."""
     compile: Any = AUTO
@@ -150,6 +160,10 @@ class WandbMode(StrEnum):
     online = "online"
 
 
+DEFAULT_PROJECT = "align"
+"""The W&B project (and MLflow experiment) when neither `logger.project` nor $WANDB_PROJECT names one."""
+
+
 @dataclass
 class LoggerConfig:
     kind: LoggerKind = LoggerKind.wandb
@@ -157,12 +171,14 @@ class LoggerConfig:
     tensorboard (event files under `<run_dir>/tensorboard`, needs `pip install align[tensorboard]`),
     mlflow (a local file store under `<run_dir>/mlruns`, needs `pip install align[mlflow]`). none:
     history.jsonl only."""
-    mode: WandbMode = WandbMode.offline
-    """offline writes the run under the run dir with no network; online syncs."""
-    project: str = "align"
-    """W&B project; under logger=mlflow the experiment's name."""
+    mode: Optional[WandbMode] = None
+    """offline writes the run under the run dir with no network; online syncs. null: $WANDB_MODE where
+    set (online or offline), else offline. The manifest's `logger.sources` says which it came from."""
+    project: Optional[str] = None
+    """W&B project; null: $WANDB_PROJECT where set, else DEFAULT_PROJECT. Under logger=mlflow the
+    experiment's name (null: DEFAULT_PROJECT)."""
     entity: Optional[str] = None
-    """W&B entity (team or user); null: the default of the logged-in user."""
+    """W&B entity (team or user); null: $WANDB_ENTITY where set, else the logged-in user's default."""
     tags: list[str] = field(default_factory=list)
     """W&B tags."""
     log_model: bool = False
@@ -196,10 +212,19 @@ class ResumePolicy(StrEnum):
     must = "must"
 
 
+DEFAULT_MAX_STEPS = 150
+"""The run's length when neither trainer.max_steps nor trainer.epochs is set."""
+
+
 @dataclass
 class TrainerConfig:
-    max_steps: int = 150
-    """Optimizer steps to run."""
+    max_steps: Optional[int] = None
+    """Optimizer steps to run; null: `trainer.epochs` decides, or without it DEFAULT_MAX_STEPS. Exactly one
+    of the two may be set (an experiment's max_steps with trainer.epochs needs trainer.max_steps=null)."""
+    epochs: Optional[int] = None
+    """Passes over the data instead of `max_steps` (objective=sft and dpo): the run's optimizer steps are
+    the micro-batches the sampler plans for these epochs (align.run.run_length) over `grad_accum`, the
+    last incomplete window left out. The manifest's `run_length` records the steps and which key decided."""
     grad_accum: int = 1
     """Micro-batches per optimizer step. The loss is averaged per loss token over the whole window."""
     seed: int = 0
@@ -289,7 +314,13 @@ class TrainerConfig:
     ranks; more than this many in a row halt the run (exit 81, HALT.json)."""
 
     def __post_init__(self) -> None:
-        _require(self.max_steps >= 1, "trainer.max_steps", "must be >= 1", self.max_steps)
+        if self.epochs is not None:
+            _require(self.max_steps is None, "trainer.epochs", "cannot be set with trainer.max_steps (exactly one "
+                     "decides the run's length): give trainer.max_steps=null with trainer.epochs", self.epochs)
+            _require(self.epochs >= 1, "trainer.epochs", "must be >= 1 (null: trainer.max_steps decides)", self.epochs)
+        elif self.max_steps is None:
+            self.max_steps = DEFAULT_MAX_STEPS
+        _require(self.max_steps is None or self.max_steps >= 1, "trainer.max_steps", "must be >= 1", self.max_steps)
         self.compile = _switch("trainer.compile", self.compile)
         self.compile_loss = _switch("trainer.compile_loss", self.compile_loss)
         _require(self.save_every >= 0, "trainer.save_every", "must be >= 0", self.save_every)

@@ -84,7 +84,7 @@ class DPO:
         # already counted epoch 0's micro-batches (align.data.stats.plan_stats): no second pass over them.
         plan = stream.sampler.plan
         per_epoch = (plan["micro_batches"] - plan["dropped_by_rank_trim"]) // env.world
-        epochs = cfg.trainer.max_steps * cfg.trainer.grad_accum / per_epoch
+        epochs = cfg.trainer.epochs or cfg.trainer.max_steps * cfg.trainer.grad_accum / per_epoch
         self.reference_kind, self.reference_why = preference_reference_why(cfg, epochs)
         return self.pairs, stream
 

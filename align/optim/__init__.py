@@ -8,12 +8,19 @@ import math
 from typing import TYPE_CHECKING, Any, Callable
 
 from align.config import OptimizerConfig, OptimizerName
+from align.config.train import Schedule
 
 if TYPE_CHECKING:  # torch is imported by the calls, not by preflight's kwargs builders
     import torch
 
-SCHEDULER = "align.optim:cosine_with_warmup"
-"""The LR schedule factory (an import path: preflight reads its signature without importing it)."""
+SCHEDULERS = {Schedule.cosine: "align.optim:cosine_with_warmup", Schedule.linear: "align.optim:linear_with_warmup",
+              Schedule.constant: "align.optim:constant_with_warmup"}
+"""The LR schedule factory of each `optimizer.schedule` (import paths: preflight reads their
+signatures without importing them)."""
+
+
+def scheduler_target(cfg: OptimizerConfig) -> str:
+    return SCHEDULERS[cfg.schedule]
 
 
 def optimizer_target(cfg: OptimizerConfig, sharded: bool = False) -> str:
@@ -50,7 +57,10 @@ def optimizer_kwargs(cfg: OptimizerConfig, device_type: str) -> dict[str, Any]:
 
 def scheduler_kwargs(cfg: OptimizerConfig, max_steps: int) -> dict[str, Any]:
     # warmup_ratio stays in config (it survives a change of run length); steps at the call site.
-    return {"num_warmup_steps": int(round(cfg.warmup_ratio * max_steps)), "num_training_steps": max_steps}
+    kw = {"num_warmup_steps": int(round(cfg.warmup_ratio * max_steps)), "num_training_steps": max_steps}
+    if cfg.schedule == Schedule.constant:  # it has no end: transformers' signature takes no length
+        del kw["num_training_steps"]
+    return kw
 
 
 def build_optimizer(cfg: OptimizerConfig, params, device: torch.device) -> torch.optim.Optimizer:
@@ -82,11 +92,41 @@ def cosine_with_warmup(optimizer: torch.optim.Optimizer, num_warmup_steps: int, 
     return LambdaLR(optimizer, factor, last_epoch)
 
 
-def scheduler_factory():
+def _linear_factor(step: int, *, num_warmup_steps: int, num_training_steps: int) -> float:
+    if step < num_warmup_steps:
+        return float(step) / float(max(1, num_warmup_steps))
+    return max(0.0, float(num_training_steps - step) / float(max(1, num_training_steps - num_warmup_steps)))
+
+
+def linear_with_warmup(optimizer: torch.optim.Optimizer, num_warmup_steps: int, num_training_steps: int,
+                       last_epoch: int = -1):
+    """transformers' `get_linear_schedule_with_warmup`, written here for the reason `cosine_with_warmup`
+    is; tests/unit/optim/test_schedule.py holds the two equal."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    factor = functools.partial(_linear_factor, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps)
+    return LambdaLR(optimizer, factor, last_epoch)
+
+
+def _constant_factor(step: int, *, num_warmup_steps: int) -> float:
+    if step < num_warmup_steps:
+        return float(step) / float(max(1.0, num_warmup_steps))
+    return 1.0
+
+
+def constant_with_warmup(optimizer: torch.optim.Optimizer, num_warmup_steps: int, last_epoch: int = -1):
+    """transformers' `get_constant_schedule_with_warmup`, written here for the reason `cosine_with_warmup`
+    is; tests/unit/optim/test_schedule.py holds the two equal."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    return LambdaLR(optimizer, functools.partial(_constant_factor, num_warmup_steps=num_warmup_steps), last_epoch)
+
+
+def scheduler_factory(cfg: OptimizerConfig):
     from align.run.signatures import resolve
 
-    return resolve(SCHEDULER)
+    return resolve(scheduler_target(cfg))
 
 
 def build_scheduler(cfg: OptimizerConfig, optimizer: torch.optim.Optimizer, max_steps: int):
-    return scheduler_factory()(optimizer, **scheduler_kwargs(cfg, max_steps))
+    return scheduler_factory(cfg)(optimizer, **scheduler_kwargs(cfg, max_steps))

@@ -90,8 +90,12 @@ def describe(exc: BaseException, root: Optional[type] = None) -> str:
     if isinstance(exc, MissingConfigException):
         missing = str(exc).split("Could not find '", 1)[-1].split("'", 1)[0]
         group, _, option = missing.rpartition("/")
-        if group and (CONF_DIR / group).is_dir():
-            return f"{group}={option}: no such option; accepted: {', '.join(_options(group))}"
+        # Hydra lists the options of every directory on the search path (--config-dir's, hydra.searchpath's)
+        text = str(exc).split(f"Available options in '{group}':", 1)
+        listed = sorted(ln.strip() for ln in text[1].split("Config search path:")[0].splitlines() if ln.strip()) \
+            if len(text) == 2 else []
+        if group and (listed or (CONF_DIR / group).is_dir()):
+            return f"{group}={option}: no such option; accepted: {', '.join(listed or _options(group))}"
         return str(exc).splitlines()[0]
     if isinstance(exc, OverrideParseException):
         # The message's later lines are a caret under the argument and a link to the grammar.
@@ -158,6 +162,7 @@ class CommandLine:
     multirun: bool = False
     config_path: Optional[str] = None
     config_name: Optional[str] = None
+    config_dir: Optional[str] = None
 
 
 def parse_command_line(argv: Sequence[str]) -> CommandLine:
@@ -177,6 +182,8 @@ def parse_command_line(argv: Sequence[str]) -> CommandLine:
                 out.config_path = value
             elif flag in ("--config-name", "-cn"):
                 out.config_name = value
+            elif flag in ("--config-dir", "-cd"):
+                out.config_dir = value
         elif not w.startswith("-"):
             out.overrides.append(w)
         i += 1
@@ -189,12 +196,40 @@ def config_source(argv: Sequence[str], config_name: str) -> tuple[Path, str]:
     return Path(args.config_path) if args.config_path else CONF_DIR, args.config_name or config_name
 
 
-def job_override_lists(argv: Sequence[str]) -> tuple[list[list[str]], bool]:
-    """The override list of every job the command line would run (the cartesian product of its sweep
-    overrides, as Hydra's basic sweeper runs them), and whether it is a multirun."""
+def _searchpath_override(config_dir: str, overrides: Sequence[str]) -> list[str]:
+    """`overrides` with `--config-dir`'s directory put first in `hydra.searchpath`. Hydra's own
+    `@hydra.main` adds the flag's directory to the search path before the `hydra.searchpath` entries;
+    the compose API align validates with has no such flag, but honours `hydra.searchpath`."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    path = Path(config_dir).absolute()
+    if not path.is_dir():
+        raise ConfigError("--config-dir", "no such directory; accepted: a directory of config groups "
+                          "(e.g. <dir>/experiment/mine.yaml for experiment=mine)", str(path))
+    given = [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
+    rest = [o for o in overrides if o not in given]
+    entries = []
+    if given:
+        value = OverridesParser.create().parse_override(given[-1].lstrip("+")).value()
+        entries = list(value) if isinstance(value, list) else [value]
+    quoted = ",".join("'" + str(e).replace("\\", "\\\\").replace("'", "\\'") + "'"
+                      for e in [f"file://{path}", *entries])
+    return [*rest, f"hydra.searchpath=[{quoted}]"]
+
+
+def job_override_lists(argv: Sequence[str]) -> tuple[list[list[str]], bool]:
+    """The override list of every job the command line would run (the cartesian product of its sweep
+    overrides, as Hydra's basic sweeper runs them), and whether it is a multirun. A `--config-dir`
+    is carried as the first entry of `hydra.searchpath`, so that align's own compose finds it too."""
     args = parse_command_line(argv)
+    if args.config_dir is not None:
+        args.overrides = _searchpath_override(args.config_dir, args.overrides)
+    return _jobs(args)
+
+
+def _jobs(args: CommandLine) -> tuple[list[list[str]], bool]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     if not args.multirun:
         return [list(args.overrides)], False
     axes: dict[str, list[str]] = {}  # by key, the last one given winning, in Hydra's basic sweeper's order
@@ -238,8 +273,8 @@ def preflight_command_line(argv: Sequence[str], config_name: str = "train") -> l
     import. Returns the run dir each job will write (align.run.run_dir; None: not known before Hydra)."""
     from align.run.preflight import run_preflight
 
+    typed_jobs = validate_command_line(argv, config_name)  # first: it refuses a bad command line in one line
     jobs, _ = job_override_lists(argv)
-    typed_jobs = validate_command_line(argv, config_name)
     run_dirs = checked_run_dirs(argv, config_name)
     for job, typed in zip(jobs, typed_jobs):
         try:

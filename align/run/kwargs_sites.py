@@ -123,9 +123,11 @@ def optimizer(cfg: TrainConfig) -> KwargsSite:
 
 
 def scheduler(cfg: TrainConfig) -> KwargsSite:
-    from align.optim import SCHEDULER, scheduler_kwargs
+    from align.optim import scheduler_kwargs, scheduler_target
 
-    return KwargsSite(SCHEDULER, scheduler_kwargs(cfg.optimizer, cfg.trainer.max_steps), "optimizer")
+    opt = cfg.optimizer
+    # the names are what is checked: under trainer.epochs the length is known once the data is planned
+    return KwargsSite(scheduler_target(opt), scheduler_kwargs(opt, cfg.trainer.max_steps or 1), "optimizer")
 
 
 def model_config(cfg: TrainConfig) -> Optional[KwargsSite]:

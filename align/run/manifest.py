@@ -110,6 +110,8 @@ SCHEMA: dict[str, Any] = {
     },
     "sampler_budget": "sampler.max_tokens under sampler=budget: requested (an int or auto), resolved (int) and why; "
     "null when the sampler takes no budget",
+    "run_length": "the run's optimizer steps: max_steps, the key that decided it (trainer.max_steps or epochs), "
+    "and under epochs each epoch's micro-batches per rank from the sampler's plan",
     "loss_chunk": "trainer.loss_chunk_tokens: requested (an int or auto), resolved (int) and why",
     "memory_budget": "trainer.compile_memory_budget: requested (null, auto or 0..1), resolved (null or 0..1) and why",
     "seed": "trainer.seed",

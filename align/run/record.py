@@ -246,6 +246,7 @@ class RunRecord:
             "experts_implementation_requested",
             "compile_choice",
             "sampler_budget",
+            "run_length",
             "loss_chunk",
             "memory_budget",
         }
@@ -255,6 +256,7 @@ class RunRecord:
         kind = self.cfg.sampler.kind.value
         m.set("sampler_budget", info.get("sampler_budget"), f"sampler={kind} takes no token budget")
         m.set("loss_chunk", info.get("loss_chunk"))
+        m.set("run_length", info.get("run_length"))
         m.set("memory_budget", info.get("memory_budget"))
         dev, reasons = device_info(d["device"])
         m.update({f"device.{k}": v for k, v in dev.items()}, reasons)

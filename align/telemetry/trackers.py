@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from align.config import LoggerConfig, LoggerKind
+from align.config.train import DEFAULT_PROJECT
 from align.errors import ConfigError
 
 STEP_KEY = "train/step"
@@ -173,9 +174,10 @@ class MlflowLogger(Logger):
         store.mkdir(parents=True, exist_ok=True)
         self.uri = store.as_uri()
         self.client = MlflowClient(tracking_uri=self.uri)
-        experiment = self.client.get_experiment_by_name(cfg.project)
+        project = cfg.project or DEFAULT_PROJECT
+        experiment = self.client.get_experiment_by_name(project)
         self.experiment_id = (experiment.experiment_id if experiment is not None
-                              else self.client.create_experiment(cfg.project))
+                              else self.client.create_experiment(project))
         id_file = Path(run_dir) / MLFLOW_RUN_ID
         stored = id_file.read_text().strip() if start_step and id_file.is_file() else ""
         if stored:  # a resume from this run dir's checkpoint continues its MLflow run

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import secrets
 import string
 from pathlib import Path
 from typing import Any, Optional
 
 from align.config import LoggerConfig, LoggerKind
+from align.config.train import DEFAULT_PROJECT, WandbMode
+from align.errors import ConfigError
 from align.run.redaction import redact
 from align.telemetry.trackers import Logger, MlflowLogger, TensorBoardLogger, summary_scalars, wandb_row
 
@@ -80,18 +83,47 @@ def hydra_job_name() -> Optional[str]:
     return sweep_job_name(list(hc.overrides.task), sweep)
 
 
+WANDB_ENV = {"project": "WANDB_PROJECT", "entity": "WANDB_ENTITY", "mode": "WANDB_MODE"}
+"""The environment variables W&B users set, by the `logger` key that wins over each where set."""
+
+
+def wandb_settings(cfg: LoggerConfig, environ: Optional[dict[str, str]] = None) -> dict[str, dict[str, Any]]:
+    """project, entity and mode with where each came from: the config's key where set (not null), else
+    its $WANDB_* variable where set, else align's default (the manifest's `logger.sources`). A
+    $WANDB_MODE other than online or offline is refused: W&B's own "disabled" is logger=none here."""
+    environ = os.environ if environ is None else environ
+    defaults = {"project": DEFAULT_PROJECT, "entity": None, "mode": WandbMode.offline.value}
+    out: dict[str, dict[str, Any]] = {}
+    for key, var in WANDB_ENV.items():
+        given = getattr(cfg, key)
+        if given is not None:
+            out[key] = {"value": getattr(given, "value", given), "source": f"logger.{key}"}
+        elif environ.get(var):
+            out[key] = {"value": environ[var], "source": f"${var}"}
+        else:
+            out[key] = {"value": defaults[key], "source": "default"}
+    accepted = [m.value for m in WandbMode]
+    if out["mode"]["value"] not in accepted:
+        raise ConfigError("WANDB_MODE", f"accepted with logger=wandb: {', '.join(accepted)} (no tracker: "
+                          "logger=none; logger.mode wins over the variable)", out["mode"]["value"])
+    return out
+
+
 def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path, name: str, group: Optional[str], config: dict,
                       resuming: bool = False) -> dict[str, Any]:
     """Kwargs for `wandb.init`, built as data so preflight can check their names; every value under the
-    rule of every written value (a token-shaped `name`, project or tag is redacted: align.run.redaction)."""
+    rule of every written value (a token-shaped `name`, project or tag is redacted: align.run.redaction).
+    project, entity and mode: `wandb_settings` (the config, else $WANDB_*, else align's default)."""
+    settings = wandb_settings(cfg) if cfg.kind == LoggerKind.wandb else {}
+    value = {k: settings[k]["value"] if k in settings else getattr(cfg, k) for k in WANDB_ENV}
     return redact({
-        "project": cfg.project,
-        "entity": cfg.entity,
+        "project": value["project"] or DEFAULT_PROJECT,
+        "entity": value["entity"],
         "name": (hydra_job_name() or name) if group else name,
         "group": group,
         "tags": list(cfg.tags),
         "dir": str(run_dir),
-        "mode": cfg.mode.value,
+        "mode": getattr(value["mode"], "value", value["mode"]) or WandbMode.offline.value,
         "config": config,
         "reinit": "finish_previous",
         "id": wandb_run_id(run_dir, resuming),
@@ -112,7 +144,8 @@ def artifact_kwargs(run_id: str, step: int, export_dir: Path) -> tuple[dict[str,
 
 
 class WandbLogger(Logger):
-    def __init__(self, init_kwargs: dict[str, Any], log_model: bool = False) -> None:
+    def __init__(self, init_kwargs: dict[str, Any], log_model: bool = False,
+                 sources: Optional[dict[str, str]] = None) -> None:
         import wandb
 
         run_dir = Path(init_kwargs["dir"])
@@ -121,6 +154,7 @@ class WandbLogger(Logger):
         (run_dir / RUN_ID_FILE).write_text(init_kwargs["id"] + "\n")
         self.run = wandb.init(**init_kwargs)
         self.mode = init_kwargs["mode"]
+        self.settings = {"project": init_kwargs["project"], "entity": init_kwargs["entity"], "sources": sources or {}}
         self.run.define_metric("train/step")
         # Every namespace a step row logs is charted against the trainer's step, which a resume carries
         # on (W&B's own counter does not): moe/* (router telemetry), rewards/*, logps/*, nll/* (preference).
@@ -156,7 +190,7 @@ class WandbLogger(Logger):
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "wandb", "dir": None if self.run_path is None else str(self.run_path), "id": self.run.id,
-                "mode": self.mode, "wandb": importlib.metadata.version("wandb")}
+                "mode": self.mode, **self.settings, "wandb": importlib.metadata.version("wandb")}
 
     def log_model(self) -> None:
         import wandb
@@ -179,4 +213,5 @@ def build_logger(cfg: LoggerConfig, is_main: bool, init_kwargs: dict[str, Any], 
         return TensorBoardLogger(Path(init_kwargs["dir"]), start_step, init_kwargs["config"])
     if cfg.kind == LoggerKind.mlflow:
         return MlflowLogger(cfg, Path(init_kwargs["dir"]), init_kwargs["name"], start_step, init_kwargs["config"])
-    return WandbLogger(init_kwargs, log_model=cfg.log_model)
+    sources = {k: v["source"] for k, v in wandb_settings(cfg).items()}
+    return WandbLogger(init_kwargs, log_model=cfg.log_model, sources=sources)

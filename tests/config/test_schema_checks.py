@@ -117,8 +117,8 @@ def test_hydras_multirun_hint_is_kept_on_one_line(capsys):
 
 
 def test_hydras_append_hint_is_kept_on_one_line(capsys):
-    line = _refused(capsys, "+trainer.max_steps=3")
-    assert "'++trainer.max_steps=3'" in line, line
+    line = _refused(capsys, "+trainer.grad_accum=3")
+    assert "'++trainer.grad_accum=3'" in line, line
 
 
 # ---------------------------------------------------------------- keys the composed option ignores
@@ -272,3 +272,23 @@ def test_the_seeds_at_either_end_of_the_range_seed_numpy_and_torch(seed):
     assert validate_command_line([f"trainer.seed={seed}"])[0].trainer.seed == seed
     np.random.default_rng([seed, 0])
     torch.manual_seed(seed)
+
+
+FOREIGN = {"learning_rate": "optimizer.lr", "per_device_train_batch_size": "sampler.micro_batch_size",
+           "gradient_accumulation_steps": "trainer.grad_accum", "num_train_epochs": "trainer.epochs",
+           "output_dir": "hydra.run.dir", "save_steps": "trainer.save_every", "max_length": "data.max_seq_len",
+           "loss_type": "objective.loss", "warmup_ratio": "optimizer.warmup_ratio",
+           "lr_scheduler_type": "optimizer.schedule", "logging_steps": "trainer.log_every", "seed": "trainer.seed",
+           "beta": "objective.beta"}
+
+
+@pytest.mark.parametrize("name", sorted(FOREIGN))
+def test_a_transformers_or_trl_name_is_answered_with_aligns_key(capsys, name):
+    want = FOREIGN[name]
+    line = _refused(capsys, f"{name}=1")
+    assert line.startswith(f"{name}: unknown key (transformers/TRL's {name}: align's key is {want}"), line
+    group, _, key = want.partition(".")
+    if group != "hydra":  # the key named is one the schema declares
+        assert key in schema_fields(schema_fields(TrainConfig)[group])
+    if group != "trainer":  # under a group too, e.g. trainer.learning_rate
+        assert f"align's key is {want}" in _refused(capsys, f"+trainer.{name}=1")

@@ -65,9 +65,14 @@ def test_a_missing_tracker_package_is_refused_in_preflight_and_at_build(kind, co
 
 def test_the_manifest_names_the_tracker_that_ran(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    _, run_dir = recorded_run(tmp_path / "wandb", ["logger=wandb", *RUN, "trainer.max_steps=1"])
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+    monkeypatch.setenv("WANDB_ENTITY", "team-env")
+    _, run_dir = recorded_run(tmp_path / "wandb", ["logger=wandb", *RUN, "trainer.max_steps=1",
+                                                   "logger.entity=team-cfg"])
     m = json.loads((run_dir / "provenance.json").read_text())
     assert m["logger"]["kind"] == "wandb" and m["logger"]["mode"] == "offline"
+    assert (m["logger"]["project"], m["logger"]["entity"]) == ("from-env", "team-cfg")  # the config wins where set
+    assert m["logger"]["sources"] == {"project": "$WANDB_PROJECT", "entity": "logger.entity", "mode": "$WANDB_MODE"}
     assert m["logger"]["dir"].startswith(str(run_dir / "wandb" / "offline-run-"))
     _, run_dir = recorded_run(tmp_path / "none", [*RUN, "trainer.max_steps=1"])
     m = json.loads((run_dir / "provenance.json").read_text())

@@ -16,6 +16,7 @@ from align.telemetry.wandb_logger import (
     sweep_job_name,
     wandb_init_kwargs,
     wandb_run_id,
+    wandb_settings,
 )
 
 
@@ -93,3 +94,34 @@ def test_a_redacted_sweep_record_still_names_the_job_by_its_swept_values(tmp_pat
     assert token not in text and "name=<redacted>" in text
     sweep = list(OmegaConf.load(tmp_path / "multirun.yaml").hydra.overrides.task)
     assert sweep_job_name([f"name={token}", "optimizer.lr=0.0003"], sweep) == "optimizer.lr=0.0003"
+
+
+ENV = {"WANDB_PROJECT": "p-env", "WANDB_ENTITY": "e-env", "WANDB_MODE": "online"}
+
+
+def test_wandb_env_is_honoured_where_the_config_is_null_and_the_config_wins_where_set(compose):
+    from align.config import to_typed
+
+    def settings(*overrides, environ=ENV):
+        s = wandb_settings(to_typed(compose(["logger=wandb", *overrides])).logger, environ)
+        return {k: (v["value"], v["source"]) for k, v in s.items()}
+
+    assert settings() == {"project": ("p-env", "$WANDB_PROJECT"), "entity": ("e-env", "$WANDB_ENTITY"),
+                          "mode": ("online", "$WANDB_MODE")}
+    assert settings("logger.project=mine", "logger.entity=me", "logger.mode=offline") == {
+        "project": ("mine", "logger.project"), "entity": ("me", "logger.entity"), "mode": ("offline", "logger.mode")}
+    assert settings(environ={}) == {"project": ("align", "default"), "entity": (None, "default"),
+                                    "mode": ("offline", "default")}
+
+
+def test_a_wandb_mode_align_does_not_take_is_one_line_unless_the_config_sets_mode(compose):
+    import pytest
+
+    from align.config import to_typed
+    from align.errors import ConfigError
+
+    cfg = to_typed(compose(["logger=wandb"])).logger
+    with pytest.raises(ConfigError, match=r"^WANDB_MODE: accepted with logger=wandb: offline, online"):
+        wandb_settings(cfg, {"WANDB_MODE": "disabled"})
+    cfg = to_typed(compose(["logger=wandb", "logger.mode=offline"])).logger
+    assert wandb_settings(cfg, {"WANDB_MODE": "disabled"})["mode"]["value"] == "offline"
