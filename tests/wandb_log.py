@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -43,16 +44,30 @@ def _payloads(path: Path) -> Iterator[bytes]:
             pending = b""
 
 
-def read_run(run_dir: Path) -> dict:
-    """{'run': {...}, 'config': {...}, 'history': [rows], 'summary': {...}, 'metrics': [...],
-    'artifacts': [{name, type, aliases, metadata, paths}]} of an offline run dir."""
+def _records(log_file: Path, wait_s: float) -> list:
+    """The log's records once it holds the run's exit record: wandb's service writes the log in a process
+    of its own, and `wandb.finish()` can return before the last records reach the file. After `wait_s`
+    the records as they are."""
     from wandb.proto import wandb_internal_pb2 as pb
 
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = []
+        for payload in _payloads(log_file):
+            rec = pb.Record()
+            rec.ParseFromString(payload)
+            records.append(rec)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def read_run(run_dir: Path, wait_s: float = 30.0) -> dict:
+    """{'run': {...}, 'config': {...}, 'history': [rows], 'summary': {...}, 'metrics': [...],
+    'artifacts': [{name, type, aliases, metadata, paths}]} of an offline run dir."""
     (log_file,) = list(Path(run_dir).glob("run-*.wandb"))
     out: dict = {"run": {}, "config": {}, "history": [], "summary": {}, "metrics": [], "artifacts": []}
-    for payload in _payloads(log_file):
-        rec = pb.Record()
-        rec.ParseFromString(payload)
+    for rec in _records(log_file, wait_s):
         kind = rec.WhichOneof("record_type")
         if kind == "run":
             out["run"] = {"id": rec.run.run_id, "name": rec.run.display_name, "group": rec.run.run_group,
