@@ -38,7 +38,8 @@ OLMOE_SHAPE = [  # the OLMoE-1B-7B architecture (64 experts, top-8, qk-norm) at 
     "+model.overrides.num_experts_per_tok=8",
 ]
 COMMON = ["logger=none", "trainer.export=false", "allow_dirty=true", "trainer.log_every=1",
-          "data.max_records=512", "data.max_seq_len=512", "data.truncation=truncate", "sampler.micro_batch_size=4",
+          "data.max_records=512", "data.max_seq_len=512", "data.truncation=truncate", "sampler=shuffle",
+          "sampler.micro_batch_size=4",
           "optimizer.warmup_ratio=0", "optimizer.lr=3e-4",
           "trainer.compile=false", "optimizer.compile=false"]  # parity of the layouts: the same eager code in each
 FP32 = ["trainer.precision=fp32", "parallel.param_dtype=float32"]

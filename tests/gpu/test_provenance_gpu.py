@@ -65,9 +65,13 @@ def test_gpu_manifest_records_device_and_sdpa_kernel_family(tmp_path, overrides)
     assert m["model"]["autocast_dtype"] == "bfloat16"
     # the family's own choice under attention auto (align/config/model.py AUTO_ATTENTION): layered for Gemma-4
     assert m["model"]["attn_implementation_resolved"] == ("align_layered" if overrides == ("model=gemma4",) else "sdpa")
-    assert m["model"]["sdpa_kernel_family"] in ("flash", "efficient", "cudnn", "math"), m["null_reasons"]
-    if m["model"]["sdpa_kernel_family"] != "math":
-        assert m["model"]["sdpa_kernels"]
+    if overrides == ("model=gemma4",):  # layered attention: no SDPA kernel family to read, and the manifest says why
+        assert m["model"]["sdpa_kernel_family"] is None
+        assert "align_layered" in m["null_reasons"]["model.sdpa_kernel_family"]
+    else:
+        assert m["model"]["sdpa_kernel_family"] in ("flash", "efficient", "cudnn", "math"), m["null_reasons"]
+        if m["model"]["sdpa_kernel_family"] != "math":
+            assert m["model"]["sdpa_kernels"]
     assert m["mask_probe"]["ok"]
     # the default (auto) on CUDA: compiled blocks for the families run compiled on the GPU, the compiled step
     compiled = overrides != ("model=gemma4",)

@@ -101,9 +101,10 @@ def test_every_recipe_line_is_classified_and_every_entry_is_in_the_readme():
 def test_recipe_lines_are_read_with_comments_dropped():
     text = ("# t\n\n## Quick start\n\n    align train a=1     # python -m align.train a=1\n    make train\n"
             "## Recipes\n\n    python -m align.eval x=<y> z=1   # what\n                      # a continuation\n"
-            "## Scale out (more)\n\n    # a comment line\n    launchers/x.sh --n 2 ...\n"
+            "## Scale out (more)\n\n    # a comment line\n    launchers/torchrun.sh --n 2 ...\n"
             "## Next\n\n    python -m align.train never\n")
-    assert recipe_lines(text) == ["align train a=1", "python -m align.eval x=<y> z=1", "launchers/x.sh --n 2 ..."]
+    assert recipe_lines(text) == ["align train a=1", "python -m align.eval x=<y> z=1",
+                                  "launchers/torchrun.sh --n 2 ..."]
 
 
 def _argv(recipe: str) -> tuple[str, list[str]]:
