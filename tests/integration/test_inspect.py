@@ -70,15 +70,20 @@ def _sections(out: str) -> list[str]:
     return out.split("-" * 100)
 
 
-def test_dpo_shows_both_sides_of_the_pair_with_the_loss_marks_over_their_completions(tmp_path, capsys):
-    from align.data.preference import load_pairs
+def _inspected(tmp_path, capsys, objective: str, index: int):
+    """(what inspect printed for item `index` with its token table, the run's typed config, its tokenizer)."""
     from align.data.tokenizer import load_tokenizer
 
-    ov = ["objective=dpo", f"data.cache_dir={tmp_path / 'cache'}", "data.max_records=8"]
-    assert align_inspect.main([*ov, "index=1", "tokens=true"]) == 0
-    out = capsys.readouterr().out
+    ov = [f"objective={objective}", f"data.cache_dir={tmp_path / 'cache'}", "data.max_records=8"]
+    assert align_inspect.main([*ov, f"index={index}", "tokens=true"]) == 0
     cfg = to_typed(compose(ov))
-    tok = load_tokenizer(cfg.model)
+    return capsys.readouterr().out, cfg, load_tokenizer(cfg.model)
+
+
+def test_dpo_shows_both_sides_of_the_pair_with_the_loss_marks_over_their_completions(tmp_path, capsys):
+    from align.data.preference import load_pairs
+
+    out, cfg, tok = _inspected(tmp_path, capsys, "dpo", 1)
     pairs = load_pairs(cfg, tok)
     assert out.startswith(f"pair 1 of {pairs.pairs} (id {pairs.pair_ids[1]}")
     head, chosen, chosen_tokens, rejected, rejected_tokens = _sections(out)
@@ -100,14 +105,9 @@ def test_dpo_shows_both_sides_of_the_pair_with_the_loss_marks_over_their_complet
 
 def test_grpo_shows_the_prompt_it_generates_from_and_no_answer_in_the_loss(tmp_path, capsys):
     from align.data.prompts import load_prompts
-    from align.data.tokenizer import load_tokenizer
     from align.rewards import WeightedReward
 
-    ov = ["objective=grpo", f"data.cache_dir={tmp_path / 'cache'}", "data.max_records=8"]
-    assert align_inspect.main([*ov, "index=2", "tokens=true"]) == 0
-    out = capsys.readouterr().out
-    cfg = to_typed(compose(ov))
-    tok = load_tokenizer(cfg.model)
+    out, cfg, tok = _inspected(tmp_path, capsys, "grpo", 2)
     prompts = load_prompts(cfg, tok, WeightedReward(cfg.reward.weights))
     ids, reference = prompts.prompt(2), prompts.references[2]
     head, body, rest = _sections(out)
