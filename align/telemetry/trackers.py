@@ -102,11 +102,15 @@ class Logger:
         return None
 
 
-def _version(dist: str) -> Optional[str]:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def _version(*dists: str) -> Optional[str]:
+    """The installed version of the first of `dists` that is installed (MLflow's client ships as `mlflow` or
+    as the lighter `mlflow-skinny`: one module, two distributions)."""
+    for dist in dists:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _require(kind: LoggerKind) -> None:
@@ -210,7 +214,7 @@ class MlflowLogger(Logger):
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "mlflow", "tracking_uri": self.uri, "experiment_id": self.experiment_id,
-                "run_id": self.run_id, "mlflow": _version("mlflow")}
+                "run_id": self.run_id, "mlflow": _version("mlflow", "mlflow-skinny")}
 
 
 def _mlflow_key(key: str) -> str:

@@ -109,7 +109,7 @@ def test_tensorboard_holds_the_history_and_a_resume_continues_it(tmp_path):
 
 
 def test_mlflow_holds_the_history_and_a_resume_continues_its_run(tmp_path):
-    pytest.importorskip("mlflow")
+    mlflow = pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
     ov = ["logger=mlflow", *RUN, "trainer.save_every=2"]
@@ -117,6 +117,7 @@ def test_mlflow_holds_the_history_and_a_resume_continues_its_run(tmp_path):
     logged = json.loads((run_dir / "provenance.json").read_text())["logger"]
     client = MlflowClient(tracking_uri=logged["tracking_uri"])
     run = client.get_run(logged["run_id"])
+    assert logged["mlflow"] == mlflow.__version__
     assert run.info.status == "FINISHED" and logged["tracking_uri"] == (run_dir / "mlruns").resolve().as_uri()
     want = history(run_dir)
     assert set(run.data.metrics) == set(want) and "train/step" not in run.data.metrics
