@@ -21,7 +21,7 @@ On the CPU (`--tiny --backend eager`, tests/config/test_bench_attention_layers.p
 worth keeping but runs every path: the rows, the reference check, the recorded refusals.
 
 A candidate that fails (a kernel that refuses the head dim, inductor that cannot lower) is recorded
-with its error, not skipped. Measured numbers go to docs/performance.md, never into this code.
+with its error, not skipped. Measured numbers go to docs/benchmarks/log.md, never into this code.
 """
 
 from __future__ import annotations

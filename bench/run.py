@@ -21,8 +21,9 @@ A DPO arm's table row adds pairs/s; ratios between two DPO arms are of pairs/s, 
 
 An arm whose experiment selects parallel=fsdp or parallel=ep is launched on --nproc processes through
 launchers/torchrun.sh; its rates are per GPU. Each arm's result is $OUT/<arm>.json; the table is
-$OUT/bench.md and everything together $OUT/bench.json. Measured numbers go to docs/performance.md with
-their date and machine, never into this code.
+$OUT/bench.md and everything together $OUT/bench.json. Measured numbers go to docs/benchmarks/log.md as
+an entry with their date, machine, commit and command (the latest into docs/performance.md), never into this
+code.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ Gemma-4 mixes sliding layers (head_dim 256, a 1024-token window) with global lay
 keys equal to values). transformers' sdpa path gives the sliding layers a dense window mask past the
 window, which knocks SDPA off its flash kernels onto the dense-mask one (every key of the row
 visited), and no flash kernel takes head dim 512. What each candidate costs at this model's shapes
-on the H200 is in docs/performance.md (bench/attention_layers.py measures it).
+on the H200 is in docs/benchmarks/log.md#e-2026-12-01-gemma4-attention (bench/attention_layers.py
+measures it).
 
 The rule, per call:
 - a layer whose head_dim is above flash's 256 (Gemma-4's global layers) runs `chunked_attention`,

@@ -230,7 +230,7 @@ def logits_bytes(chunk: int, tokens: int, vocab: int, softcap: Optional[float], 
     one loss call holds: all of them, or under a `chunk` > 0 one chunk (the chunked loss takes each
     chunk's gradients in the forward and keeps no logits for backward). For a chunk the count is an
     upper bound: the chunked loss holds the compute-dtype logits, two fp32 copies under a soft-cap (one
-    without) and a compute-dtype gradient. It is kept because the chunked rows of docs/performance.md's
+    without) and a compute-dtype gradient. It is kept because the chunked rows of docs/benchmarks/log.md's
     estimate-vs-peak table were measured with an earlier loss that held more."""
     held = min(tokens, chunk) if chunk > 0 else tokens
     return held * vocab * (compute_bytes + 3 * 4 + (2 * 4 if softcap else 0))

@@ -8,7 +8,8 @@ block.
 
 Why: on one GPU the optimizer is a bandwidth-bound pass over every parameter, serial with the
 compute, while the next forward's GEMMs leave the memory system mostly idle. For a MoE model with
-billions of parameters the update is a visible share of the step (docs/performance.md).
+billions of parameters the update is a visible share of the step
+(docs/benchmarks/log.md#e-2026-11-30-moe-optimizer).
 
 Exactness: the same optimizer object steps each parameter once per step, with the same gradients,
 hyperparameters and clip scale, through its own kernels; only the order of launches over parameter
@@ -225,7 +226,8 @@ class CompiledStep:
             self._step_scaled, backend=backend, dynamic=False
         )  # compiled the first time a step clips
         # The gradient norm before the step, compiled too: torch's fp64 _foreach_norm is a
-        # bandwidth-bound pass of its own over the gradients (its cost: docs/performance.md).
+        # bandwidth-bound pass of its own over the gradients (its cost:
+        # docs/benchmarks/log.md#e-2026-11-30-moe-optimizer).
         self.norms_of = torch.compile(_fp64_norms, backend=backend, dynamic=False)
 
     def info(self) -> dict[str, Any]:

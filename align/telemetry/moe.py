@@ -24,7 +24,7 @@ Computed per layer in the hooks, the op count grew with the depth; batched, it i
 of kernels per forward (tests/unit/models/test_moe_telemetry.py counts them;
 tests/gpu/test_moe_telemetry_gpu.py times them). `on_step` used to wait for the optimizer to read the
 window; `close_window` starts that read at the boundary instead (what each cost:
-docs/performance.md). A forward that raises accumulates nothing.
+docs/benchmarks/log.md#e-2026-11-30-moe-levers). A forward that raises accumulates nothing.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ class RouterTelemetry:
     def close_window(self) -> None:
         """One process: start copying the window to the host now, before the optimizer step is queued
         behind it. `on_step` reads that copy instead of waiting for the step (the wait left the device
-        queue empty while the host caught up; its cost: docs/performance.md).
+        queue empty while the host caught up; its cost: docs/benchmarks/log.md#e-2026-11-30-moe-levers).
         With ranks the window is reduced in `on_step` first."""
         self._read = None
         if self.record and self._window is not None and not _distributed():

@@ -20,7 +20,7 @@ GEMMA4_26B_LORA = ["model=gemma4_moe", "model.preset=full", "model.dtype=bfloat1
                    "data.max_seq_len=4096", "trainer.export=false"]
 
 # Measured peaks (GiB, torch.cuda.max_memory_allocated), one NVIDIA H200, torch 2.11.0+cu130, transformers 5.24.0.
-# Source: docs/performance.md, each row's section and the commit of the command that measured it; the
+# Source: docs/benchmarks/log.md, each row's section and the commit of the command that measured it; the
 # estimate-vs-measured table there (section "The memory estimate against measured peaks") lists the same rows.
 MEASURED = [
     # "The table (2026-11-30, one command, code at commit dcf697f)": the dense bench
