@@ -230,10 +230,14 @@ class RewardConfig:
     """The reward of RL objectives (objective=grpo): verifiers of align/rewards, weighted and summed."""
 
     weights: dict[str, float] = field(default_factory=dict)
-    """Verifier name -> weight, e.g. {gsm8k: 1.0, format: 0.1} (docs/rewards.md); each completion is
-    scored against its prompt's reference. `python` weighs `reward.function`. Empty under objectives that
-    read no reward."""
+    """Verifier or function name -> weight, e.g. {gsm8k: 1.0, format: 0.1} (docs/rewards.md); each
+    completion is scored against its prompt's reference. Each of `functions` is weighted by its name,
+    `function` as `python`. Empty under objectives that read no reward."""
     function: Optional[str] = None
     """Your own reward, weighted as `python` in `weights` (reward=python): `pkg.module:fn` or
     `/path/to/file.py:fn`, a function with TRL's reward-function signature `fn(prompts, completions,
     **kwargs)` returning one number per completion (docs/rewards.md). Imported and checked in preflight."""
+    functions: dict[str, str] = field(default_factory=dict)
+    """Your own rewards, several: name -> `pkg.module:fn` or `/path/to/file.py:fn`, each a function like
+    `function`'s and weighted by its name in `weights`, e.g. {correct: mypkg.rewards:correct} with
+    weights {correct: 1.0, format: 0.1}. A name is an identifier and no verifier's (docs/rewards.md)."""

@@ -97,6 +97,8 @@ class TrainConfig:
         else:
             _require(self.reward.function is None, "reward.function", f"is read by objective=grpo only; "
                      f"objective={self.objective.kind.value} ignores it", self.reward.function)
+            _require(not self.reward.functions, "reward.functions", f"is read by objective=grpo only; "
+                     f"objective={self.objective.kind.value} ignores it", dict(self.reward.functions))
             _require(
                 not self.reward.weights,
                 "reward.weights",
@@ -125,15 +127,16 @@ class TrainConfig:
         )
         from align.rewards.combine import check_weights
 
-        # Unknown verifier names, bad weights, `python` without reward.function: one line, exit 2. The
-        # function itself is imported by preflight (align/run/preflight.py), not at every conversion.
-        check_weights(self.reward.weights, function=self.reward.function)
+        # Unknown names, bad weights, a function without a weight or a weight without its function: one line,
+        # exit 2. The functions themselves are imported by preflight (align/run/preflight.py), not at every
+        # conversion.
+        functions = check_weights(self.reward.weights, function=self.reward.function, functions=self.reward.functions)
         from align.objectives.advantages import no_signal
         from align.rewards.combine import constant_reward
 
         # Compositions whose every advantage is 0 by construction (the rules live beside the estimators).
-        why = no_signal(self.objective.advantage, self.objective.group_size, constant_reward(self.reward.weights),
-                        self.reward.weights)
+        why = no_signal(self.objective.advantage, self.objective.group_size,
+                        constant_reward(self.reward.weights, functions), self.reward.weights)
         if why is not None:
             raise ConfigError(*why)
         _require(

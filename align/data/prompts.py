@@ -10,8 +10,8 @@ addition task, and `data=jsonl_prompts` a local file of {"prompt", "reference"} 
 Refused before any model is built, one line naming file:line and exit 2: a reference that one of the
 reward's verifiers cannot read (`WeightedReward.check_reference`), and (data.truncation=fail) a prompt
 longer than `data.max_seq_len - objective.max_new_tokens`; with drop such prompts are dropped and counted.
-Under a python reward (`reward.function`) each prompt also keeps its record's fields, the keywords the
-function is called with (a field named like one of the call's own arguments is refused), and the
+Under python rewards (`reward.function`, `reward.functions`) each prompt also keeps its record's fields, the
+keywords the functions are called with (a field named like one of the call's own arguments is refused), and the
 fingerprint covers them.
 
 The prompts are an `EncodedDataset` (prompt tokens, no loss tokens), so the resumable stream, the
@@ -97,22 +97,23 @@ does (align/data/budget_auto.py `plan_sizes`), and one read serves both."""
 
 def _loaded_key(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> tuple:
     files = tuple((str(s.path), content_sha256(s.path)) for s in source_specs(cfg.data) if s.path.exists())
-    function = getattr(reward.function, "spec", None)  # a python reward keeps the records' fields
+    functions = tuple((n, f.spec) for n, f in reward.functions.items())  # python rewards keep the records' fields
     return (repr(cfg.data), cfg.objective.max_new_tokens, tokenizer.name_or_path, len(tokenizer),
-            tokenizer.chat_template, tokenizer.eos_token_id, repr(sorted(reward.weights.items())), function, files)
+            tokenizer.chat_template, tokenizer.eos_token_id, repr(sorted(reward.weights.items())), functions, files)
 
 
-def _check_fields(record: Record, function: Any, where: str) -> None:
-    """The record's fields fit the python reward's call: none collides with the call's own arguments, and
-    each field the function requires is there."""
+def _check_fields(record: Record, functions: Any, where: str) -> None:
+    """The record's fields fit the python rewards' calls: none collides with the call's own arguments, and
+    each field a function requires is there."""
     clash = sorted(set(record.columns or {}) & set(OWN_ARGUMENTS))
     if clash:
         raise ConfigError(where, f"field {clash[0]!r} would collide with the reward function's own argument of "
                           f"that name ({', '.join(OWN_ARGUMENTS)}): rename the field")
-    missing = [f for f in function.fields if f not in (record.columns or {})]
-    if missing:
-        raise ConfigError(where, f"reward.function {function.spec} requires the field {missing[0]!r}, which this "
-                          f"record lacks (its fields: {', '.join(sorted(record.columns or {}))})")
+    for function in functions:
+        missing = [f for f in function.fields if f not in (record.columns or {})]
+        if missing:
+            raise ConfigError(where, f"{function.key} {function.spec} requires the field {missing[0]!r}, which this "
+                              f"record lacks (its fields: {', '.join(sorted(record.columns or {}))})")
 
 
 def load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> PromptSet:
@@ -132,7 +133,7 @@ def longest_prompt(cfg: TrainConfig) -> tuple[int, int]:
     (`load_prompts` with the run's tokenizer and reward): what the memory plan sizes a rollout by."""
     from align.data.tokenizer import load_tokenizer
 
-    reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function)
+    reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function, functions=cfg.reward.functions)
     prompts = load_prompts(cfg, load_tokenizer(cfg.model), reward)
     return int(prompts.data.lengths.max()), len(prompts)
 
@@ -141,7 +142,7 @@ def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> P
     data_cfg = cfg.data
     limit = data_cfg.max_seq_len - cfg.objective.max_new_tokens
     report: dict[str, Any] = {}
-    keep = getattr(reward, "function", None) is not None  # a python reward is called with the record's fields
+    keep = bool(reward.functions)  # a python reward is called with the record's fields
     records = load_records(data_cfg, report, columns=keep)
     formats = report.pop("formats")
     tokens, ids, roots, refs, sources, dropped, texts, wheres, columns = [], [], [], [], [], [], [], [], []
@@ -151,7 +152,7 @@ def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> P
                               "RL prompts: a chat format (messages, sharegpt, alpaca, prompt_completion)")
         messages, ref = split_record(r)
         if keep:
-            _check_fields(r, reward.function, _where(data_cfg, r))
+            _check_fields(r, reward.functions.values(), _where(data_cfg, r))
         try:
             reward.check_reference(ref)
         except BadReference as e:

@@ -68,7 +68,7 @@ class GRPO:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg: ObjectiveConfig = cfg.objective
         self.train_cfg = cfg
-        self.reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function)
+        self.reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function, functions=cfg.reward.functions)
         self.spec = LossSpec(clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high,
                              level=RatioLevel(self.cfg.ratio_level.value),
                              aggregation=Aggregation(self.cfg.loss_agg.value), kl_coef=self.cfg.kl_coef)

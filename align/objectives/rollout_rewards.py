@@ -1,6 +1,6 @@
-"""A generation round's completions scored by the reward (align/rewards): one group per prompt, so that a
-python reward (`reward.function`) is called once per prompt with that prompt's completions and a failure
-names the prompt.
+"""A generation round's completions scored by the reward (align/rewards): one group per prompt, so that each
+python reward (`reward.function`, `reward.functions`) is called once per prompt with that prompt's
+completions and a failure names the function and the prompt.
 
 A python reward can fail on one rank's prompts only, and the other ranks would then wait at the next
 collective for a rank that has stopped: every rank learns whether any rank's reward failed, and all of
@@ -37,9 +37,11 @@ def score_rollout(reward: Any, prompts: Any, rows: np.ndarray, completions: Sequ
                     parts[name] = parts.get(name, 0.0) + s.value
     except ConfigError as e:
         failed = e
-    if getattr(reward, "function", None) is not None and any_rank(failed is not None) and failed is None:
-        raise ConfigError("reward.function", "another rank's reward function failed on its prompts (that rank's "
-                          "own error line names the prompt)")
+    functions = getattr(reward, "functions", None)
+    if functions and any_rank(failed is not None) and failed is None:
+        key = next(iter(functions.values())).key if len(functions) == 1 else "reward.functions"
+        raise ConfigError(key, "another rank's reward function failed on its prompts (that rank's own error line "
+                          "names the function and the prompt)")
     if failed is not None:
         raise failed
     return totals, parts

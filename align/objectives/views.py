@@ -87,7 +87,7 @@ def prompt_view(cfg: Any, tokenizer: Any, index: int) -> View:
     from align.data.tokenizer import tokenizer_dir
     from align.rewards import WeightedReward
 
-    reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function)
+    reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function, functions=cfg.reward.functions)
     prompts = load_prompts(cfg, tokenizer, reward)
     check_index(index, len(prompts), "the prompt set has {n} prompts")
     ids = prompts.prompt(index)
@@ -109,6 +109,6 @@ def prompt_view(cfg: Any, tokenizer: Any, index: int) -> View:
                 f"tokens, weighted by its advantage in its group (objective.advantage={o.advantage.value}){kl}",
                 f"reference answer, given to the verifier{'s' if len(reward.weights) > 1 else ''} "
                 f"({', '.join(reward.weights)}), never trained on: {prompts.references[index]!r}"]
-        + ([f"python: reward.function {reward.function.spec} gets this prompt's completions with its rendered text "
-            f"and its record's fields as keywords ({', '.join(sorted(prompts.columns[index]))})"]
-           if reward.function else []))
+        + [f"{name}: {f.key} {f.spec} gets this prompt's completions with its rendered text "
+           f"and its record's fields as keywords ({', '.join(sorted(prompts.columns[index]))})"
+           for name, f in reward.functions.items()])

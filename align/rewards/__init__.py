@@ -5,7 +5,8 @@
 
 Verifiers: gsm8k ("####" answer else the last number, exact after normalising), math (math-verify),
 format (ends on a "#### <number>" line), exact_int (the last number equals an integer reference).
-Your own function (`reward.function`, weighted as `python`): align/rewards/function.py.
+Your own functions (`reward.functions`, each weighted by its name; `reward.function`, weighted as `python`):
+align/rewards/function.py.
 """
 
 from align.rewards.base import BadReference, Score, Verifier

@@ -16,7 +16,7 @@ class BadReference(ValueError):
 class Score:
     value: float
     """A verifier's: in [0, 1], 1.0 when the completion's answer matches the reference. A python reward's
-    (the `python` part of a Reward): the finite number the function returned."""
+    (the Reward's part by the function's name): the finite number the function returned."""
     extracted: Optional[str]
     """The answer read from the completion, as compared (what an eval report shows); None: none found."""
     reference: str

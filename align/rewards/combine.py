@@ -1,18 +1,19 @@
 """Rewards from verifiers combined with weights: {"gsm8k": 1.0, "format": 0.1} scores a completion as
 1.0 * gsm8k + 0.1 * format. A plain weighted sum, not normalised: a negative weight is a penalty, and
-a zero weight keeps a verifier in the record without letting it move the reward. The name `python` weighs
-your own function (`reward.function`, align/rewards/function.py) the same way, beside the verifiers."""
+a zero weight keeps a verifier in the record without letting it move the reward. Your own functions
+(align/rewards/function.py) are weighted the same way, beside the verifiers: each of `reward.functions` by
+its name, `reward.function` (the one-function shorthand) as `python`."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from numbers import Real
-from typing import Any, Mapping, Optional
+from typing import Any, Collection, Mapping, Optional
 
 from align.errors import ConfigError
 from align.rewards.base import Score, Verifier
-from align.rewards.function import NAME, Group, PythonReward, load_function, split_spec
+from align.rewards.function import NAME, ROW_STATISTICS, Group, PythonReward, function_key, load_function, split_spec
 from align.rewards.registry import VERIFIERS, accepted, get_verifier
 
 
@@ -21,57 +22,96 @@ class Reward:
     total: float
     """The weighted sum of the parts' values."""
     parts: Mapping[str, Score]
-    """Each verifier's own score, by name."""
+    """Each verifier's and each function's own score, by the name it is weighted by."""
 
 
-def check_weights(weights: Any, key: str = "reward.weights", function: Optional[str] = None) -> None:
-    """The checks of WeightedReward that import nothing (config time): names, weights, and `python`
-    exactly when `function` is set. ConfigError naming the key otherwise."""
+def function_specs(function: Optional[str] = None, functions: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
+    """Your functions by the name `reward.weights` weighs each by: `reward.function` as `python`, then each of
+    `reward.functions`. ConfigError naming the key for a name a weight cannot tell from a verifier or from
+    the step row's own statistics, or a spec that names no function (config time: nothing is imported)."""
+    if functions is not None and not isinstance(functions, Mapping):
+        raise ConfigError("reward.functions", "must map names to functions, e.g. {correct: mypkg.rewards:correct}",
+                          functions)
+    specs = {} if function is None else {NAME: function}
+    for name, spec in (functions or {}).items():
+        key = f"reward.functions.{name}"
+        if name == NAME:
+            raise ConfigError(key, f"{NAME} is the name of reward.function (the one-function shorthand): name this "
+                              "function otherwise", spec)
+        if name in VERIFIERS:
+            raise ConfigError(key, f"clashes with the verifier {name}: reward.weights.{name} would weigh both; "
+                              "name the function otherwise", spec)
+        if not (isinstance(name, str) and name.isidentifier()) or name in ROW_STATISTICS:
+            raise ConfigError(key, "a function's name must be an identifier other than the step row's own reward/ "
+                              f"statistics ({', '.join(ROW_STATISTICS)})", spec)
+        specs[name] = spec
+    for name, spec in specs.items():
+        split_spec(spec, function_key(name))
+    return specs
+
+
+def check_weights(weights: Any, key: str = "reward.weights", function: Optional[str] = None,
+                  functions: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
+    """The checks of WeightedReward that import nothing (config time): names, weights, and each function
+    weighted exactly when it is set. The functions' specs by name (`function_specs`); ConfigError naming the
+    key otherwise."""
+    specs = function_specs(function, functions)
     if not isinstance(weights, Mapping) or not weights:
         raise ConfigError(key, "must map verifier names to weights, e.g. {gsm8k: 1.0, format: 0.1}", weights)
     for name, w in weights.items():
-        if name == NAME and function is None:
+        if name == NAME and NAME not in specs:
             raise ConfigError("reward.function", f"{key} weighs {NAME}: name your function, e.g. "
                               "reward.function=mypkg.rewards:score (docs/rewards.md)")
-        if name != NAME and name not in VERIFIERS:
-            raise ConfigError(f"{key}.{name}", f"unknown verifier; accepted: {accepted()}, or {NAME} with "
-                              "reward.function", name)
+        if name not in specs and name not in VERIFIERS:
+            fns = (f"or a function's name: {', '.join(specs)}" if specs
+                   else f"a name of reward.functions, or {NAME} with reward.function")
+            raise ConfigError(f"{key}.{name}", f"unknown verifier or function; accepted: {accepted()}, {fns}", name)
         if isinstance(w, bool) or not isinstance(w, Real) or not math.isfinite(w):
             raise ConfigError(f"{key}.{name}", "weight must be a finite number", w)
-    if function is not None:
-        split_spec(function)
     if function is not None and NAME not in weights:
         raise ConfigError("reward.function", f"is read only when {key} weighs {NAME} (reward=python sets "
                           f"{key}.{NAME}: 1.0)", function)
+    for name in specs:
+        if name not in weights:
+            raise ConfigError(function_key(name), f"has no weight: set {key}.{name} (0 keeps its part in the "
+                              "record without moving the reward)", specs[name])
+    return specs
 
 
-def constant_reward(weights: Mapping[str, float]) -> Optional[float]:
+def constant_reward(weights: Mapping[str, float], functions: Collection[str] = ()) -> Optional[float]:
     """The reward every completion gets whatever it says, where the weights fix it (each verifier weighted
-    0 or able to give one value only, `Verifier.VALUES`; your function weighted 0); None where it can vary.
-    Reads the verifiers' declared values only: your function is not imported."""
-    if any(w != 0 and (n == NAME or len(set(get_verifier(n).VALUES)) > 1) for n, w in weights.items()):
+    0 or able to give one value only, `Verifier.VALUES`; each of `functions`, the names your functions are
+    weighted by, weighted 0); None where it can vary. Reads the verifiers' declared values only: your
+    functions are not imported, and any of them weighted other than 0 may vary."""
+    if any(w != 0 and (n in functions or len(set(get_verifier(n).VALUES)) > 1) for n, w in weights.items()):
         return None
-    return sum(w * get_verifier(n).VALUES[0] for n, w in weights.items() if n != NAME)
+    return sum(w * get_verifier(n).VALUES[0] for n, w in weights.items() if n not in functions)
 
 
 class WeightedReward:
-    """Weighted verifiers and, under the name `python`, your own function: validated when built (before
-    any generation), scored together."""
+    """Weighted verifiers and your own functions, each by its name: validated when built (before any
+    generation), scored together."""
 
     def __init__(self, weights: Mapping[str, float], key: str = "reward.weights",
-                 function: Optional[str] = None) -> None:
-        check_weights(weights, key, function)
+                 function: Optional[str] = None, functions: Optional[Mapping[str, str]] = None) -> None:
+        specs = check_weights(weights, key, function, functions)
         self.weights: dict[str, float] = {n: float(w) for n, w in weights.items()}
-        self.verifiers: dict[str, Verifier] = {n: get_verifier(n, key=f"{key}.{n}") for n in weights if n != NAME}
-        self.function: Optional[PythonReward] = None if function is None else load_function(function)
+        self.verifiers: dict[str, Verifier] = {n: get_verifier(n, key=f"{key}.{n}") for n in weights
+                                               if n not in specs}
+        self.functions: dict[str, PythonReward] = {n: load_function(s, function_key(n)) for n, s in specs.items()}
+        """Your functions, loaded, by the name they are weighted by (`python`: reward.function)."""
 
     def identity(self) -> dict[str, Any]:
         out = {"weights": dict(self.weights), "verifiers": {n: v.identity() for n, v in self.verifiers.items()}}
-        return out if self.function is None else {**out, NAME: self.function.identity()}
+        return {**out, "functions": self.function_identities()} if self.functions else out
+
+    def function_identities(self) -> dict[str, dict[str, Any]]:
+        """Each function's identity (import path, file, sha256) by the name it is weighted by."""
+        return {n: f.identity() for n, f in self.functions.items()}
 
     def constant(self) -> Optional[float]:
         """The reward every completion gets whatever it says, where the weights fix it (`constant_reward`)."""
-        return constant_reward(self.weights)
+        return constant_reward(self.weights, self.functions)
 
     def check_reference(self, reference: str) -> None:
         """BadReference when any weighted verifier cannot read `reference`."""
@@ -79,15 +119,17 @@ class WeightedReward:
             v.normalize_reference(reference)
 
     def score(self, completion: str, reference: str) -> Reward:
-        """The verifiers' weighted sum for one completion (the function scores whole groups: `score_group`)."""
+        """The verifiers' weighted sum for one completion (functions score whole groups: `score_group`)."""
         parts = {n: v.score(completion, reference) for n, v in self.verifiers.items()}
         return Reward(total=sum(self.weights[n] * s.value for n, s in parts.items()), parts=parts)
 
     def score_group(self, group: Group) -> list[Reward]:
-        """Every completion of one prompt: the verifiers one by one, the function once for the group."""
+        """Every completion of one prompt: the verifiers one by one, each function once for the group (in
+        the order configured: the first that fails stops the scoring, naming itself and the prompt)."""
         rewards = [self.score(c, group.reference) for c in group.completions]
-        if self.function is None:
-            return rewards
-        w = self.weights[NAME]
-        return [Reward(total=r.total + w * v, parts={**r.parts, NAME: Score(value=v, extracted=None, reference="")})
-                for r, v in zip(rewards, self.function(group))]
+        for name, fn in self.functions.items():
+            w = self.weights[name]
+            rewards = [Reward(total=r.total + w * v, parts={**r.parts, name: Score(value=v, extracted=None,
+                                                                                   reference="")})
+                       for r, v in zip(rewards, fn(group))]
+        return rewards

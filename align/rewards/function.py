@@ -1,6 +1,7 @@
-"""Your own reward: a Python function with TRL's reward-function signature, named in config as
-`reward.function=pkg.module:fn` (imported) or `reward.function=/path/my_reward.py:fn` (loaded from the file),
-and weighted as `python` in `reward.weights` beside the verifiers (docs/rewards.md).
+"""Your own rewards: Python functions with TRL's reward-function signature, each named in config as
+`pkg.module:fn` (imported) or `/path/my_reward.py:fn` (loaded from the file) and weighted by its name in
+`reward.weights` beside the verifiers (docs/rewards.md): `reward.functions: {name: spec}` holds several,
+`reward.function=spec` is the one-function shorthand, weighted as `python`.
 
     def fn(prompts, completions, **kwargs) -> list[float]
 
@@ -10,13 +11,14 @@ template, once per completion), `completions` (the decoded completions, strings)
 token ids) and one keyword per field of the prompt's data record (`reference`, `question`, ...: a list
 holding the field's value once per completion). It returns one finite number per completion.
 
-Loaded once per process (`load_function`): preflight imports it and checks its signature before any heavy
-work, and the run reuses that import. The identity the manifest records is the import path, the source
-file that defines the function and that file's sha256 at import.
+Loaded once per process (`load_function`): preflight imports each and checks its signature before any heavy
+work, and the run reuses that import. The identity the manifest records, per function, is the import path,
+the source file that defines the function and that file's sha256 at import.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import importlib.util
@@ -31,10 +33,18 @@ from typing import Any, Callable, Optional
 from align.errors import ConfigError
 
 NAME = "python"
-"""The name the function is weighted by in `reward.weights`."""
+"""The name `reward.function` (the one-function shorthand) is weighted by in `reward.weights`."""
+ROW_STATISTICS = ("mean", "std", "zero_variance_frac", "zero_variance_first_round")
+"""The step row's own `reward/<name>` statistics (align/objectives/grpo.py `_rollout_row`): a function of
+one of these names would overwrite them with its part."""
 OWN_ARGUMENTS = ("prompts", "completions", "completion_ids")
 """The keywords the call itself passes: a data field of one of these names would collide with them."""
 ACCEPTED = "pkg.module:fn, or /path/to/file.py:fn"
+
+
+def function_key(name: str) -> str:
+    """The config key that names the function weighted as `name`."""
+    return "reward.function" if name == NAME else f"reward.functions.{name}"
 
 
 def split_spec(spec: Any, key: str = "reward.function") -> tuple[str, str]:
@@ -73,11 +83,18 @@ class PythonReward:
     """A loaded reward function: `__call__(group)` returns its values, checked, or raises ConfigError (exit 2)
     naming the prompt."""
 
-    def __init__(self, spec: str, fn: Callable[..., Any], file: Optional[Path], fields: tuple[str, ...] = ()) -> None:
-        self.spec, self.fn, self.file = spec, fn, file
+    def __init__(self, spec: str, fn: Callable[..., Any], file: Optional[Path], fields: tuple[str, ...] = (),
+                 key: str = "reward.function") -> None:
+        self.spec, self.fn, self.file, self.key = spec, fn, file, key
         self.fields = fields
         """The record fields the function names as required parameters: every prompt's record must hold them."""
         self.sha256 = _sha256(file) if file is not None and file.is_file() else None
+
+    def under(self, key: str) -> PythonReward:
+        """The same import, its failures naming `key` (one spec can be configured under several names)."""
+        other = copy.copy(self)
+        other.key = key
+        return other
 
     def identity(self) -> dict[str, Any]:
         return {"function": self.spec, "file": None if self.file is None else str(self.file), "sha256": self.sha256}
@@ -106,7 +123,7 @@ class PythonReward:
         return [float(v) for v in values]
 
     def _failed(self, group: Group, what: str) -> ConfigError:
-        return ConfigError(group.where, f"reward.function {self.spec} {what}")
+        return ConfigError(group.where, f"{self.key} {self.spec} {what}")
 
 
 _LOADED: dict[str, PythonReward] = {}
@@ -117,7 +134,7 @@ def load_function(spec: str, key: str = "reward.function") -> PythonReward:
     one line naming `key`) for a missing module, file or attribute, a non-callable, an async function or a
     signature TRL's keyword call does not fit."""
     if spec in _LOADED:
-        return _LOADED[spec]
+        return _LOADED[spec] if _LOADED[spec].key == key else _LOADED[spec].under(key)
     target, attr = split_spec(spec, key)
     if _is_file(target):
         path = Path(target).expanduser().resolve()
@@ -143,7 +160,7 @@ def load_function(spec: str, key: str = "reward.function") -> PythonReward:
         file = Path(inspect.getsourcefile(fn) or module.__file__).resolve()
     except TypeError:  # a callable instance or a builtin: the module's own file
         file = Path(module.__file__).resolve() if getattr(module, "__file__", None) else None
-    _LOADED[spec] = loaded = PythonReward(spec, fn, file, fields)
+    _LOADED[spec] = loaded = PythonReward(spec, fn, file, fields, key)
     return loaded
 
 

@@ -117,7 +117,8 @@ SCHEMA: dict[str, Any] = {
     "seed": "trainer.seed",
     "objective": "what the objective resolved to: kind, loss, reference strategy and identity (weights sha256, "
     "cache key and hit), the step-0 gate's report (null with a reason where it cannot apply)",
-    "reward": "reward.function (objective=grpo): its import path, the file that defines it, that file's sha256",
+    "reward": "each python reward by the name reward.weights weighs it (reward.function: python; objective=grpo): "
+    "its import path, the file that defines it, that file's sha256",
     "logger": "the tracker rank 0 logged to (logger=wandb, tensorboard, mlflow): where it wrote, its version",
     "mask_probe": "per layer type: mask None (fast path) or tensor, padded vs unpadded, band check result",
     "compile": {

@@ -372,18 +372,21 @@ def check_compile_artifacts(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
 
 def check_reward(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
-    """reward.function imported (once per process: the run reuses it) and its signature checked."""
-    if cfg.reward.function is None:
+    """Each python reward (reward.function, reward.functions) imported (once per process: the run reuses it)
+    and its signature checked."""
+    if cfg.reward.function is None and not cfg.reward.functions:
         return
-    from align.rewards.function import load_function
+    from align.rewards.combine import function_specs
+    from align.rewards.function import function_key, load_function
 
-    try:
-        f = load_function(cfg.reward.function)
-    except ConfigError as e:
-        yield Check("config", "reward function", Status.failed, str(e).removeprefix(f"{e.key}: "), e.key)
-        return
-    yield Check("config", "reward function", Status.passed,
-                f"{f.spec} takes (prompts, completions, **kwargs); {f.file} sha256 {(f.sha256 or 'none')[:16]}")
+    for name, spec in function_specs(cfg.reward.function, cfg.reward.functions).items():
+        try:
+            f = load_function(spec, function_key(name))
+        except ConfigError as e:
+            yield Check("config", f"reward function {name}", Status.failed, str(e).removeprefix(f"{e.key}: "), e.key)
+            return
+        yield Check("config", f"reward function {name}", Status.passed,
+                    f"{f.spec} takes (prompts, completions, **kwargs); {f.file} sha256 {(f.sha256 or 'none')[:16]}")
 
 
 def check_logger(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:

@@ -187,14 +187,16 @@ class RunRecord:
 
     def _record_reward(self) -> None:
         cfg = self.cfg
-        if cfg.reward.function is None:
+        if cfg.reward.function is None and not cfg.reward.functions:
             weights = dict(cfg.reward.weights)
             self.manifest.null("reward", f"no python reward: reward.weights is {weights}" if weights
                                else f"objective={cfg.objective.kind.value} reads no reward")
             return
-        from align.rewards.function import load_function
+        from align.rewards.combine import function_specs
+        from align.rewards.function import function_key, load_function
 
-        self.manifest.set("reward", load_function(cfg.reward.function).identity())  # preflight's import, reused
+        specs = function_specs(cfg.reward.function, cfg.reward.functions)  # preflight's imports, reused
+        self.manifest.set("reward", {n: load_function(s, function_key(n)).identity() for n, s in specs.items()})
 
     def accept(self) -> None:
         """This attempt now owns the run dir: its `.hydra/` and manifest replace the earlier attempt's,

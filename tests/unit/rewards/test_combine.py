@@ -35,8 +35,8 @@ def test_unknown_name_is_one_line_listing_the_accepted():
     with pytest.raises(ConfigError) as e:
         WeightedReward({"gsm8k": 1.0, "gsmk8": 0.5}, key="rl.reward")
     msg = str(e.value)
-    assert msg == f"rl.reward.gsmk8: unknown verifier; accepted: {accepted()}, or python with reward.function " \
-                  "(got 'gsmk8')"
+    assert msg == f"rl.reward.gsmk8: unknown verifier or function; accepted: {accepted()}, a name of " \
+                  "reward.functions, or python with reward.function (got 'gsmk8')"
     assert "\n" not in msg and e.value.exit_code == EXIT_CONFIG
     assert accepted() == "exact_int, format, gsm8k, math" and set(VERIFIERS) == {"exact_int", "format", "gsm8k", "math"}
 
@@ -83,3 +83,16 @@ def test_constant_is_the_reward_weights_fix_whatever_a_completion_says(monkeypat
     monkeypatch.setattr(type(get_verifier("format")), "VALUES", (1.0,))  # a verifier that can give one value
     assert WeightedReward({"format": 0.5, "gsm8k": 0.0}).constant() == 0.5
     assert WeightedReward({"format": 0.5, "gsm8k": 1.0}).constant() is None
+
+
+@pytest.mark.parametrize("weight, constant", [(0.0, 0.5), (0.2, None), (-1.0, None)])
+def test_a_function_weighted_other_than_0_can_vary_and_one_weighted_0_is_constant(weight, constant):
+    """Each function counts as able to vary, whatever verifiers beside it fix (it is not imported to tell)."""
+    from align.rewards.combine import constant_reward
+
+    weights = {"format": 0.0, "exact_int": 0.0, "length": weight, "python": 0.0}
+    assert constant_reward(weights, ("length", "python")) == (None if weight else 0.0)
+    fixed = {"format": 0.5, "length": weight}
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(type(get_verifier("format")), "VALUES", (1.0,))  # a verifier that can give one value
+        assert constant_reward(fixed, ("length",)) == constant

@@ -97,8 +97,8 @@ def test_the_function_is_weighted_beside_the_verifiers():
     fn = [float(len(c) % 3) for c in g.completions]
     assert [x.total for x in got] == [0.5 * v + 1.0 for v in fn]  # every completion ends on 3 = the reference
     assert [x.parts["python"].value for x in got] == fn and all(x.parts["exact_int"].value == 1.0 for x in got)
-    assert r.identity()["python"]["function"] == "tests.python_rewards:recorded"
-    assert "python" not in WeightedReward({"exact_int": 1.0}).identity()  # verifier runs keep their identity
+    assert r.identity()["functions"]["python"]["function"] == "tests.python_rewards:recorded"
+    assert "functions" not in WeightedReward({"exact_int": 1.0}).identity()  # verifier runs keep their identity
 
 
 def test_python_in_weights_without_a_function_and_a_function_without_python_are_refused():
@@ -106,6 +106,114 @@ def test_python_in_weights_without_a_function_and_a_function_without_python_are_
         WeightedReward({"python": 1.0})
     with pytest.raises(ConfigError, match=r"^reward.function: is read only when reward.weights weighs python"):
         WeightedReward({"exact_int": 1.0}, function="tests.python_rewards:recorded")
+
+
+def test_several_functions_are_weighted_by_their_names_beside_a_verifier_each_with_its_own_hash():
+    import examples.rewards as example
+
+    other = REPO / "tests" / "python_rewards.py"
+    r = WeightedReward({"answer": 1.0, "parity": 0.25, "exact_int": 0.5},
+                       functions={"answer": f"{EXAMPLE}:concise_answer", "parity": "tests.python_rewards:recorded"})
+    g = group(3, question="1+2=", answer="3")
+    g.completions[1] = "it is 4"
+    got = r.score_group(g)
+    answer = example.concise_answer(prompts=[g.prompt] * 3, completions=g.completions, answer=["3"] * 3)
+    parity = [float(len(c) % 3) for c in g.completions]
+    exact = [float(c.endswith("3")) for c in g.completions]
+    assert len(set(answer)) > 1 and len(set(parity)) > 1 and exact == [1.0, 0.0, 1.0]
+    assert [x.total for x in got] == [a + 0.25 * p + 0.5 * e for a, p, e in zip(answer, parity, exact)]
+    assert [{n: s.value for n, s in x.parts.items()} for x in got] == [
+        {"exact_int": e, "answer": a, "parity": p} for a, p, e in zip(answer, parity, exact)]
+    assert r.identity()["functions"] == r.function_identities() == {
+        "answer": {"function": f"{EXAMPLE}:concise_answer", "file": str(EXAMPLE),
+                   "sha256": hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()},
+        "parity": {"function": "tests.python_rewards:recorded", "file": str(other),
+                   "sha256": hashlib.sha256(other.read_bytes()).hexdigest()}}
+    # the shorthand stands beside them, weighted as python
+    both = WeightedReward({"python": 2.0, "parity": 1.0}, function=f"{EXAMPLE}:concise_answer",
+                          functions={"parity": "tests.python_rewards:recorded"})
+    assert [x.total for x in both.score_group(g)] == [2.0 * a + p for a, p in zip(answer, parity)]
+
+
+def test_a_failing_function_among_several_is_named_by_its_key():
+    load_function("tests.python_rewards:not_finite")  # imported once under reward.function: the name still follows
+    r = WeightedReward({"fine": 1.0, "bad": 1.0},
+                       functions={"fine": "tests.python_rewards:recorded", "bad": "tests.python_rewards:not_finite"})
+    with pytest.raises(ConfigError) as e:
+        r.score_group(group())
+    assert one_line(e) == ("data/p.jsonl:7: reward.functions.bad tests.python_rewards:not_finite returned nan for "
+                           "completion 0; accepted: a finite number")
+
+
+FN = "tests.python_rewards:recorded"
+ALL = "exact_int, format, gsm8k, math"
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["+reward.weights.length=0.2"], f"reward.weights.length: unknown verifier or function; accepted: {ALL}, a name "
+                                     "of reward.functions, or python with reward.function (got 'length')"),
+    ([f"+reward.functions.length={FN}", "+reward.weights.length=0.2", "+reward.weights.lenght=0.2"],
+     f"reward.weights.lenght: unknown verifier or function; accepted: {ALL}, or a function's name: length"),
+    ([f"+reward.functions.length={FN}"], f"reward.functions.length: has no weight: set reward.weights.length (0 keeps "
+                                         f"its part in the record without moving the reward) (got '{FN}')"),
+    ([f"+reward.functions.format={FN}", "+reward.weights.format=1"],
+     "reward.functions.format: clashes with the verifier format: reward.weights.format would weigh both"),
+    ([f"+reward.functions.python={FN}", "+reward.weights.python=1"],
+     "reward.functions.python: python is the name of reward.function (the one-function shorthand)"),
+    ([f"+reward.functions.mean={FN}", "+reward.weights.mean=1"],
+     "reward.functions.mean: a function's name must be an identifier other than the step row's own reward/"),
+    (["+reward.functions.length=tests.python_rewards", "+reward.weights.length=1"],
+     "reward.functions.length: must name a function as pkg.module:fn, or /path/to/file.py:fn"),
+    # a function weighted 0 beside verifiers weighted 0: every completion scores the same
+    (["reward.weights.exact_int=0", f"+reward.functions.length={FN}", "+reward.weights.length=0"],
+     "reward.weights: every completion scores 0 whatever it says"),
+])
+def test_a_bad_functions_config_is_one_line_naming_the_key_when_composed(compose, overrides, says):
+    from align.config import to_typed
+
+    with pytest.raises(ConfigError) as e:
+        to_typed(compose(["objective=grpo", *overrides]))
+    assert one_line(e).startswith(says), str(e.value)
+
+
+def test_a_function_weighted_other_than_0_beside_verifiers_weighted_0_composes(compose):
+    from align.config import to_typed
+
+    cfg = to_typed(compose(["objective=grpo", "reward.weights.exact_int=0", f"+reward.functions.length={FN}",
+                            "+reward.weights.length=0.2"]))
+    assert cfg.reward.functions == {"length": FN} and cfg.reward.weights == {"exact_int": 0.0, "length": 0.2}
+
+
+def test_a_name_that_is_not_an_identifier_is_refused():
+    with pytest.raises(ConfigError) as e:
+        WeightedReward({"my length": 1.0}, functions={"my length": FN})
+    assert one_line(e).startswith("reward.functions.my length: a function's name must be an identifier")
+
+
+def test_preflight_imports_each_function_and_names_the_key_of_one_that_cannot_be_imported(compose):
+    from align.config import to_typed
+    from align.run.preflight import check_reward
+
+    cfg = to_typed(compose(["objective=grpo", f"+reward.functions.answer={EXAMPLE}:concise_answer",
+                            "+reward.weights.answer=1", "+reward.functions.judge=tests.no_such_module:judge",
+                            "+reward.weights.judge=0.5"]))
+    checks = list(check_reward(cfg, None))
+    assert [(c.name, c.status.value) for c in checks] == [("reward function answer", "PASS"),
+                                                          ("reward function judge", "FAIL")]
+    e = checks[-1].error()
+    assert str(e).startswith("reward.functions.judge: cannot import tests.no_such_module: No module named") and \
+        str(e).endswith("(got 'tests.no_such_module:judge')") and "\n" not in str(e) and e.exit_code == EXIT_CONFIG
+
+
+def test_row_statistics_are_the_reward_keys_the_step_row_writes_itself():
+    """A function named as one of these would overwrite the row's own statistic with its part."""
+    from align.objectives.grpo import GRPO
+    from align.rewards.function import ROW_STATISTICS
+
+    sums = {f"ro_{k}": 1.0 for k in ("seqs", "groups", "reward", "reward_sq", "zero_var", "zero_var_first", "abs_adv",
+                                      "tokens", "stopped", "generated")}
+    row = GRPO._rollout_row(sums)
+    assert {k.removeprefix("reward/") for k in row if k.startswith("reward/")} == set(ROW_STATISTICS)
 
 
 class Completion:
