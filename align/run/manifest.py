@@ -26,7 +26,7 @@ from typing import Any, Iterator, Mapping, Optional
 
 from align.run.hashing import canonical_json, config_hash
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MANIFEST = "provenance.json"
 PENDING = "pending: not known yet when this was written"
 
