@@ -4,7 +4,10 @@
 type-checked by omegaconf when Hydra composes, and `to_typed()` (the one seam from config to
 objects: `OmegaConf.to_object`) runs each `__post_init__` for value checks. Choices are `Enum`s
 (omegaconf rejects `typing.Literal`, docs/pitfalls.md#9). Every field carries a docstring; the
-configuration reference in docs/configuration.md is generated from these.
+configuration reference in docs/configuration.md is generated from these. A group whose options
+read different keys has one schema per option (`OPTION_SCHEMAS`: objective=sft, dpo, grpo), each
+stored as `schema/<group>/<option>` and named first in that option's defaults list, so Hydra types
+the option's keys against its own class and a key another option reads is an unknown key.
 
 `to_typed` also refuses, for every schema at once: a key the schema does not declare (omegaconf
 lets `+group.key=value` add one to a typed node), a non-finite float anywhere, and a key set to
@@ -26,7 +29,7 @@ from align.config.eval import EvalConfig, EvalTask  # noqa: F401
 from align.config.model import *  # noqa: F403
 from align.config.objective import *  # noqa: F403
 from align.config.probe import *  # noqa: F403
-from align.config.root import GROUP_SCHEMAS, TrainConfig, register  # noqa: F401
+from align.config.root import GROUP_SCHEMAS, OPTION_SCHEMAS, TrainConfig, register, schema_defaults  # noqa: F401
 from align.config.train import *  # noqa: F403
 
 SCHEMA_MODULES = ("align.config.model", "align.config.data", "align.config.train", "align.config.objective",

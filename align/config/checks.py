@@ -12,7 +12,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from align.config.base import _plain
-from align.config.root import TrainConfig
+from align.config.root import GROUP_SCHEMAS, OPTION_SCHEMAS, TrainConfig
 from align.errors import ConfigError
 
 
@@ -52,35 +52,60 @@ FOREIGN_KEYS: dict[str, str] = {
     "output_dir": "hydra.run.dir",
     "save_steps": "trainer.save_every",
     "max_length": "data.max_seq_len",
-    "loss_type": "objective.loss",
+    "loss_type": "objective.loss (objective=dpo)",
     "warmup_ratio": "optimizer.warmup_ratio",
     "lr_scheduler_type": "optimizer.schedule",
     "logging_steps": "trainer.log_every",
     "seed": "trainer.seed",
-    "beta": "objective.beta",
+    "beta": "objective.beta (objective=dpo)",
 }
 """Names users bring from transformers' TrainingArguments and TRL's trainer configs, and align's key
 for each: an unknown key that is one of them is answered with align's, wherever it was put."""
 
 
-def unknown_key(dotted: str, root: Optional[type] = None) -> Optional[ConfigError]:
+def _composed(node: Any, declared: type) -> type:
+    """The schema a composed node was typed with: an option's own (a subclass of the group's, e.g.
+    DPOConfig under `objective`), else the declared one."""
+    tp = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) and issubclass(tp, declared) else declared
+
+
+def _option_hint(cls: type, name: str) -> tuple[Optional[str], str]:
+    """For a schema of a group whose options have schemas of their own (OPTION_SCHEMAS): the option it
+    is (`objective=sft`) and which other options read `name`; (None, "") for any other schema."""
+    for group, options in OPTION_SCHEMAS.items():
+        readers = [f"{group}={o}" for o, c in options.items() if c is not cls and name in schema_fields(c)]
+        mine = next((o for o, c in options.items() if c is cls), None)
+        if mine is not None:
+            return f"{group}={mine}", f" (a key of {', '.join(readers)})" if readers else ""
+        if cls is GROUP_SCHEMAS[group]:  # an option of the user's own that names no schema
+            example = next(iter(options))
+            return None, (f" (this {group} option composes no schema: its defaults list names one first, e.g. "
+                          f"- /schema/{group}/{example}@_here_)")
+    return None, ""
+
+
+def unknown_key(dotted: str, root: Optional[type] = None, node_type: Optional[type] = None) -> Optional[ConfigError]:
     """The error for a dotted key no schema declares, naming the schema it falls in, its keys and
-    the closest one (for a transformers/TRL name, align's key for it); None when the key is declared
-    or lies inside an open mapping."""
+    the closest one (for a transformers/TRL name, align's key for it; for a key of another option's
+    schema, that option); None when the key is declared or lies inside an open mapping. `node_type`:
+    the schema the key's parent node was composed with, where it is an option's own (`_composed`)."""
     parts, cls, i = dotted.split("."), root or TrainConfig, 0
     while i < len(parts):
         fields_ = schema_fields(cls)
         if parts[i] not in fields_:
             parent, bad = ".".join(parts[:i]), ".".join(parts[:i + 1])
+            option, other = _option_hint(cls, parts[i])
             close = difflib.get_close_matches(parts[i], list(fields_), n=1)
             mean = f" (did you mean {_join(parent, close[0])}?)" if close else ""
             if parts[i] in FOREIGN_KEYS and (root or TrainConfig) is TrainConfig:
                 mean = f" (transformers/TRL's {parts[i]}: align's key is {FOREIGN_KEYS[parts[i]]})"
-            return ConfigError(bad, f"unknown key{' in ' + parent if parent else ''}{mean}; accepted keys: "
+            where = option or parent
+            return ConfigError(bad, f"unknown key{' in ' + where if where else ''}{other or mean}; accepted keys: "
                                     f"{', '.join(fields_)}")
         tp, i = fields_[parts[i]], i + 1
         if dataclasses.is_dataclass(tp):
-            cls = tp
+            cls = node_type if node_type is not None and issubclass(node_type, tp) else tp
         elif _mapped_schema(tp) is not None and i < len(parts):
             cls, i = _mapped_schema(tp), i + 1  # parts[i] names an entry of the mapping
         else:
@@ -105,16 +130,17 @@ def check_composed(node: DictConfig, cls: Optional[type] = None, key: str = "") 
     """Refuse what omegaconf lets through: a key the schema does not declare (`+group.key=value`
     adds one to a typed node, and `to_object` would drop it), and a non-finite float in any field
     (`lr=inf` passes `lr > 0`; `max_grad_norm=nan` fails `> 0` and turns clipping off)."""
-    fields_ = schema_fields(cls or TrainConfig)
+    cls = cls or TrainConfig
+    fields_ = schema_fields(cls)
     for name in node.keys():
         k = _join(key, str(name))
         if name not in fields_:
-            raise unknown_key(k) or ConfigError(k, "unknown key")
+            raise unknown_key(k, node_type=cls) or ConfigError(k, "unknown key")
         if OmegaConf.is_missing(node, name):
             continue
         value, tp = node[name], fields_[name]
         if dataclasses.is_dataclass(tp) and isinstance(value, DictConfig):
-            check_composed(value, tp, k)
+            check_composed(value, _composed(value, tp), k)
         elif _mapped_schema(tp) is not None and isinstance(value, DictConfig):
             for entry in value.keys():
                 check_composed(value[entry], _mapped_schema(tp), f"{k}.{entry}")

@@ -1,14 +1,13 @@
-"""Schemas of the objective and reward groups: what is optimised, and which of its keys each
-objective reads."""
+"""Schemas of the objective and reward groups: what is optimised, one class per objective."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from align.config.base import AUTO, _only, _read, _require
+from align.config.base import AUTO, _choices, _require
 from align.errors import ConfigError
 from align.objectives.advantages import Estimator as AdvantageKind  # defined beside its rules of no signal
 
@@ -72,100 +71,61 @@ class GenerationDtype(StrEnum):
 
 @dataclass
 class ObjectiveConfig:
-    """What the run optimises (the `objective` group); align/objectives/base.py is the seam. Each key
-    after `kind` is read by the objectives `_READ_BY` names; under any other it must stay at its default."""
+    """What the run optimises (the `objective` group); align/objectives/base.py is the seam. The keys
+    every objective reads; each objective's class below adds its own, and its option names that class
+    in its defaults list (conf/objective/<kind>.yaml: `/schema/objective/<kind>`, `OBJECTIVE_SCHEMAS`),
+    so a key the composed objective does not read is an unknown key of its schema."""
 
     kind: ObjectiveKind = ObjectiveKind.sft
-    """sft: cross-entropy on the loss-masked tokens (chat: the assistant turns), averaged per loss
-    token over the accumulation window on all ranks. dpo: a preference loss on pairs (`loss`). grpo:
-    RL with verifiable rewards on prompts (`reward.weights`), align/objectives/grpo.py."""
-    loss: str = "sigmoid"
-    """dpo: sigmoid (DPO), ipo, hinge, robust, conservative (label-smoothed sigmoid), simpo and orpo
-    (both reference-free); definitions in align/objectives/preference_losses.py."""
-    beta: float = 0.1
-    """dpo: the loss's beta (for orpo, the weight of the odds-ratio term: the paper's lambda)."""
-    label_smoothing: float = 0.0
-    """dpo, robust and conservative only: the assumed label-flip rate, in [0, 0.5)."""
-    simpo_gamma: float = 0.0
-    """dpo, simpo only: the target reward margin."""
-    reference: ReferenceKind = ReferenceKind.auto
-    """dpo, grpo: what the loss is measured against. model: a frozen copy of the starting policy;
-    adapters_off: the LoRA base (adapters disabled, no copy); precomputed (dpo only): the starting
-    policy's log-probs computed once and cached on their meaning; none: no reference. auto: dpo: none
-    for simpo/orpo, adapters_off with LoRA, else precomputed where the run reads at least one epoch of
-    the pairs and model where it reads less; grpo: none when kl_coef is 0, else adapters_off with LoRA,
-    else model."""
-    reference_dtype: ReferenceDtype = ReferenceDtype.same
-    """dpo, grpo, reference=model: the frozen copy's parameter dtype (bf16 halves its memory)."""
-    gate_tolerance: Optional[float] = None
-    """dpo: the step-0 gate's bound per target token (nats) on |batched - alone| summed log-probs and
-    on |policy - reference|; null: 1e-4 in fp32, 5e-2 under bf16 autocast, and 5e-2 for the reference
-    check of a bf16 frozen copy (reference_dtype=bf16) (docs/objectives.md)."""
-    group_size: int = 16
-    """grpo: completions generated per prompt (the group the advantages are relative to)."""
-    prompts_per_rollout: int = 16
-    """grpo: prompts per rollout on each rank (the rollout holds prompts_per_rollout * group_size completions)."""
-    updates_per_rollout: int = 1
-    """grpo: optimizer steps per rollout: the rollout is cut into this many parts, one per step, each
-    into `trainer.grad_accum` micro-batches (1: on-policy)."""
-    max_new_tokens: int = 4
-    """grpo: most tokens generated per completion (a stop token counts)."""
-    temperature: float = 1.0
-    """grpo: sampling temperature (> 0); the loss's log-probs are of the same tempered distribution."""
-    top_p: float = 1.0
-    """grpo: nucleus sampling's kept probability mass, in (0, 1]."""
-    advantage: AdvantageKind = AdvantageKind.grpo
-    """grpo: the advantage estimator (grpo, dr_grpo, rloo); align/objectives/advantages.py."""
-    loss_agg: LossAgg = LossAgg.token_mean
-    """grpo: how per-token losses are averaged over the optimizer step (align/objectives/policy_loss.py)."""
-    ratio_level: RatioLevel = RatioLevel.token
-    """grpo: token (PPO-style clipped ratio per token) or sequence (GSPO)."""
-    clip_low: float = 0.2
-    """grpo: the ratio is clipped below at 1 - clip_low."""
-    clip_high: float = 0.2
-    """grpo: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher raises it, e.g. 0.28)."""
-    kl_coef: float = 0.0
-    """grpo: weight of the per-token KL to the reference (k3 estimator); 0: no reference is used."""
-    is_correction: ISCorrection = ISCorrection.none
-    """grpo: none, or tis (truncated importance sampling of the trainer's over the engine's log-probs)."""
-    is_cap: float = 2.0
-    """grpo, is_correction=tis: the truncation of the importance weight."""
-    dynamic_sampling: bool = False
-    """grpo: replace zero-variance groups (all completions scored the same) by fresh prompts' groups
-    (DAPO's dynamic sampling), up to `dynamic_sampling_rounds` extra generations per rollout."""
-    dynamic_sampling_rounds: int = 3
-    """grpo, dynamic_sampling: extra generation rounds per rollout at most; groups still without signal
-    after them are kept (their advantage is 0) and counted."""
-    generation_dtype: GenerationDtype = GenerationDtype.auto
-    """grpo: same: the engine generates with the training model; bf16/fp32: with a copy in that dtype,
-    synced and hash-checked before every rollout (a planted train/rollout mismatch, or a cheaper engine);
-    a copy needs parallel=single. auto: bf16 where the device is CUDA, parallel=single, the forward
-    autocasts to bf16 (trainer.precision auto or bf16), the weights are not bf16 already (`model.dtype`)
-    and LoRA is off (the copy then decodes with the numbers the policy's matmuls use anyway, and the
-    policy's decoder blocks never see decode shapes, so `trainer.compile=auto` can compile them); else
-    same. The manifest's `model.extra.generation.dtype` says what it resolved to and why."""
-    generation_batch_size: Any = AUTO
-    """grpo: rows (prompt x completion) per call of the engine's backend: an int >= 1, or auto. auto:
-    the whole rollout (prompts_per_rollout x group_size rows) in one call, capped on CUDA where the KV
-    cache of that many rows at the longest prompt + max_new_tokens would not fit what the memory
-    estimate leaves beside the weights, optimizer state, reference and generation copy within the
-    token budget's headroom (align/data/budget_auto.py `resolve_generation_batch_size`); on a CPU, or
-    where the device's memory cannot be read, capped at 256 rows, the fixed default before auto: every
-    CPU rollout keeps the calls it had. The manifest's `model.extra.generation.batch_size` says what it resolved to
-    and why."""
-
-    def ignored(self, key: str) -> dict[str, str]:
-        """The keys the composed objective does not read, and which objectives do (`_READ_BY`)."""
-        return _read({f.name: _only("objective", self.kind, sorted(_READ_BY[f.name])) for f in fields(self)
-                      if f.name != "kind"})
+    """sft, dpo or grpo: the objective, chosen with `objective=<kind>` (each option composes its own schema)."""
 
     def __post_init__(self) -> None:
-        if self.kind == ObjectiveKind.dpo:
-            self._check_dpo()
-        elif self.kind == ObjectiveKind.grpo:
-            self._check_grpo()
+        own = own_kind(type(self))
+        if own is not None:  # a class of its own: `objective=sft objective.kind=dpo` would run neither
+            got = ObjectiveKind(self.kind)
+            _require(got == own, "objective.kind", f"objective={own.value} is kind {own.value}: choose the objective "
+                     f"as an option, objective={got.value} (accepted: {_choices(ObjectiveKind)})", got.value)
 
-    def _check_dpo(self) -> None:
+
+@dataclass
+class SFTConfig(ObjectiveConfig):
+    """objective=sft: reads no key of its own."""
+
+    kind: ObjectiveKind = ObjectiveKind.sft
+    """sft: cross-entropy on the loss-masked tokens (chat: the assistant turns), averaged per loss token
+    over the accumulation window on all ranks (align/objectives/sft.py)."""
+
+
+@dataclass
+class DPOConfig(ObjectiveConfig):
+    """objective=dpo: a preference loss on pairs (align/objectives/dpo.py)."""
+
+    kind: ObjectiveKind = ObjectiveKind.dpo
+    """dpo: a preference loss (`loss`) on pairs of a chosen and a rejected completion."""
+    loss: str = "sigmoid"
+    """sigmoid (DPO), ipo, hinge, robust, conservative (label-smoothed sigmoid), simpo and orpo (both
+    reference-free); definitions in align/objectives/preference_losses.py."""
+    beta: float = 0.1
+    """The loss's beta (for orpo, the weight of the odds-ratio term: the paper's lambda)."""
+    label_smoothing: float = 0.0
+    """robust and conservative only: the assumed label-flip rate, in [0, 0.5)."""
+    simpo_gamma: float = 0.0
+    """simpo only: the target reward margin."""
+    reference: ReferenceKind = ReferenceKind.auto
+    """What the loss is measured against. model: a frozen copy of the starting policy; adapters_off: the
+    LoRA base (adapters disabled, no copy); precomputed: the starting policy's log-probs computed once
+    and cached on their meaning; none: no reference (simpo, orpo). auto: none for simpo/orpo,
+    adapters_off with LoRA, else precomputed where the run reads at least one epoch of the pairs and
+    model where it reads less."""
+    reference_dtype: ReferenceDtype = ReferenceDtype.same
+    """reference=model: the frozen copy's parameter dtype (bf16 halves its memory)."""
+    gate_tolerance: Optional[float] = None
+    """The step-0 gate's bound per target token (nats) on |batched - alone| summed log-probs and on
+    |policy - reference|; null: 1e-4 in fp32, 5e-2 under bf16 autocast, and 5e-2 for the reference
+    check of a bf16 frozen copy (reference_dtype=bf16) (docs/objectives.md)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         from align.objectives.preference_spec import check_hyperparameters, needs_reference
 
         try:
@@ -185,7 +145,75 @@ class ObjectiveConfig:
             _require(math.isfinite(self.gate_tolerance) and self.gate_tolerance > 0, "objective.gate_tolerance",
                      "must be a finite number > 0", self.gate_tolerance)
 
-    def _check_grpo(self) -> None:
+
+@dataclass
+class GRPOConfig(ObjectiveConfig):
+    """objective=grpo: RL with verifiable rewards on prompts (`reward.weights`), align/objectives/grpo.py."""
+
+    kind: ObjectiveKind = ObjectiveKind.grpo
+    """grpo: groups of sampled completions per prompt, scored by the reward, each weighted by its
+    advantage in its group."""
+    reference: ReferenceKind = ReferenceKind.auto
+    """What the KL term (`kl_coef`) is measured against: model (a frozen copy of the starting policy),
+    adapters_off (the LoRA base, no copy) or none; precomputed cannot cover completions that are new
+    every rollout. auto: none when kl_coef is 0, else adapters_off with LoRA, else model."""
+    reference_dtype: ReferenceDtype = ReferenceDtype.same
+    """reference=model: the frozen copy's parameter dtype (bf16 halves its memory)."""
+    group_size: int = 16
+    """Completions generated per prompt (the group the advantages are relative to)."""
+    prompts_per_rollout: int = 16
+    """Prompts per rollout on each rank (the rollout holds prompts_per_rollout * group_size completions)."""
+    updates_per_rollout: int = 1
+    """Optimizer steps per rollout: the rollout is cut into this many parts, one per step, each into
+    `trainer.grad_accum` micro-batches (1: on-policy)."""
+    max_new_tokens: int = 4
+    """Most tokens generated per completion (a stop token counts)."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0); the loss's log-probs are of the same tempered distribution."""
+    top_p: float = 1.0
+    """Nucleus sampling's kept probability mass, in (0, 1]."""
+    advantage: AdvantageKind = AdvantageKind.grpo
+    """The advantage estimator (grpo, dr_grpo, rloo); align/objectives/advantages.py."""
+    loss_agg: LossAgg = LossAgg.token_mean
+    """How per-token losses are averaged over the optimizer step (align/objectives/policy_loss.py)."""
+    ratio_level: RatioLevel = RatioLevel.token
+    """token (PPO-style clipped ratio per token) or sequence (GSPO)."""
+    clip_low: float = 0.2
+    """The ratio is clipped below at 1 - clip_low."""
+    clip_high: float = 0.2
+    """The ratio is clipped above at 1 + clip_high (DAPO's clip-higher raises it, e.g. 0.28)."""
+    kl_coef: float = 0.0
+    """Weight of the per-token KL to the reference (k3 estimator); 0: no reference is used."""
+    is_correction: ISCorrection = ISCorrection.none
+    """none, or tis (truncated importance sampling of the trainer's over the engine's log-probs)."""
+    is_cap: float = 2.0
+    """is_correction=tis: the truncation of the importance weight."""
+    dynamic_sampling: bool = False
+    """Replace zero-variance groups (all completions scored the same) by fresh prompts' groups (DAPO's
+    dynamic sampling), up to `dynamic_sampling_rounds` extra generations per rollout."""
+    dynamic_sampling_rounds: int = 3
+    """dynamic_sampling: extra generation rounds per rollout at most; groups still without signal after
+    them are kept (their advantage is 0) and counted."""
+    generation_dtype: GenerationDtype = GenerationDtype.auto
+    """same: the engine generates with the training model; bf16/fp32: with a copy in that dtype,
+    synced and hash-checked before every rollout (a planted train/rollout mismatch, or a cheaper engine);
+    a copy needs parallel=single. auto: bf16 where the device is CUDA, parallel=single, the forward
+    autocasts to bf16 (trainer.precision auto or bf16), the weights are not bf16 already (`model.dtype`)
+    and LoRA is off (the copy then decodes with the numbers the policy's matmuls use anyway, and the
+    policy's decoder blocks never see decode shapes, so `trainer.compile=auto` can compile them); else
+    same. The manifest's `model.extra.generation.dtype` says what it resolved to and why."""
+    generation_batch_size: Any = AUTO
+    """Rows (prompt x completion) per call of the engine's backend: an int >= 1, or auto. auto: the
+    whole rollout (prompts_per_rollout x group_size rows) in one call, capped on CUDA where the KV
+    cache of that many rows at the longest prompt + max_new_tokens would not fit what the memory
+    estimate leaves beside the weights, optimizer state, reference and generation copy within the
+    token budget's headroom (align/data/budget_auto.py `resolve_generation_batch_size`); on a CPU, or
+    where the device's memory cannot be read, capped at 256 rows, the fixed default before auto: every
+    CPU rollout keeps the calls it had. The manifest's `model.extra.generation.batch_size` says what it
+    resolved to and why."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         for key in ("group_size", "prompts_per_rollout", "updates_per_rollout", "max_new_tokens"):
             _require(getattr(self, key) >= 1, f"objective.{key}", "must be >= 1", getattr(self, key))
         rows = self.generation_batch_size
@@ -213,16 +241,14 @@ class ObjectiveConfig:
                      self.reference.value)
 
 
-_DPO, _GRPO = frozenset({ObjectiveKind.dpo}), frozenset({ObjectiveKind.grpo})
-_READ_BY: dict[str, frozenset[ObjectiveKind]] = {
-    "loss": _DPO, "beta": _DPO, "label_smoothing": _DPO, "simpo_gamma": _DPO, "gate_tolerance": _DPO,
-    "reference": _DPO | _GRPO, "reference_dtype": _DPO | _GRPO,
-    **{k: _GRPO for k in ("group_size", "prompts_per_rollout", "updates_per_rollout", "max_new_tokens", "temperature",
-                          "top_p", "advantage", "loss_agg", "ratio_level", "clip_low", "clip_high", "kl_coef",
-                          "is_correction", "is_cap", "dynamic_sampling", "dynamic_sampling_rounds",
-                          "generation_dtype", "generation_batch_size")},
-}
-"""Which objectives read each key of ObjectiveConfig (every key after `kind` is listed)."""
+OBJECTIVE_SCHEMAS: dict[ObjectiveKind, type[ObjectiveConfig]] = {
+    ObjectiveKind.sft: SFTConfig, ObjectiveKind.dpo: DPOConfig, ObjectiveKind.grpo: GRPOConfig}
+"""Each objective's schema: conf/objective/<kind>.yaml composes it (ConfigStore `schema/objective/<kind>`)."""
+
+
+def own_kind(cls: type) -> Optional[ObjectiveKind]:
+    """The objective whose schema `cls` is; None for the shared base."""
+    return next((k for k, c in OBJECTIVE_SCHEMAS.items() if c is cls), None)
 
 
 @dataclass

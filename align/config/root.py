@@ -11,7 +11,13 @@ from align.config.base import AUTO, _require
 from align.config.data import DataConfig, SamplerConfig, SamplerKind, Truncation
 from align.config.eval import EvalConfig
 from align.config.model import AttentionConfig, ModelConfig
-from align.config.objective import GenerationDtype, ObjectiveConfig, ObjectiveKind, RewardConfig
+from align.config.objective import (
+    OBJECTIVE_SCHEMAS,
+    GenerationDtype,
+    ObjectiveConfig,
+    ObjectiveKind,
+    RewardConfig,
+)
 from align.config.probe import ProbeConfig
 from align.config.train import (
     LoggerConfig,
@@ -54,6 +60,8 @@ class TrainConfig:
     `lockstep` is the trainer's to set: on whenever the run has several ranks (sharded weights)."""
 
     def __post_init__(self) -> None:
+        if type(self.objective) is ObjectiveConfig:  # built without an option (TrainConfig()): only `kind` is set
+            self.objective = OBJECTIVE_SCHEMAS[ObjectiveKind(self.objective.kind)]()
         if self.optimizer.overlap:  # FSDP2 runs its own streams; a compiled block would trace the waits
             _require(
                 self.parallel.kind == ParallelKind.single,
@@ -236,5 +244,27 @@ GROUP_SCHEMAS: dict[str, type] = {
 }
 
 
+OPTION_SCHEMAS: dict[str, dict[str, type]] = {"objective": {k.value: c for k, c in OBJECTIVE_SCHEMAS.items()}}
+"""Groups whose options each have a schema of their own (a subclass of the group's): option -> schema. The
+option's yaml names it first in its defaults list, `- /schema/<group>/<option>@_here_` (`@<group>` from
+a `# @package _global_` file), so Hydra composes and types the option's keys against it; an option is
+named after the value of its schema's `kind`."""
+
+
+def schema_defaults(values: dict) -> list[str]:
+    """The defaults list that types a resolved config again (a run's replayable .hydra/config.yaml):
+    the root schema, then the schema of each group's option, named by its `kind`."""
+    out = ["train_schema"]
+    for group, options in OPTION_SCHEMAS.items():
+        kind = (values.get(group) or {}).get("kind")
+        if kind in options:
+            out.append(f"/schema/{group}/{kind}@{group}")
+    return [*out, "_self_"]
+
+
 def register() -> None:
-    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    for group, options in OPTION_SCHEMAS.items():
+        for option, schema in options.items():
+            cs.store(group=f"schema/{group}", name=option, node=schema)

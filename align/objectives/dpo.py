@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from align.config import ObjectiveConfig, ReferenceKind, TrainConfig
+from align.config import DPOConfig, ReferenceKind, TrainConfig
 from align.data.collate import Batch
 from align.errors import ConfigError
 from align.objectives.gate import GateError, run_gate  # noqa: F401  (GateError: raised by the gate)
@@ -56,7 +56,7 @@ class DPO:
     view = staticmethod(pair_view)
 
     def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg: ObjectiveConfig = cfg.objective
+        self.cfg: DPOConfig = cfg.objective
         self.train_cfg = cfg
         self.loss = PreferenceLoss(cfg.objective.loss)
         self.reference_kind, self.reference_why = preference_reference_why(cfg)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from align.config import GenerationDtype, ISCorrection, ObjectiveConfig, ReferenceKind, SamplerKind, TrainConfig
+from align.config import GenerationDtype, GRPOConfig, ISCorrection, ReferenceKind, SamplerKind, TrainConfig
 from align.data.collate import Batch
 from align.errors import AlignError
 from align.objectives.advantages import advantages as group_advantages
@@ -66,7 +66,7 @@ class GRPO:
     view = staticmethod(prompt_view)
 
     def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg: ObjectiveConfig = cfg.objective
+        self.cfg: GRPOConfig = cfg.objective
         self.train_cfg = cfg
         self.reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function, functions=cfg.reward.functions)
         self.spec = LossSpec(clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high,

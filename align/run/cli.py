@@ -100,11 +100,18 @@ def describe(exc: BaseException, root: Optional[type] = None) -> str:
     if isinstance(exc, OverrideParseException):
         # The message's later lines are a caret under the argument and a link to the grammar.
         return f"cannot parse override {exc.override!r}: {exc.message.splitlines()[0]}; {quote_hint(exc.override)}"
+    inner = exc.__context__
+    if isinstance(exc, ConfigCompositionException) and not exc.__cause__ and isinstance(
+            inner, (ConfigKeyError, ConfigAttributeError)) and str(exc).startswith("In '"):
+        # A config file's own key: Hydra raises it inside its except block (a context, no cause), naming the file.
+        err = unknown_key(inner.full_key, root, getattr(inner, "object_type", None))
+        if err is not None:
+            return f"{str(exc).split(':', 1)[0]}: {err}"
     cause = exc.__cause__ if isinstance(exc, ConfigCompositionException) and exc.__cause__ else exc
     if isinstance(cause, OmegaConfBaseException):
         key = _override_key(exc, getattr(cause, "full_key", None) or "config")
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
-            err = unknown_key(key, root)
+            err = unknown_key(key, root, getattr(cause, "object_type", None))
             if err is not None:  # a typed schema: no `+` can add the key either
                 return str(err)
             if cause is not exc:  # inside an open mapping (model.overrides): Hydra's hint says how to add it

@@ -455,7 +455,7 @@ def scrub_sweep_record(sweep_dir: Path) -> None:
 REPLAY_HEADER = """\
 # The composed config of this run, replayable into a new run dir (docs/provenance.md, "Replay"):
 #   python -m align.train --config-path {dir} --config-name config [overrides]
-# `defaults` puts the schema back under the values (Hydra saved them without it), so they are
+# `defaults` puts the schemas back under the values (Hydra saved them without), so they are
 # typed and validated as in the original run; `hydra` is conf/hydra/default.yaml, so the replay
 # gets a fresh run dir instead of writing into this one. Redacted credentials must be passed again.
 """
@@ -465,11 +465,12 @@ def write_replay_config(path: Path, values: dict[str, Any]) -> None:
     """config.yaml = the schema default, the conf/hydra run-dir settings, then the run's values."""
     from omegaconf import OmegaConf
 
+    from align.config import schema_defaults
     from align.run.cli import CONF_DIR
 
     body = {k: v for k, v in values.items() if k not in ("defaults", "hydra")}
     hydra = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "hydra" / "default.yaml"), resolve=False)
-    text = OmegaConf.to_yaml(OmegaConf.create({"defaults": ["train_schema", "_self_"], "hydra": hydra, **body}))
+    text = OmegaConf.to_yaml(OmegaConf.create({"defaults": schema_defaults(body), "hydra": hydra, **body}))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(REPLAY_HEADER.format(dir=path.parent.resolve()) + text)
     os.replace(tmp, path)

@@ -11,7 +11,7 @@ import importlib
 import inspect
 
 import align.config as config_module
-from align.config import GROUP_SCHEMAS
+from align.config import GROUP_SCHEMAS, OPTION_SCHEMAS
 from align.run.cli import CONF_DIR
 
 OUT = CONF_DIR.parent / "docs" / "configuration.md"
@@ -33,6 +33,12 @@ def _fields(cls_name: str, tree: ast.Module) -> list[tuple[str, str, str, str]]:
                     out.append((stmt.target.id, ast.unparse(stmt.annotation), default, doc))
             return out
     return []
+
+
+def _doc(cls_name: str, tree: ast.Module) -> str:
+    """A class's docstring on one line."""
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    return " ".join((ast.get_docstring(node) or "").split())
 
 
 def schema_tree() -> ast.Module:
@@ -69,7 +75,13 @@ def render() -> str:
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         listed = ', '.join(f'`{o}`' for o in options) or '(set by keys only)'
         lines.extend([f"## `{group}`", "", f"Options: {listed}", ""])
-        table(group, schema.__name__)
+        if group not in OPTION_SCHEMAS:
+            table(group, schema.__name__)
+            continue
+        lines.extend(["Each option composes a schema of its own: a key it does not list is refused as unknown.", ""])
+        for option, sub in OPTION_SCHEMAS[group].items():
+            lines.extend([f"### `{group}={option}`", "", _doc(sub.__name__, tree), ""])
+            table(group, sub.__name__)
     engine = ast.parse(inspect.getsource(importlib.import_module("align.generation.engine")))
     for name, ann, _, doc in _fields("TrainConfig", tree):
         if ann.endswith("Config") and name not in GROUP_SCHEMAS:  # a nested node that is no group

@@ -10,7 +10,7 @@ import typing
 
 import pytest
 
-from align.config import GROUP_SCHEMAS, TrainConfig, schema_fields, to_typed
+from align.config import GROUP_SCHEMAS, OPTION_SCHEMAS, TrainConfig, schema_fields, to_typed
 from align.errors import ConfigError
 from align.run.cli import CONF_DIR, validate_command_line
 
@@ -277,9 +277,9 @@ def test_the_seeds_at_either_end_of_the_range_seed_numpy_and_torch(seed):
 FOREIGN = {"learning_rate": "optimizer.lr", "per_device_train_batch_size": "sampler.micro_batch_size",
            "gradient_accumulation_steps": "trainer.grad_accum", "num_train_epochs": "trainer.epochs",
            "output_dir": "hydra.run.dir", "save_steps": "trainer.save_every", "max_length": "data.max_seq_len",
-           "loss_type": "objective.loss", "warmup_ratio": "optimizer.warmup_ratio",
+           "loss_type": "objective.loss (objective=dpo)", "warmup_ratio": "optimizer.warmup_ratio",
            "lr_scheduler_type": "optimizer.schedule", "logging_steps": "trainer.log_every", "seed": "trainer.seed",
-           "beta": "objective.beta"}
+           "beta": "objective.beta (objective=dpo)"}
 
 
 @pytest.mark.parametrize("name", sorted(FOREIGN))
@@ -287,8 +287,12 @@ def test_a_transformers_or_trl_name_is_answered_with_aligns_key(capsys, name):
     want = FOREIGN[name]
     line = _refused(capsys, f"{name}=1")
     assert line.startswith(f"{name}: unknown key (transformers/TRL's {name}: align's key is {want}"), line
-    group, _, key = want.partition(".")
-    if group != "hydra":  # the key named is one the schema declares
-        assert key in schema_fields(schema_fields(TrainConfig)[group])
+    dotted, _, option = want.partition(" (")
+    group, _, key = dotted.partition(".")
+    if group != "hydra":  # the key named is one the schema declares: the group's, or the named option's own
+        schema = schema_fields(TrainConfig)[group]
+        if option:
+            schema = OPTION_SCHEMAS[group][option.removesuffix(")").removeprefix(f"{group}=")]
+        assert key in schema_fields(schema)
     if group != "trainer":  # under a group too, e.g. trainer.learning_rate
         assert f"align's key is {want}" in _refused(capsys, f"+trainer.{name}=1")

@@ -44,6 +44,9 @@ CASES = [
      "ignored by data=gsm8k; it is read by data=jsonl, data=parquet, data=tokens"),
     # a key the schema does not declare, added with +
     (["+trainer.max_stepz=5"], "trainer.max_stepz", "did you mean trainer.max_steps?"),
+    # a key another objective reads: the composed objective's own schema does not declare it
+    (["objective=sft", "objective.beta=0.1"], "objective.beta",
+     "unknown key in objective=sft (a key of objective=dpo); accepted keys: kind"),
     # values torch refuses only when the optimizer is built
     (["optimizer.betas=[0.9,1.5]"], "optimizer.betas", "each beta must be in [0, 1)"),
     # the nested schema's keys, the closest name, and Hydra's own hints

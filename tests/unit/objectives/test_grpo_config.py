@@ -1,52 +1,12 @@
-"""objective=grpo's keys: composed from conf/objective/grpo.yaml, each refused under the objectives that
-do not read it (and DPO's under grpo), values checked with one line naming the key."""
+"""objective=grpo's keys: composed from conf/objective/grpo.yaml (its schema, GRPOConfig: another objective's
+key is refused as unknown, tests/config/test_objective_schemas.py), values checked with one line naming the key."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from align.config import ObjectiveConfig, ObjectiveKind, to_typed
-from align.config.checks import check_ignored
-from align.config.objective import _READ_BY
+from align.config import ObjectiveKind, to_typed
 from align.errors import ConfigError
-
-
-def _unchecked(kind, name, value):
-    """An ObjectiveConfig with one foreign key set, built without its own value checks (the key's
-    reader would check the value; here only who reads it matters)."""
-    cfg = object.__new__(ObjectiveConfig)
-    for f in dataclasses.fields(ObjectiveConfig):
-        object.__setattr__(cfg, f.name, f.default)
-    cfg.kind = kind
-    setattr(cfg, name, value)
-    return cfg
-
-
-def test_every_objective_key_says_which_objectives_read_it():
-    keys = {f.name for f in dataclasses.fields(ObjectiveConfig)} - {"kind"}
-    assert keys == set(_READ_BY)
-
-
-@pytest.mark.parametrize("kind", list(ObjectiveKind))
-def test_a_key_another_objective_reads_is_refused(kind):
-    for f in dataclasses.fields(ObjectiveConfig):
-        readers = _READ_BY.get(f.name)
-        if readers is None or kind in readers:
-            continue
-        d = f.default
-        if isinstance(d, bool):
-            value = not d
-        elif isinstance(d, (int, float)):
-            value = d + 1
-        elif hasattr(type(d), "__members__"):  # an enum: any other member
-            value = next(c for c in type(d) if c != d)
-        else:  # a string or an optional
-            value = 0.5 if d is None else "other"
-        with pytest.raises(ConfigError, match=f"^objective.{f.name}: ignored by objective={kind.value}; it is read by"):
-            check_ignored(_unchecked(kind, f.name, value),
-                          "objective")
 
 
 def test_the_embedded_default_composes_to_the_add_task_with_an_exact_match_reward(compose):
