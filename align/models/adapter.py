@@ -26,7 +26,7 @@ def save_kwargs(state_dict: Optional[dict] = None) -> dict:
     (which is where `check_kwargs` finds it in the installed source) and filters the adapter out of it."""
     from peft import PeftModel
 
-    from align.run.signatures import check_kwargs
+    from align.core.signatures import check_kwargs
 
     kw = dict(SAVE_KWARGS, **({} if state_dict is None else {"state_dict": state_dict}))
     check_kwargs(PeftModel.save_pretrained, kw, "model.lora.export")

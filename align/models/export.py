@@ -22,9 +22,9 @@ from typing import Optional
 import torch
 
 from align.config import LoraExport
+from align.core.quiet import library_progress_bars
 from align.models.adapter import save_adapter
 from align.models.lora import ADAPTER_DIR
-from align.run.quiet import library_progress_bars
 
 log = logging.getLogger("align")
 

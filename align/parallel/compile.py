@@ -11,8 +11,8 @@ import sys
 from typing import Any, Optional
 
 from align.config.base import AUTO
+from align.core.caches import cache_location
 from align.parallel import compile_artifacts
-from align.run.caches import cache_location
 
 COMPILE = "torch:compile"
 """The callable `nn.Module.compile` hands its kwargs to: the name preflight checks them against."""

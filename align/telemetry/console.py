@@ -90,7 +90,7 @@ def step_rows(run_dir: Path) -> list[dict[str, Any]]:
 def end_lines(trainer: Any, code: int, wall_s: float, rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """`wall_s` is this attempt's: its tokens/s counts the tokens of the steps it trained (a resumed
     run's earlier steps were another process's)."""
-    from align.run.manifest import MANIFEST
+    from align.core.provenance import MANIFEST
 
     s, run_dir = trainer.state, Path(trainer.run_dir)
     first = int((trainer.model_info.get("resumed_from") or {}).get("step", 0))

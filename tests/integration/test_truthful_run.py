@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from align.config import to_typed
+from align.core.redaction import REDACTED
 from align.errors import EXIT_CONFIG, ConfigError
 from align.run.cli import compose
 from align.run.manifest import key_paths, load, manifest_paths, null_leaves
 from align.run.record import RunRecord
-from align.run.redaction import REDACTED
 from tests.conftest import REPO, run_cli
 
 SECRETS = {"ALIGN_PLANTED_API_KEY": "sk-planted-0xdeadbeef-1", "HF_TOKEN": "hf_planted_0xdeadbeef_2",

@@ -198,7 +198,7 @@ class Payload:
 
 
 def test_a_pickle_the_weights_only_loader_refuses_is_one_line_naming_the_file(build, tokenizer, tmp_path):
-    from align.run.preflight import checkpoint_problem
+    from align.models.checkpoint_files import checkpoint_problem
 
     d = _own(build, Family.mistral, tmp_path / "ckpt")
     tensors = load_file(d / "model.safetensors")

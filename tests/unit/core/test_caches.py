@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from align.config import ModelConfig
-from align.run import caches, signatures
+from align.core import caches, signatures
 from tests.unit.data.conftest import chat, data_cfg, tok, write_jsonl  # noqa: F401  (tok: the fixture)
 
 
