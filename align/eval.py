@@ -21,8 +21,8 @@ from align.run.cli import CONF_DIR, checked_run_dirs, die, wants_hydra_only
 
 def run(cfg: DictConfig) -> int:
     from align.evaluation.config import to_typed
+    from align.evaluation.eval_checks import check
     from align.evaluation.job import EvalJob
-    from align.evaluation.preflight import check
 
     typed = to_typed(cfg)
     check(typed)  # again per job (cheap): the files may have changed since the command line was checked
@@ -48,7 +48,7 @@ def validate_command_line(argv: Sequence[str]) -> list[align.evaluation.config.E
     import dataclasses
 
     from align.evaluation.config import GROUP_SCHEMAS, EvalRunConfig, to_typed
-    from align.evaluation.preflight import check
+    from align.evaluation.eval_checks import check
     from align.run.cli import compose, describe, job_override_lists
 
     jobs: list[EvalRunConfig] = []

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Optional
 
-from align.config.base import AUTO, _only, _read, _require
+from align.config.rules import AUTO, _only, _read, _require
 from align.errors import ConfigError
 from align.objectives.advantages import Estimator as AdvantageKind  # defined beside its rules of no signal
 
@@ -72,7 +72,7 @@ class GenerationDtype(StrEnum):
 
 @dataclass
 class ObjectiveConfig:
-    """What the run optimises (the `objective` group); align/objectives/base.py is the seam. Each key
+    """What the run optimises (the `objective` group); align/objectives/interface.py is the seam. Each key
     after `kind` is read by the objectives `_READ_BY` names; under any other it must stay at its default."""
 
     kind: ObjectiveKind = ObjectiveKind.sft

@@ -7,13 +7,13 @@ from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 
-from align.config.base import AUTO, _require
 from align.config.data import DataConfig, SamplerConfig, SamplerKind, Truncation
-from align.config.eval import EvalConfig
+from align.config.eval_config import EvalConfig
 from align.config.model import AttentionConfig, ModelConfig
 from align.config.objective import GenerationDtype, ObjectiveConfig, ObjectiveKind, RewardConfig
-from align.config.probe import ProbeConfig
-from align.config.train import (
+from align.config.probe_config import ProbeConfig
+from align.config.rules import AUTO, _require
+from align.config.trainer_config import (
     LoggerConfig,
     LoggerKind,
     OptimizerConfig,
@@ -126,7 +126,7 @@ class TrainConfig:
         from align.rewards.combine import check_weights
 
         # Unknown verifier names, bad weights, `python` without reward.function: one line, exit 2. The
-        # function itself is imported by preflight (align/run/preflight.py), not at every conversion.
+        # function itself is imported by preflight (align/run/preflight_checks.py), not at every conversion.
         check_weights(self.reward.weights, function=self.reward.function)
         from align.objectives.advantages import no_signal
         from align.rewards.combine import constant_reward

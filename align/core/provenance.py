@@ -1,5 +1,5 @@
 """Facts a record states about the code and the host it ran on, shared by the run's manifest
-(align/run/manifest.py) and an eval's eval.json (align/evaluation/report.py): the git state of the
+(align/run/manifest.py) and an eval's eval.json (align/evaluation/eval_record.py): the git state of the
 checkout, the installed versions, the device, the UTC time, and the manifest's file name.
 
 Nothing here imports torch at import time (`versions` and `device_info` import it when called).

@@ -18,12 +18,12 @@ from align.core.caches import cache_location
 from align.core.hashing import canonical_json, config_hash
 from align.core.provenance import git_state, now
 from align.errors import EXIT_OK, AlignError
-from align.evaluation.cache import EvalCache, cache_key, key_parts
 from align.evaluation.config import EvalRunConfig, EvalTask
 from align.evaluation.datasets import EvalData, load_data
+from align.evaluation.eval_cache import EvalCache, cache_key, key_parts
+from align.evaluation.eval_record import REPORT_JSON, REPORT_MD, EvalRecord, markdown
 from align.evaluation.model_source import ModelSource, model_record, resolve_source
 from align.evaluation.refusal import discriminate
-from align.evaluation.report import REPORT_JSON, REPORT_MD, EvalRecord, markdown
 from align.evaluation.runner import (
     ArmRun,
     essentials_of,

@@ -4,7 +4,7 @@
 dropout and the target modules; adapter_model.safetensors with the lora_A / lora_B tensors) and the
 tokenizer. `PeftModel.from_pretrained(base, "export/adapter")` on the model the run started from
 gives the trained function: `base_model` says what that is. A sharded model hands in the full state
-dict its ranks gathered (align/parallel/export.py); peft picks the adapter's tensors out of it.
+dict its ranks gathered (align/parallel/sharded_export.py); peft picks the adapter's tensors out of it.
 """
 
 from __future__ import annotations

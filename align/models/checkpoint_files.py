@@ -1,5 +1,5 @@
 """Whether a local HF checkpoint dir can load, read from its files alone, before any weight is: the
-checks preflight runs on `model.pretrained` (align/run/preflight.py) and `python -m align.eval`
+checks preflight runs on `model.pretrained` (align/run/preflight_checks.py) and `python -m align.eval`
 on the model dirs it is given (align/evaluation/model_source.py). No torch at import time.
 """
 

@@ -29,8 +29,8 @@ from align.config import Family
 from align.core.quiet import library_progress_bars
 from align.errors import ConfigError
 from align.models.family import align_family, causal_lm_classes, checkpoint_config
+from align.models.family_table import FAMILIES
 from align.models.kwargs import REPORT_KWARGS
-from align.models.registry import FAMILIES
 
 SHOWN = 3
 """Tensor names quoted per kind in a refusal."""

@@ -53,7 +53,7 @@ def merged(model: torch.nn.Module, state_dict: Optional[dict] = None) -> torch.n
 
 def _host_copy(model: torch.nn.Module, state_dict: dict) -> torch.nn.Module:
     """The PeftModel again, unsharded, holding `state_dict`'s tensors: merging the sharded one would
-    be a collective that rank 0 alone enters (align/parallel/export.py writes on rank 0 only)."""
+    be a collective that rank 0 alone enters (align/parallel/sharded_export.py writes on rank 0 only)."""
     import copy
 
     from peft import get_peft_model

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from align.config import AttnImpl, Family, ModelConfig
 from align.errors import ConfigError
-from align.models.registry import FAMILIES, FamilySpec, MoEShape, _Attrs
+from align.models.family_table import FAMILIES, FamilySpec, MoEShape, _Attrs
 
 
 def checkpoint_config(d: str | Path) -> Optional[dict[str, Any]]:

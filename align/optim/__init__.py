@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any, Callable
 
 from align.config import OptimizerConfig, OptimizerName
-from align.config.train import Schedule
+from align.config.trainer_config import Schedule
 
 if TYPE_CHECKING:  # torch is imported by the calls, not by preflight's kwargs builders
     import torch

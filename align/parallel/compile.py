@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from align.config.base import AUTO
+from align.config.rules import AUTO
 from align.core.caches import cache_location
 from align.parallel import compile_artifacts
 
@@ -166,7 +166,7 @@ def apply_memory_budget(requested: Optional[float]) -> dict[str, Any]:
     value back from torch."""
     import torch._functorch.config as functorch_config
 
-    from align.config.train import require_memory_budget_resolved
+    from align.config.trainer_config import require_memory_budget_resolved
     from align.errors import ConfigError
 
     require_memory_budget_resolved(requested, "the compile")

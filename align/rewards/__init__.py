@@ -8,8 +8,8 @@ format (ends on a "#### <number>" line), exact_int (the last number equals an in
 Your own function (`reward.function`, weighted as `python`): align/rewards/function.py.
 """
 
-from align.rewards.base import BadReference, Score, Verifier
 from align.rewards.combine import Reward, WeightedReward
 from align.rewards.registry import VERIFIERS, accepted, get_verifier
+from align.rewards.verifier import BadReference, Score, Verifier
 
 __all__ = ["BadReference", "Reward", "Score", "VERIFIERS", "Verifier", "WeightedReward", "accepted", "get_verifier"]

@@ -172,7 +172,7 @@ class RunRecord:
         m.set("data.tokenizer_sha256", tok_sha, "no tokenizer files found")
         m.set("data.chat_template_sha256", tmpl_sha, "the tokenizer has no chat template file or field")
         m.set("data.aux_files", {str(path): m.data["data"]["sha256"], **files})
-        from align.run.preflight import encode_cache_key
+        from align.run.preflight_checks import encode_cache_key
 
         m.set(
             "data.encode_cache_key",
@@ -305,7 +305,7 @@ class RunRecord:
     def _record_data(self, data: dict[str, Any], sampler: dict[str, Any]) -> None:
         m = self.manifest
         m.set("data.encode_stats", data["stats"] or {}, "the encoded dataset reports no stats")
-        # The encoded dataset's own provenance (align.data.cache: `.meta`) is what the run actually
+        # The encoded dataset's own provenance (align.data.encode_cache: `.meta`) is what the run actually
         # used, cache hit or miss: prefer it to what start() computed from the files.
         meta = data["meta"] or {}
         m.set("data.encode_meta", meta or None, "the encoded dataset carries no .meta (no encode cache in this build)")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from align.config import LoggerConfig, LoggerKind
-from align.config.train import DEFAULT_PROJECT, WandbMode
+from align.config.trainer_config import DEFAULT_PROJECT, WandbMode
 from align.core.redaction import redact
 from align.errors import ConfigError
 from align.telemetry.trackers import Logger, MlflowLogger, TensorBoardLogger, summary_scalars, wandb_row

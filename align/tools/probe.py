@@ -37,7 +37,7 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError("probe", f"no probe named {name!r}; available: {', '.join(sorted(PROBES)) or 'none'}")
     module = importlib.import_module(PROBES[name])
     if name in BUILDS_TRAINER:
-        from align.run.preflight import run_preflight
+        from align.run.preflight_checks import run_preflight
 
         run_preflight(typed)
     return module.run(typed, Path(HydraConfig.get().runtime.output_dir))

@@ -13,7 +13,7 @@ from align.errors import ConfigError
 from align.run.checklist import CHECKLIST, Context, Status
 from align.run.cli import compose
 from align.run.kwargs_sites import KWARGS_SITES, check_site
-from align.run.preflight import check_git, collect, run_preflight
+from align.run.preflight_checks import check_git, collect, run_preflight
 from align.tools.preflight import main
 
 
@@ -209,8 +209,8 @@ def test_an_encode_cache_key_that_cannot_be_computed_is_a_fail_line(monkeypatch)
     def parts(data_cfg, model_cfg):
         raise ConfigError("data.mask_files", "no such file: /gone/mask.json")
 
-    monkeypatch.setitem(sys.modules, "align.data.cache", types.SimpleNamespace(cache_key_parts=parts))
-    from align.run.preflight import check_cache
+    monkeypatch.setitem(sys.modules, "align.data.encode_cache", types.SimpleNamespace(cache_key_parts=parts))
+    from align.run.preflight_checks import check_cache
 
     [key] = [c for c in check_cache(typed(), Context(root=Path("."), stop_on_fail=False))
              if c.name == "encode cache key"]

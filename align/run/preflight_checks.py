@@ -244,15 +244,14 @@ def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
             "cache", "encode cache key", Status.na, "this build has no encode cache: every run encodes from scratch"
         )
     else:
-        yield Check(
-            "cache", "encode cache key", Status.passed, f"{key[:16]} (content hashes, not paths; align.data.cache)"
-        )
+        yield Check("cache", "encode cache key", Status.passed,
+                    f"{key[:16]} (content hashes, not paths; align.data.encode_cache)")
 
 
 def encode_cache_key(cfg: TrainConfig) -> Optional[str]:
-    """The key of the encode cache entry this config will use, from files only (align.data.cache,
+    """The key of the encode cache entry this config will use, from files only (align.data.encode_cache,
     when this build has an encode cache); None when it has none."""
-    parts = _optional("align.data.cache", "cache_key_parts")
+    parts = _optional("align.data.encode_cache", "cache_key_parts")
     return None if parts is None else parts(cfg.data, cfg.model)["key"]
 
 
