@@ -199,19 +199,6 @@ def apply_cache_dir() -> dict[str, str]:
     return where
 
 
-def compile_seconds() -> float:
-    """Seconds dynamo and its backend spent compiling in this process so far (forward and backward
-    graphs); 0 when nothing was compiled."""
-    if "torch._dynamo" not in sys.modules:
-        return 0.0
-    try:
-        from torch._dynamo.utils import calculate_time_spent
-
-        return float(calculate_time_spent().get("total_wall_time", 0.0))
-    except Exception:  # an internal that may move between torch releases: the cost is then unknown
-        return 0.0
-
-
 def block_variants(config: Any) -> int:
     """How many guard sets the one frame of every compiled block meets: one per layer type (each type's
     head and rotary shapes differ), and one more per windowed type, whose attention takes a mask past
