@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q $(TORCH_ARGS)
 	$(PY) -m pip install -q -e ".[test]"
 	@# Read the installed signatures once, so that from the first run on a kwarg the library refuses
-	@# fails without importing torch or transformers (align.run.signatures; timings: docs/provenance.md).
+	@# fails without importing torch or transformers (align.core.signatures; timings: docs/provenance.md).
 	-$(PY) -m align.tools.preflight allow_dirty=true > /dev/null 2>&1
 	touch $@
 
@@ -51,7 +51,7 @@ GPU_WORKERS ?= 4
 test-gpu:
 	$(GPU_PY) -m pytest -q -m "gpu and not multigpu" -n $(GPU_WORKERS) --dist loadfile -p no:cacheprovider tests/gpu
 
-# What runs leave in the checkout. align's caches are not here (align.run.caches): `make clean-cache`.
+# What runs leave in the checkout. align's caches are not here (align.core.caches): `make clean-cache`.
 # .cache: a checkout's old encode and eval caches (they defaulted to the working directory).
 clean:
 	rm -rf outputs multirun .cache

@@ -26,7 +26,7 @@ class ConfigError(AlignError):
         self.key = key
         self.message = message
         self.value = value
-        from align.run.redaction import is_secret
+        from align.core.redaction import is_secret
 
         # A credential-named key never echoes its value (it would land in logs).
         got = "" if value is None or is_secret(key, value) else f" (got {value!r})"

@@ -43,9 +43,9 @@ from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_step
 from align.parallel import compile_artifacts
 from align.parallel.compile import compile_blocks, compile_choice, plan_compile
 from align.parallel.env import DistEnv, autocast_context, init_distributed
-from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
 from align.parallel.launch import log_rank_to_file
+from align.parallel.sharded_export import export_model
 from align.parallel.wrap import parallelize
 from align.probes.mask import assert_masks
 from align.probes.sdpa import sdpa_kernel_family
@@ -102,7 +102,7 @@ class Trainer:
     state: TrainState = field(default_factory=TrainState)
     stop: StopSignals = field(default_factory=StopSignals)
     objective: Optional[Objective] = None
-    """What the loop asks for what varies between methods (align/objectives/base.py); SFT by default."""
+    """What the loop asks for what varies between methods (align/objectives/interface.py); SFT by default."""
     runtime: ModelRuntime = field(default_factory=ModelRuntime)
     """Router losses/telemetry and the LoRA gate of the built model (align.models.runtime)."""
     t_start: float = 0.0

@@ -125,8 +125,8 @@ def lora_model(model, typed):
     """PEFT LoRA on the targets align adapts, with the experiment's rank, alpha and dropout."""
     from peft import LoraConfig, get_peft_model
 
+    from align.core.signatures import check_kwargs
     from align.models.lora import discover_targets, lora_kwargs
-    from align.run.signatures import check_kwargs
 
     kw = lora_kwargs(typed.model.lora, discover_targets(model, typed.model.lora.target_modules))
     check_kwargs(LoraConfig.__init__, kw, "bench LoraConfig")

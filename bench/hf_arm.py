@@ -145,7 +145,7 @@ def trainer_arm(arm: str, typed, rows_file: Path, steps: int, warmup: int) -> di
     clip 1.0, constant lr (align's arms decay it on a cosine; a schedule does not change step time)."""
     from transformers import DataCollatorWithFlattening, Trainer, TrainerCallback, TrainingArguments
 
-    from align.run.signatures import check_kwargs
+    from align.core.signatures import check_kwargs
     from align.telemetry.throughput import ModelFlops
 
     config = hf_config(typed)

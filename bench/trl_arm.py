@@ -134,9 +134,9 @@ def dpo_arm(arm: str, typed, pairs_file: Path, steps: int, warmup: int) -> dict:
     from trl.trainer.dpo_config import DPOConfig
     from trl.trainer.dpo_trainer import DataCollatorForPreference, DPOTrainer
 
+    from align.core.signatures import check_kwargs
     from align.data.tokenizer import load_tokenizer
     from align.objectives.reference import weights_sha256
-    from align.run.signatures import check_kwargs
     from align.telemetry.throughput import ModelFlops
 
     device = device_of(typed)

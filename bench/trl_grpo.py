@@ -163,9 +163,9 @@ def grpo_arm(arm: str, typed, steps: int, warmup: int) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from align.core.signatures import check_kwargs
     from align.data.tokenizer import load_tokenizer
     from align.objectives.reference import weights_sha256
-    from align.run.signatures import check_kwargs
 
     device = device_of(typed)
     cuda = device.type == "cuda"

@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from align.config import DataConfig, ModelConfig, SamplerConfig, SamplerKind
-    from align.data.cache import load_dataset
+    from align.data.encode_cache import load_dataset
     from align.data.samplers import build_sampler
     from align.data.stats import length_moments, plan_stats, root_codes
     from align.data.tokenizer import load_tokenizer

@@ -30,7 +30,7 @@ def run_family(family: str, args, out: Path) -> dict:
     from align.models.memory import estimate_memory
     from align.parallel.env import resolve_device
     from align.run.cli import compose
-    from align.run.preflight import run_preflight
+    from align.run.preflight_checks import run_preflight
     from align.telemetry.history import read_history
     from align.trainer import Trainer
 

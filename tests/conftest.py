@@ -22,7 +22,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # processes side by side, and OpenMP threads spinning against each other on 2 cores cost far more
 # than they win.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# align's caches (encode, reference, eval, signatures, inductor: align.run.caches) in a directory of this
+# align's caches (encode, reference, eval, signatures, inductor: align.core.caches) in a directory of this
 # session, inherited by the CLI subprocesses: tests neither trust a user's caches nor write into them.
 if "ALIGN_CACHE_DIR" not in os.environ:
     os.environ["ALIGN_CACHE_DIR"] = tempfile.mkdtemp(prefix="align-cache-")

@@ -15,25 +15,25 @@ anything but its default while the composed option does not read it (each schema
 says which of its fields the current choice leaves unread, and who reads them).
 
 Values are checked here; kwargs NAMES are checked against the installed libraries in
-`align.run.preflight`. A `ConfigError` names the dotted key and what is accepted, and becomes exit 2.
+`align.run.preflight_checks`. A `ConfigError` names the dotted key and what is accepted, and becomes exit 2.
 """
 
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from align.config.base import _choices, _only, _plain, _read, _require  # noqa: F401
 from align.config.checks import check_composed, check_ignored, schema_fields, unknown_key  # noqa: F401
 from align.config.data import *  # noqa: F403
-from align.config.eval import EvalConfig, EvalTask  # noqa: F401
+from align.config.eval_config import EvalConfig, EvalTask  # noqa: F401
 from align.config.model import *  # noqa: F403
 from align.config.objective import *  # noqa: F403
-from align.config.probe import *  # noqa: F403
+from align.config.probe_config import *  # noqa: F403
 from align.config.root import GROUP_SCHEMAS, OPTION_SCHEMAS, TrainConfig, register, schema_defaults  # noqa: F401
-from align.config.train import *  # noqa: F403
+from align.config.rules import _choices, _only, _plain, _read, _require  # noqa: F401
+from align.config.trainer_config import *  # noqa: F403
 
-SCHEMA_MODULES = ("align.config.model", "align.config.data", "align.config.train", "align.config.objective",
-                  "align.config.probe", "align.config.eval", "align.config.root")
+SCHEMA_MODULES = ("align.config.model", "align.config.data", "align.config.trainer_config", "align.config.objective",
+                  "align.config.probe_config", "align.config.eval_config", "align.config.root")
 """The modules that hold the schema dataclasses (the docs generator and the docstring test read them)."""
 
 

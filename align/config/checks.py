@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from align.config.base import _plain
 from align.config.root import GROUP_SCHEMAS, OPTION_SCHEMAS, TrainConfig
+from align.config.rules import _plain
 from align.errors import ConfigError
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from align.config.base import AUTO, _only, _read, _require, require_auto_resolved
+from align.config.rules import AUTO, _only, _read, _require, require_auto_resolved
 from align.errors import ConfigError
 
 # ------------------------------------------------------------------------------------------ data

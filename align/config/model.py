@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from align.config.base import _only, _read, _require
+from align.config.rules import _only, _read, _require
 
 # ----------------------------------------------------------------------------------------- model
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from align.config.base import AUTO, _choices, _require
+from align.config.rules import AUTO, _choices, _require
 from align.errors import ConfigError
 from align.objectives.advantages import Estimator as AdvantageKind  # defined beside its rules of no signal
 
@@ -71,7 +71,7 @@ class GenerationDtype(StrEnum):
 
 @dataclass
 class ObjectiveConfig:
-    """What the run optimises (the `objective` group); align/objectives/base.py is the seam. The keys
+    """What the run optimises (the `objective` group); align/objectives/interface.py is the seam. The keys
     every objective reads; each objective's class below adds its own, and its option names that class
     in its defaults list (conf/objective/<kind>.yaml: `/schema/objective/<kind>`, `OBJECTIVE_SCHEMAS`),
     so a key the composed objective does not read is an unknown key of its schema."""

@@ -7,9 +7,8 @@ from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 
-from align.config.base import AUTO, _require
 from align.config.data import DataConfig, SamplerConfig, SamplerKind, Truncation
-from align.config.eval import EvalConfig
+from align.config.eval_config import EvalConfig
 from align.config.model import AttentionConfig, ModelConfig
 from align.config.objective import (
     OBJECTIVE_SCHEMAS,
@@ -18,8 +17,9 @@ from align.config.objective import (
     ObjectiveKind,
     RewardConfig,
 )
-from align.config.probe import ProbeConfig
-from align.config.train import (
+from align.config.probe_config import ProbeConfig
+from align.config.rules import AUTO, _require
+from align.config.trainer_config import (
     LoggerConfig,
     LoggerKind,
     OptimizerConfig,
@@ -136,7 +136,7 @@ class TrainConfig:
         from align.rewards.combine import check_weights
 
         # Unknown names, bad weights, a function without a weight or a weight without its function: one line,
-        # exit 2. The functions themselves are imported by preflight (align/run/preflight.py), not at every
+        # exit 2. The functions themselves are imported by preflight (align/run/preflight_checks.py), not at every
         # conversion.
         functions = check_weights(self.reward.weights, function=self.reward.function, functions=self.reward.functions)
         from align.objectives.advantages import no_signal

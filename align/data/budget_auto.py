@@ -21,8 +21,8 @@ from typing import Any, Optional
 
 import torch
 
-from align.config.base import AUTO
 from align.config.data import SamplerKind
+from align.config.rules import AUTO
 
 STEP = 4096
 """The base budget and the unit the CUDA search multiplies."""

@@ -44,7 +44,7 @@ class EncodedDataset:
     """int32 per record: index of its source in `source_specs(cfg)` (mixture weights apply per source)."""
     meta: dict = field(default_factory=dict)
     """Provenance for the manifest: encode_cache_key, content sha256 of every input, ENCODE_VERSION,
-    cache_hit, fingerprint (see align.data.cache.load_dataset)."""
+    cache_hit, fingerprint (see align.data.encode_cache.load_dataset)."""
 
     def __post_init__(self) -> None:
         if self.source_index is None:

@@ -38,7 +38,8 @@ import numpy as np
 
 from align.config import DataConfig, DataFormat, OnBadRecord, TrainConfig, Truncation
 from align.data import formats
-from align.data.cache import (
+from align.data.encode import EncodedDataset, dataset_fingerprint, map_with_tokenizer, resolve_workers
+from align.data.encode_cache import (
     ENCODE_VERSION,
     PAIRING_VERSION,
     _read_raw,
@@ -48,7 +49,6 @@ from align.data.cache import (
     encode_dir,
     provenance,
 )
-from align.data.encode import EncodedDataset, dataset_fingerprint, map_with_tokenizer, resolve_workers
 from align.data.sources import BadRecord, SourceSpec, _rows, source_format, source_specs
 from align.errors import ConfigError
 
@@ -416,7 +416,7 @@ _PAIR_META = ("pair_ids",)
 
 def load_pairs(cfg: TrainConfig, tokenizer) -> EncodedPairs:
     """The encoded pairs of a run: from the encode cache when its key matches (the key covers the
-    pairing: align.data.cache.PAIRING_VERSION), else encoded and cached. `.meta` is the provenance the
+    pairing: align.data.encode_cache.PAIRING_VERSION), else encoded and cached. `.meta` is the provenance the
     manifest records, `.stats` the counts (records in/kept, skipped per reason, truncated, dropped)."""
     t0 = time.perf_counter()
     data_cfg = cfg.data

@@ -9,10 +9,10 @@ report with provenance. `python -m align.eval` is the command; `evaluate` the in
     scoring.py       per task: verifier answers or the refusal classifier
     metrics.py       pass@k (unbiased) and maj@k
     refusal.py       hard / deflect / comply classifier and the arm discriminator
-    cache.py         the eval cache, keyed on meaning
-    report.py        eval.json (present-and-null) and eval.md
+    eval_cache.py    the eval cache, keyed on meaning
+    eval_record.py   eval.json (present-and-null) and eval.md
     job.py           a `python -m align.eval` job: arms, cache, records, W&B
-    preflight.py     checks before any model load (exit 2)
+    eval_checks.py   checks before any model load (exit 2)
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from align.config import Device, LoggerConfig, LoggerKind
-from align.config.base import _require
-from align.config.eval import EvalConfig, EvalTask  # noqa: F401  (their home; imported from here too)
+from align.config.eval_config import EvalConfig, EvalTask  # noqa: F401  (their home; imported from here too)
+from align.config.rules import _require
 from align.generation.engine import EngineConfig
 
 

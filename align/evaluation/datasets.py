@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from align.core.hashing import sha256_file
 from align.data.sources import bundled_gsm8k
 from align.errors import ConfigError
 from align.evaluation.config import EvalConfig, EvalTask
 from align.rewards import BadReference, Verifier
-from align.run.hashing import sha256_file
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from align.core.caches import cache_location
+from align.core.hashing import canonical_json, config_hash
+from align.core.provenance import git_state, now
 from align.errors import EXIT_OK, AlignError
-from align.evaluation.cache import EvalCache, cache_key, key_parts
 from align.evaluation.config import EvalRunConfig, EvalTask
 from align.evaluation.datasets import EvalData, load_data
+from align.evaluation.eval_cache import EvalCache, cache_key, key_parts
+from align.evaluation.eval_record import REPORT_JSON, REPORT_MD, EvalRecord, markdown
 from align.evaluation.model_source import ModelSource, model_record, resolve_source
 from align.evaluation.refusal import discriminate
-from align.evaluation.report import REPORT_JSON, REPORT_MD, EvalRecord, markdown
 from align.evaluation.runner import (
     ArmRun,
     essentials_of,
@@ -32,9 +35,6 @@ from align.evaluation.runner import (
     stop_ids,
 )
 from align.evaluation.scoring import Scorer, build_scorer
-from align.run.caches import cache_location
-from align.run.hashing import canonical_json, config_hash
-from align.run.manifest import git_state, now
 
 log = logging.getLogger("align")
 
@@ -46,7 +46,7 @@ def resolve_dtype(requested: Optional[str], device_type: str) -> str:
 class EvalJob:
     def __init__(self, cfg: EvalRunConfig, run_dir: Path, argv: list[str], overrides: list[str],
                  resolved: Mapping[str, Any]) -> None:
-        from align.run.redaction import redact, redact_argv
+        from align.core.redaction import redact, redact_argv
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.argv, self.overrides = redact_argv(list(argv)), redact_argv(list(overrides))
@@ -166,7 +166,7 @@ class EvalJob:
     # -------------------------------------------------------------------------------- recording
 
     def _start(self) -> None:
-        from align.run.manifest import versions
+        from align.core.provenance import versions
 
         cfg, r = self.cfg, self.record
         r.set("run", {"name": cfg.name or self.run_dir.name, "run_dir": str(self.run_dir.resolve()), "argv": self.argv,
@@ -188,8 +188,8 @@ class EvalJob:
         r.write("started")
 
     def _record_inputs(self, data: EvalData, scorer: Scorer) -> None:
+        from align.core.provenance import device_info
         from align.parallel.env import resolve_device
-        from align.run.manifest import device_info
 
         ev, r = self.cfg.eval, self.record
         why = {"fields.limit": "no limit: every record", "fields.id_field": "no id field: ids are line numbers"}

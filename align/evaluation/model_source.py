@@ -22,8 +22,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Optional
 
+from align.core.hashing import canonical_json, sha256_file, sha256_files, tokenizer_hashes
 from align.errors import ConfigError
-from align.run.hashing import canonical_json, sha256_file, sha256_files, tokenizer_hashes
 
 ACCEPTED = ("an export dir (config.json, *.safetensors, tokenizer files) or a checkpoint dir "
             "(<run>/checkpoints/step_N with that run's .hydra/config.yaml)")
@@ -152,7 +152,7 @@ def _dcp_load(tensors: dict[str, Any], reader: Any, source: ModelSource) -> None
 
 
 def _export_problem(path: Path) -> Optional[str]:
-    from align.run.preflight import checkpoint_problem
+    from align.models.checkpoint_files import checkpoint_problem
 
     if not (path / "config.json").is_file():
         return f"{path} has no config.json"
@@ -168,8 +168,8 @@ def _checkpoint_problem(path: Path) -> Optional[str]:
 
     from align.config import Family
     from align.control.ckpt_index import problem
+    from align.models.checkpoint_files import checkpoint_problem
     from align.models.checkpoint_fit import family_problem
-    from align.run.preflight import checkpoint_problem
 
     why = problem(path)
     if why:

@@ -8,7 +8,7 @@ local HF checkpoint. Every `if family == ...` branch of align lives in this pack
     verify_export    the round-trip gate (align.models.roundtrip)
 """
 
-from align.models.registry import FAMILIES, FamilySpec
+from align.models.family_table import FAMILIES, FamilySpec
 
 __all__ = ["BuiltModel", "build_model", "FAMILIES", "FamilySpec"]
 

@@ -4,7 +4,7 @@
 dropout and the target modules; adapter_model.safetensors with the lora_A / lora_B tensors) and the
 tokenizer. `PeftModel.from_pretrained(base, "export/adapter")` on the model the run started from
 gives the trained function: `base_model` says what that is. A sharded model hands in the full state
-dict its ranks gathered (align/parallel/export.py); peft picks the adapter's tensors out of it.
+dict its ranks gathered (align/parallel/sharded_export.py); peft picks the adapter's tensors out of it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def save_kwargs(state_dict: Optional[dict] = None) -> dict:
     (which is where `check_kwargs` finds it in the installed source) and filters the adapter out of it."""
     from peft import PeftModel
 
-    from align.run.signatures import check_kwargs
+    from align.core.signatures import check_kwargs
 
     kw = dict(SAVE_KWARGS, **({} if state_dict is None else {"state_dict": state_dict}))
     check_kwargs(PeftModel.save_pretrained, kw, "model.lora.export")

@@ -20,7 +20,7 @@ from align.config import AttentionConfig, AttnImpl, Fallback, Family
 from align.errors import ConfigError
 
 if TYPE_CHECKING:
-    from align.models.registry import FamilySpec
+    from align.models.family_table import FamilySpec
 
 log = logging.getLogger("align")
 

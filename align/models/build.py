@@ -20,10 +20,10 @@ from align.errors import ConfigError
 from align.models.attention import AttentionChoice, resolve_attention
 from align.models.checkpoint_fit import family_problem, load_checked, loading
 from align.models.family import family_spec
+from align.models.family_table import FamilySpec, MoEShape, count_params
 from align.models.kwargs import config_kwargs, load_kwargs, preset_kwargs
 from align.models.layered_attention import plan as layered_plan
 from align.models.lora import LoraGate, apply_lora, bnb_config, qlora_refusal
-from align.models.registry import FamilySpec, MoEShape, count_params
 from align.models.runtime import ModelRuntime
 
 log = logging.getLogger("align")

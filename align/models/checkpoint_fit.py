@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from align.config import Family
+from align.core.quiet import library_progress_bars
 from align.errors import ConfigError
 from align.models.family import align_family, causal_lm_classes, checkpoint_config
+from align.models.family_table import FAMILIES
 from align.models.kwargs import REPORT_KWARGS
-from align.models.registry import FAMILIES
-from align.run.quiet import library_progress_bars
 
 SHOWN = 3
 """Tensor names quoted per kind in a refusal."""
@@ -114,7 +114,7 @@ def pickle_problem(d: str | Path) -> Optional[str]:
 @contextlib.contextmanager
 def loading(what: str, path: str | Path, key: str = "model.pretrained") -> Iterator[None]:
     """A checkpoint that cannot be read is bad input (exit 2, one line naming `key`), not a crash: the
-    file checks (align.run.preflight.checkpoint_problem) catch what the files show, this the rest.
+    file checks (align.models.checkpoint_files.checkpoint_problem) catch what the files show, this the rest.
     Running out of memory is not the checkpoint's fault and stays an error of its own."""
     import torch
     from safetensors import SafetensorError

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from align.config import Family, ModelConfig, Preset
-from align.models.registry import FAMILIES
+from align.models.family_table import FAMILIES
 
 
 def _digest(t: torch.Tensor) -> str:

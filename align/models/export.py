@@ -22,9 +22,9 @@ from typing import Optional
 import torch
 
 from align.config import LoraExport
+from align.core.quiet import library_progress_bars
 from align.models.adapter import save_adapter
 from align.models.lora import ADAPTER_DIR
-from align.run.quiet import library_progress_bars
 
 log = logging.getLogger("align")
 
@@ -53,7 +53,7 @@ def merged(model: torch.nn.Module, state_dict: Optional[dict] = None) -> torch.n
 
 def _host_copy(model: torch.nn.Module, state_dict: dict) -> torch.nn.Module:
     """The PeftModel again, unsharded, holding `state_dict`'s tensors: merging the sharded one would
-    be a collective that rank 0 alone enters (align/parallel/export.py writes on rank 0 only)."""
+    be a collective that rank 0 alone enters (align/parallel/sharded_export.py writes on rank 0 only)."""
     import copy
 
     from peft import get_peft_model

@@ -23,12 +23,12 @@ from typing import Any, Optional
 
 from align.config import AttnImpl, Family, ModelConfig
 from align.errors import ConfigError
-from align.models.registry import FAMILIES, FamilySpec, MoEShape, _Attrs
+from align.models.family_table import FAMILIES, FamilySpec, MoEShape, _Attrs
 
 
 def checkpoint_config(d: str | Path) -> Optional[dict[str, Any]]:
     """config.json of the checkpoint dir `d` as a dict, or None when it does not parse as one (the file
-    checks, align.run.preflight.checkpoint_problem, say why)."""
+    checks, align.models.checkpoint_files.checkpoint_problem, say why)."""
     try:
         value = json.loads((Path(d) / "config.json").read_text())
     except (OSError, ValueError):
@@ -67,7 +67,7 @@ _FLAGS = ((AttnImpl.sdpa, "_supports_sdpa"), (AttnImpl.flash, "_supports_flash_a
 @functools.lru_cache(maxsize=None)
 def generic_spec(model_type: str, moe: bool) -> FamilySpec:
     """The spec `model=hf` builds a `model_type` of no align family with (see the module docstring)."""
-    from align.run.signatures import resolve
+    from align.core.signatures import resolve
 
     names = causal_lm_classes(model_type)
     if names is None:

@@ -11,7 +11,7 @@ from align.config import AttentionConfig, ModelConfig
 from align.errors import ConfigError
 from align.models.attention import AttentionChoice
 from align.models.family import family_spec
-from align.models.registry import MoEShape
+from align.models.family_table import MoEShape
 
 
 def preset_kwargs(cfg: ModelConfig, vocab_size: Optional[int] = None,

@@ -39,11 +39,11 @@ from align.config import (
     SamplerKind,
     TrainConfig,
 )
-from align.config.base import AUTO
 from align.config.data import require_resolved
-from align.config.train import require_chunk_resolved, require_memory_budget_resolved
+from align.config.rules import AUTO
+from align.config.trainer_config import require_chunk_resolved, require_memory_budget_resolved
 from align.models.family import family_spec
-from align.models.registry import MoEShape, ParamCount, count_params
+from align.models.family_table import MoEShape, ParamCount, count_params
 
 GiB = 1024**3
 

@@ -24,9 +24,9 @@ from typing import Iterator, Optional
 import torch
 
 from align.config import Family
+from align.core.quiet import library_progress_bars
 from align.models.family import as_spec
-from align.models.registry import FamilySpec
-from align.run.quiet import library_progress_bars
+from align.models.family_table import FamilySpec
 
 MAX_ABS = 1e-5
 

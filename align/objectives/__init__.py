@@ -1,11 +1,11 @@
 """Training objectives: how records become batches and how a micro-batch becomes a loss.
-The interface the loop relies on is `Objective` (align/objectives/base.py)."""
+The interface the loop relies on is `Objective` (align/objectives/interface.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from align.objectives.base import Objective, View
+from align.objectives.interface import Objective, View
 
 if TYPE_CHECKING:
     from align.config import TrainConfig
@@ -23,7 +23,7 @@ def objective_class(cfg: "TrainConfig") -> type:
 
 def build_objective(cfg: "TrainConfig") -> Objective:
     """The objective the config names; `bind(model)` attaches it to the model once parallelized."""
-    from align.config.train import require_chunk_resolved
+    from align.config.trainer_config import require_chunk_resolved
 
     require_chunk_resolved(cfg.trainer.loss_chunk_tokens, "the objective")
     return objective_class(cfg)(cfg)

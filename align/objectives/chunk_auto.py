@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from align.config.base import AUTO
+from align.config.rules import AUTO
 
 CHUNK = 2048
 """The chunk auto picks: the one measured on Gemma-4 26B-A4B LoRA (docs/performance.md)."""

@@ -244,7 +244,7 @@ class DPO:
 
     def _cache_root(self) -> Path:
         """Beside the encode cache (its directory's parent): `<parent>/reference/<key>.npy`."""
-        from align.data.cache import encode_dir
+        from align.data.encode_cache import encode_dir
 
         return encode_dir(self.train_cfg.data).parent / "reference"
 

@@ -66,7 +66,7 @@ def rollout_rows(cfg: Any) -> int:
 
 def require_generation_resolved(cfg: Any, where: str) -> None:
     """Both settings must be resolved (`plan_generation`) before an engine is built at `where`."""
-    from align.config.base import require_auto_resolved
+    from align.config.rules import require_auto_resolved
 
     o = cfg.objective
     require_auto_resolved("objective.generation_dtype", o.generation_dtype, where,

@@ -4,7 +4,7 @@ token, with a KV cache) and the training forward over the same tokens. Numerics 
 the two paths (kernels, batch shapes, a generation copy in another dtype) flip near-tied experts; a
 flipped token ran a different function than the one its log-prob claims.
 
-`RouterRecorder` hooks each router's top-k output (align/models/registry.py's `RouterTap`) while a
+`RouterRecorder` hooks each router's top-k output (align/models/family_table.py's `RouterTap`) while a
 `with recorder.record():` block runs. Routers see their tokens flattened, [batch x length, k].
 
 For generation the recorded calls are mapped back to completions with the transformers engine's

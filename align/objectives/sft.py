@@ -9,10 +9,10 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from align.config import TrainConfig
-from align.config.base import require_auto_resolved
-from align.data.cache import load_dataset, save_dataset
+from align.config.rules import require_auto_resolved
 from align.data.collate import Batch
 from align.data.encode import EncodedDataset
+from align.data.encode_cache import load_dataset, save_dataset
 from align.data.loader import BatchStream, build_stream
 from align.objectives.ce import ChunkedCE, ce_sum
 from align.objectives.views import chat_view

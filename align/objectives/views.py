@@ -1,5 +1,5 @@
 """What each objective trains on for one item of its data, as `python -m align.tools.inspect` prints it
-(`Objective.view`, align/objectives/base.py): the sequences exactly as the run encodes them, with their
+(`Objective.view`, align/objectives/interface.py): the sequences exactly as the run encodes them, with their
 loss masks, and the lines that say how they enter the loss. Each objective's class names its own view
 here, so a new objective brings its own and the tool never branches on the kind."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from align.objectives.base import View
+from align.objectives.interface import View
 
 
 def check_index(index: int, n: int, holds: str) -> None:
@@ -39,7 +39,7 @@ def _counts(ids: list[int], mask: list[bool]) -> str:
 
 def chat_view(cfg: Any, tokenizer: Any, index: int) -> View:
     """SFT: record `index` of the encoded chat records (after truncation and drops), one sequence."""
-    from align.data.cache import load_dataset
+    from align.data.encode_cache import load_dataset
 
     data = load_dataset(cfg.data, cfg.model, tokenizer)
     check_index(index, len(data), "the encoded data set has {n} records")

@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any, Callable
 
 from align.config import OptimizerConfig, OptimizerName
-from align.config.train import Schedule
+from align.config.trainer_config import Schedule
 
 if TYPE_CHECKING:  # torch is imported by the calls, not by preflight's kwargs builders
     import torch
@@ -36,7 +36,7 @@ def optimizer_target(cfg: OptimizerConfig, sharded: bool = False) -> str:
 
 
 def optimizer_class(cfg: OptimizerConfig, sharded: bool = False) -> Callable[..., torch.optim.Optimizer]:
-    from align.run.signatures import resolve
+    from align.core.signatures import resolve
 
     return resolve(optimizer_target(cfg, sharded))
 
@@ -123,7 +123,7 @@ def constant_with_warmup(optimizer: torch.optim.Optimizer, num_warmup_steps: int
 
 
 def scheduler_factory(cfg: OptimizerConfig):
-    from align.run.signatures import resolve
+    from align.core.signatures import resolve
 
     return resolve(scheduler_target(cfg))
 

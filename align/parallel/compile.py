@@ -10,9 +10,9 @@ import os
 import sys
 from typing import Any, Optional
 
-from align.config.base import AUTO
+from align.config.rules import AUTO
+from align.core.caches import cache_location
 from align.parallel import compile_artifacts
-from align.run.caches import cache_location
 
 COMPILE = "torch:compile"
 """The callable `nn.Module.compile` hands its kwargs to: the name preflight checks them against."""
@@ -166,7 +166,7 @@ def apply_memory_budget(requested: Optional[float]) -> dict[str, Any]:
     value back from torch."""
     import torch._functorch.config as functorch_config
 
-    from align.config.train import require_memory_budget_resolved
+    from align.config.trainer_config import require_memory_budget_resolved
     from align.errors import ConfigError
 
     require_memory_budget_resolved(requested, "the compile")
@@ -197,19 +197,6 @@ def apply_cache_dir() -> dict[str, str]:
     where = cache_location("inductor")
     os.environ[CACHE_ENV] = where["dir"]
     return where
-
-
-def compile_seconds() -> float:
-    """Seconds dynamo and its backend spent compiling in this process so far (forward and backward
-    graphs); 0 when nothing was compiled."""
-    if "torch._dynamo" not in sys.modules:
-        return 0.0
-    try:
-        from torch._dynamo.utils import calculate_time_spent
-
-        return float(calculate_time_spent().get("total_wall_time", 0.0))
-    except Exception:  # an internal that may move between torch releases: the cost is then unknown
-        return 0.0
 
 
 def block_variants(config: Any) -> int:

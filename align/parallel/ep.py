@@ -54,7 +54,7 @@ def apply_ep(model: torch.nn.Module, cfg: ParallelConfig, device: torch.device, 
     from transformers.distributed import DistributedConfig
     from transformers.distributed.utils import initialize_distributed_mesh
 
-    from align.run.signatures import check_kwargs
+    from align.core.signatures import check_kwargs
 
     plan = expert_plan(model)
     if "ep_dispatch_experts" not in plan.values():

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from align.run.redaction import RedactingFilter
+from align.core.redaction import RedactingFilter
 
 if TYPE_CHECKING:  # align.train imports this module first thing; a refusal must not pay for torch
     from align.parallel.env import DistEnv
@@ -64,7 +64,7 @@ def log_rank_to_file(env: DistEnv, run_dir: Path) -> None:
     env.rank_dir(run_dir)
     handler = logging.FileHandler(path)
     handler.setFormatter(fmt)
-    handler.addFilter(RedactingFilter())  # the rule of every written value (align.run.redaction)
+    handler.addFilter(RedactingFilter())  # the rule of every written value (align.core.redaction)
     root.addHandler(handler)
 
 

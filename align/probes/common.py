@@ -30,10 +30,8 @@ LOSS_CAVEAT = (
 
 
 def build_trainer(cfg: TrainConfig, out_dir: Path) -> Trainer:
-    """The same preflight and build as `python -m align.train`; the probe then drives it."""
-    from align.run.preflight import run_preflight
-
-    run_preflight(cfg)
+    """The same build as `python -m align.train` (whose preflight the door, align/tools/probe.py, has run
+    on the config); the probe then drives it."""
     return Trainer.build(cfg, out_dir)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from align.config import SamplerKind, TrainConfig
-from align.data.cache import load_dataset
+from align.data.encode_cache import load_dataset
 from align.data.samplers import build_sampler
 from align.data.sources import source_specs
 from align.data.stats import length_moments, plan_stats, root_codes

@@ -9,8 +9,8 @@ Your own functions (`reward.functions`, each weighted by its name; `reward.funct
 align/rewards/function.py.
 """
 
-from align.rewards.base import BadReference, Score, Verifier
 from align.rewards.combine import Reward, WeightedReward
 from align.rewards.registry import VERIFIERS, accepted, get_verifier
+from align.rewards.verifier import BadReference, Score, Verifier
 
 __all__ = ["BadReference", "Reward", "Score", "VERIFIERS", "Verifier", "WeightedReward", "accepted", "get_verifier"]

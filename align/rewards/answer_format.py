@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from align.rewards.base import Score, Verifier
 from align.rewards.numbers import as_number
+from align.rewards.verifier import Score, Verifier
 
 _ANSWER_LINE = re.compile(r"####[ \t]*(.*)")
 

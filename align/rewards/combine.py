@@ -12,9 +12,9 @@ from numbers import Real
 from typing import Any, Collection, Mapping, Optional
 
 from align.errors import ConfigError
-from align.rewards.base import Score, Verifier
 from align.rewards.function import NAME, ROW_STATISTICS, Group, PythonReward, function_key, load_function, split_spec
 from align.rewards.registry import VERIFIERS, accepted, get_verifier
+from align.rewards.verifier import Score, Verifier
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 
-from align.rewards.base import BadReference, Score, Verifier
 from align.rewards.numbers import numbers_in
+from align.rewards.verifier import BadReference, Score, Verifier
 
 _INT = re.compile(r"\s*[-\u2212]?\d+\s*")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from align.rewards.base import BadReference, Score, Verifier
 from align.rewards.numbers import as_number, numbers_in
+from align.rewards.verifier import BadReference, Score, Verifier
 
 _MARKER = re.compile(r"####[ \t]*([^\n]*)")
 

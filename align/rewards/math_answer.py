@@ -19,7 +19,7 @@ from functools import lru_cache
 from importlib.metadata import version
 from typing import Any, Optional
 
-from align.rewards.base import BadReference, Score, Verifier
+from align.rewards.verifier import BadReference, Score, Verifier
 
 _TIMEOUT_S = 5  # math-verify's own default for one parse and for one comparison
 _MARKED = re.compile(r"####[ \t]*([^\n]*)")

@@ -7,10 +7,10 @@ from typing import Mapping
 
 from align.errors import ConfigError
 from align.rewards.answer_format import AnswerFormat
-from align.rewards.base import Verifier
 from align.rewards.exact_int import ExactInt
 from align.rewards.gsm8k import Gsm8k
 from align.rewards.math_answer import MathAnswer
+from align.rewards.verifier import Verifier
 
 VERIFIERS: Mapping[str, Verifier] = MappingProxyType(
     {v.name: v for v in (Gsm8k(), MathAnswer(), AnswerFormat(), ExactInt())}

@@ -278,7 +278,7 @@ def preflight_command_line(argv: Sequence[str], config_name: str = "train") -> l
     """Compose, type and preflight every job of `argv` before Hydra creates a run dir: a refusal
     leaves nothing behind, and a cheap failure (values, run dirs, git, files) exits before any library
     import. Returns the run dir each job will write (align.run.run_dir; None: not known before Hydra)."""
-    from align.run.preflight import run_preflight
+    from align.run.preflight_checks import run_preflight
 
     typed_jobs = validate_command_line(argv, config_name)  # first: it refuses a bad command line in one line
     jobs, _ = job_override_lists(argv)
@@ -310,7 +310,7 @@ def checked_run_dirs(argv: Sequence[str], config_name: str = "train", resumes: b
 
 def job_preflight(cfg: Any, task_overrides: Sequence[str]) -> Any:
     """This job's preflight report: the one taken before Hydra started, else run now."""
-    from align.run.preflight import run_preflight
+    from align.run.preflight_checks import run_preflight
 
     return PREFLIGHTED.pop(job_key(task_overrides), None) or run_preflight(cfg)
 

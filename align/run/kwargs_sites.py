@@ -6,7 +6,7 @@ placeholders only where the real value needs heavy work (the tokenizer's vocab s
 what is checked. Listed in `KWARGS_SITES` at the end of this module.
 
 Targets are import paths and the builders import neither torch nor transformers, so on the default
-config a refused name costs no library import when align.run.signatures' cache is current.
+config a refused name costs no library import when align.core.signatures' cache is current.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from align.config import Device, LoggerKind, LoraExport, ParallelKind, TrainConfig
+from align.core.signatures import KwargsSite, unknown_kwargs
 from align.errors import AlignError
 from align.run.checklist import Check, Context, Status
-from align.run.signatures import KwargsSite, unknown_kwargs
 
 
 def check_site(name: str, site: KwargsSite) -> Check:
@@ -137,7 +137,7 @@ def model_config(cfg: TrainConfig) -> Optional[KwargsSite]:
     from align.models.kwargs import config_kwargs
 
     # The config class's __post_init__ consumes names its signature lacks (Gemma4TextConfig:
-    # global_head_dim): align.run.signatures reads those from its installed source too.
+    # global_head_dim): align.core.signatures reads those from its installed source too.
     return KwargsSite(family_spec(cfg.model).config_class, config_kwargs(cfg.model, TokenizerShape()),
                       "model.overrides")
 

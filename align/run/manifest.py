@@ -6,28 +6,23 @@ exit code, then made read-only and never edited: corrections go in PROVENANCE-NO
 (`python -m align.tools.annotate`). docs/provenance.md.
 
 This module imports neither torch nor transformers at import time: preflight uses its git and
-hashing helpers (align/run/hashing.py) before anything heavy is loaded.
+hashing helpers (align/core/hashing.py) before anything heavy is loaded.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
-import importlib.metadata
 import json
 import os
-import platform
 import socket
-import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
-from align.run.hashing import canonical_json, config_hash
+from align.core.hashing import canonical_json, config_hash
+from align.core.provenance import MANIFEST, GitState, now
 
 SCHEMA_VERSION = 2
-MANIFEST = "provenance.json"
 PENDING = "pending: not known yet when this was written"
 
 # Every key a manifest has, nested as written; a leaf's value here documents it. docs/provenance.md
@@ -198,116 +193,6 @@ def skeleton() -> dict[str, Any]:
     return m
 
 
-# ------------------------------------------------------------------------------------------ git
-
-
-@dataclass
-class GitState:
-    root: Optional[str] = None
-    commit: Optional[str] = None
-    describe: Optional[str] = None
-    branch: Optional[str] = None
-    dirty: Optional[bool] = None
-    diff_sha256: Optional[str] = None
-    changed: Optional[list[str]] = None
-    reason: Optional[str] = None
-    """Why the fields are null (not a checkout, git missing)."""
-
-
-def code_root() -> Path:
-    """The directory holding the `align` package that is running: the code whose commit we record."""
-    return Path(__file__).resolve().parents[1]
-
-
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}  # ranks may ask at once: take no index lock
-    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, env=env, timeout=30)
-
-
-def git_state(root: Path | None = None) -> GitState:
-    """HEAD, describe, and whether tracked or staged changes exist (untracked files do not count)."""
-    root = root or code_root()
-    try:
-        top = _git(root, "rev-parse", "--show-toplevel")
-    except FileNotFoundError:
-        return GitState(reason="git is not installed")
-    if top.returncode != 0:
-        return GitState(reason=f"not a git checkout: {root}")
-    st = GitState(root=top.stdout.decode().strip())
-    head = _git(root, "rev-parse", "--verify", "HEAD")
-    if head.returncode != 0:
-        st.reason = f"git checkout {st.root} has no commit yet"
-        return st
-    st.commit = head.stdout.decode().strip()
-    st.describe = _git(root, "describe", "--always", "--dirty").stdout.decode().strip() or None
-    br = _git(root, "symbolic-ref", "--quiet", "--short", "HEAD")
-    st.branch = br.stdout.decode().strip() if br.returncode == 0 else None
-    unstaged = _git(root, "diff", "--quiet").returncode != 0
-    staged = _git(root, "diff", "--cached", "--quiet").returncode != 0
-    st.dirty = unstaged or staged
-    st.changed = []
-    if st.dirty:
-        st.diff_sha256 = hashlib.sha256(_git(root, "diff", "HEAD", "--binary").stdout).hexdigest()
-        st.changed = _git(root, "diff", "HEAD", "--name-only").stdout.decode().split()
-    return st
-
-
-# ------------------------------------------------------------------------------------- hashing
-
-
-# ------------------------------------------------------------------------------------ versions
-
-_DISTS = {"align": "align", "transformers": "transformers", "hydra": "hydra-core", "omegaconf": "omegaconf",
-          "bitsandbytes": "bitsandbytes", "torchao": "torchao", "peft": "peft", "wandb": "wandb",
-          "safetensors": "safetensors", "tokenizers": "tokenizers", "numpy": "numpy",
-          "huggingface_hub": "huggingface_hub"}
-
-
-def versions() -> tuple[dict[str, Any], dict[str, str]]:
-    """Installed versions (from the distributions' metadata, no imports) and reasons for nulls."""
-    out: dict[str, Any] = {"python": platform.python_version()}
-    reasons: dict[str, str] = {}
-    for key, dist in _DISTS.items():
-        try:
-            out[key] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[key] = None
-            reasons[f"versions.{key}"] = f"distribution {dist!r} is not installed"
-    import torch
-
-    out["torch"] = torch.__version__
-    out["cuda"] = torch.version.cuda
-    if out["cuda"] is None:
-        reasons["versions.cuda"] = "torch was built without CUDA"
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    out["cudnn"] = cudnn
-    if cudnn is None:
-        reasons["versions.cudnn"] = "cuDNN is not available to this torch build"
-    return out, reasons
-
-
-def device_info(device: Any) -> tuple[dict[str, Any], dict[str, str]]:
-    import torch
-
-    if getattr(device, "type", str(device)) == "cuda":
-        idx = device.index or 0
-        return {"type": "cuda", "name": torch.cuda.get_device_name(idx),
-                "capability": list(torch.cuda.get_device_capability(idx)), "count": torch.cuda.device_count()}, {}
-    name = _cpu_name()
-    return ({"type": "cpu", "name": name, "capability": None, "count": os.cpu_count()},
-            {"device.capability": "CPU: a compute capability is a CUDA notion"})
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def dynamo_counters() -> tuple[Optional[dict[str, Any]], Optional[str]]:
     """torch._dynamo's counters: best effort, nullable, never raises. `recompiles` counts the compiles of
     a frame beyond its first; `graph_breaks` every break dynamo recorded (tests/unit/run/test_manifest.py
@@ -342,10 +227,6 @@ def dynamo_counters() -> tuple[Optional[dict[str, Any]], Optional[str]]:
 
 
 # ------------------------------------------------------------------------------------ manifest
-
-
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 class Manifest:
@@ -385,9 +266,9 @@ class Manifest:
         self.data["null_reasons"].pop("status", None)
         if not self.enabled:
             return
-        from align.run.redaction import redact_record
+        from align.core.redaction import redact_record
 
-        data = redact_record(self.data)  # the rule of every written value, `run.name` too (align.run.redaction)
+        data = redact_record(self.data)  # the rule of every written value, `run.name` too (align.core.redaction)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(data, indent=2, default=str, sort_keys=False) + "\n")
@@ -464,4 +345,4 @@ def gitstate_dict(g: GitState) -> dict[str, Any]:
     return asdict(g)
 
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "Manifest", "GitState", "git_state", "key_paths", "manifest_paths", "skeleton"]
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "Manifest", "key_paths", "manifest_paths", "skeleton"]

@@ -1,7 +1,8 @@
 """The model's preflight checks: everything about the model that can be decided before the tokenizer,
 the encode or any weight is touched (except that GRPO's memory plan reads its prompts, with the
 tokenizer, to size the rollouts: align/data/budget_auto.py `plan_rollout`). Registered in
-`align.run.preflight.CHECKS`; yields `align.run.preflight.Check` rows (a failure names the config key to change):
+`align.run.preflight_checks.CHECKS`; yields `align.run.preflight_checks.Check` rows (a failure names the
+config key to change):
 
 - config kwargs (preset + overrides) accepted by the installed config class (also a kwargs site)
 - the largest id of pre-tokenized rows inside every token-id table (naming its file:line)
@@ -37,7 +38,7 @@ def _device(cfg: TrainConfig) -> torch.device:
 
 
 def _token_ids(model: torch.nn.Module, top: Optional[tuple[int, str]]) -> Iterator:
-    """The largest id of pre-tokenized rows (align/run/preflight.py reads them) against every table
+    """The largest id of pre-tokenized rows (align/run/preflight_checks.py reads them) against every table
     indexed by token ids; the meta model has the run's sizes, so no weight is loaded. The trainer's
     `check_token_ids` stays for runs built without preflight."""
     from align.run.checklist import Check, Status

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from align.config import TrainConfig
+from align.core.hashing import tokenizer_hashes
+from align.core.provenance import git_state
+from align.core.redaction import REDACTED, recorded_env, redact, redact_argv, redact_logs
 from align.errors import EXIT_CONFIG, EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
 from align.parallel.compile import frames_over
 from align.parallel.launch import ATTEMPT, adopt_rank_log, adopt_staged_log
-from align.run.hashing import tokenizer_hashes
-from align.run.manifest import Manifest, dynamo_counters, flat, git_state
-from align.run.redaction import REDACTED, recorded_env, redact, redact_argv, redact_logs
+from align.run.manifest import Manifest, dynamo_counters, flat
 from align.run.run_dir import holds_run
 
 if TYPE_CHECKING:
@@ -110,8 +111,8 @@ class RunRecord:
 
     def start(self, preflight: Any) -> None:
         """Written before any heavy work: every key present, what is known from config and disk."""
+        from align.core.provenance import versions
         from align.models.family import family_of
-        from align.run.manifest import versions
 
         cfg, m = self.cfg, self.manifest
         m.start(
@@ -171,14 +172,14 @@ class RunRecord:
         m.set("data.tokenizer_sha256", tok_sha, "no tokenizer files found")
         m.set("data.chat_template_sha256", tmpl_sha, "the tokenizer has no chat template file or field")
         m.set("data.aux_files", {str(path): m.data["data"]["sha256"], **files})
-        from align.run.preflight import encode_cache_key
+        from align.run.preflight_checks import encode_cache_key
 
         m.set(
             "data.encode_cache_key",
             encode_cache_key(cfg),
             "this build has no encode cache: every run encodes from scratch",
         )
-        from align.run.caches import encode_location
+        from align.core.caches import encode_location
 
         m.set("data.encode_cache_dir", encode_location(cfg.data.cache_dir) if cfg.data.cache else None,
               "data.cache=false: nothing read or written")
@@ -216,8 +217,8 @@ class RunRecord:
     def built(self, trainer: "Trainer") -> None:
         """After Trainer.build: what the run RESOLVED to (`Trainer.describe`), then the gates before
         step 1: the mask gate and the objective's own (each report, or its failure, recorded)."""
+        from align.core.provenance import device_info
         from align.models.family import family_of
-        from align.run.manifest import device_info
 
         self.accept()  # Trainer.build wrote nothing before its resume decision; from here the attempt counts
         self.trainer = trainer
@@ -306,7 +307,7 @@ class RunRecord:
     def _record_data(self, data: dict[str, Any], sampler: dict[str, Any]) -> None:
         m = self.manifest
         m.set("data.encode_stats", data["stats"] or {}, "the encoded dataset reports no stats")
-        # The encoded dataset's own provenance (align.data.cache: `.meta`) is what the run actually
+        # The encoded dataset's own provenance (align.data.encode_cache: `.meta`) is what the run actually
         # used, cache hit or miss: prefer it to what start() computed from the files.
         meta = data["meta"] or {}
         m.set("data.encode_meta", meta or None, "the encoded dataset carries no .meta (no encode cache in this build)")
@@ -429,7 +430,7 @@ def scrub_hydra_dir(hydra_dir: Path) -> None:
 
 def redact_hydra_record(node: dict[str, Any]) -> dict[str, Any]:
     """hydra.yaml or a sweep's multirun.yaml under the rule of every written value: the override lists
-    key by key (`name=<redacted>` keeps its key), then every value (align.run.redaction)."""
+    key by key (`name=<redacted>` keeps its key), then every value (align.core.redaction)."""
     hydra = node.get("hydra") or {}
     for kind, overrides in (hydra.get("overrides") or {}).items():
         if isinstance(overrides, list):

@@ -6,7 +6,7 @@ exit 2 on a refusal, nothing written:
 
 - a dir that cannot be created or written (a parent that is a file, a read-only filesystem, no
   permission) is refused, instead of Hydra's traceback;
-- a dir whose path holds a credential-shaped name (align.run.redaction) is refused: the path is
+- a dir whose path holds a credential-shaped name (align.core.redaction) is refused: the path is
   written to the manifest, the logs and W&B, where no redaction could hide it and keep the record true;
 - a dir that holds a FINISHED run (`finished_run`) is never written again, by any command: the
   training command that made it, another one, an eval or a probe. A run dir with checkpoints that did
@@ -158,8 +158,8 @@ def check_run_dirs(planned: Sequence[tuple[str, Optional[Path]]], resumes: bool 
     """Refuse (ConfigError, exit 2) before Hydra runs: a run dir that cannot be written, one whose path
     holds a credential, one that holds a finished run, and, for a command that never resumes
     (`resumes=False`), one that holds any run."""
+    from align.core.redaction import CREDENTIAL_SHAPES, REDACTED, secret_shape
     from align.errors import ConfigError
-    from align.run.redaction import CREDENTIAL_SHAPES, REDACTED, secret_shape
 
     for key, d in planned:
         if d is None:

@@ -4,7 +4,7 @@ tokens/s, the objective's final metrics, where the export and the manifest are).
 
 Every line goes through the `align` logger, so it reaches the console and train.log alike (Hydra's
 job logging holds both handlers). The objective names the metrics a person watches
-(`console_metrics`, align/objectives/base.py); the progress line (align/telemetry/progress.py) and
+(`console_metrics`, align/objectives/interface.py); the progress line (align/telemetry/progress.py) and
 the loss plot (align/telemetry/plots.py) print those, not the trainer's guess by objective kind.
 """
 
@@ -90,7 +90,7 @@ def step_rows(run_dir: Path) -> list[dict[str, Any]]:
 def end_lines(trainer: Any, code: int, wall_s: float, rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """`wall_s` is this attempt's: its tokens/s counts the tokens of the steps it trained (a resumed
     run's earlier steps were another process's)."""
-    from align.run.manifest import MANIFEST
+    from align.core.provenance import MANIFEST
 
     s, run_dir = trainer.state, Path(trainer.run_dir)
     first = int((trainer.model_info.get("resumed_from") or {}).get("step", 0))

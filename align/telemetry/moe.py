@@ -1,7 +1,7 @@
 """Router telemetry and the router losses, read from the model's own routers through forward hooks.
 
 No model code is re-implemented: each MoE layer's router logits and the top-k ids it actually chose
-are read from transformers' router modules (`align.models.registry.RouterTap`). Per optimizer step
+are read from transformers' router modules (`align.models.family_table.RouterTap`). Per optimizer step
 (one accumulation window, summed over ranks with one all_reduce) and per layer we report:
 
 - `max_vio`: (max expert load - mean load) / mean load (0 = balanced)

@@ -99,7 +99,7 @@ def plot_run(run_dir: Path, name: str, logger: Any, metrics: Sequence[tuple[str,
     well. A plot that fails is a warning: it never decides the run's exit code."""
     import logging
 
-    from align.run.redaction import redact_value
+    from align.core.redaction import redact_value
 
     try:  # the title is written too: a token-shaped run name is redacted as in the manifest
         path = write_loss_plot(run_dir, f"training: {redact_value('name', name)}", metrics)

@@ -13,10 +13,22 @@ from typing import Any, Mapping, Optional, Sequence
 
 from tqdm import tqdm
 
-from align.parallel.compile import compile_seconds
 from align.telemetry.console import Metric, announce_start, metric_fields, watched
 
 log = logging.getLogger("align")
+
+
+def compile_seconds() -> float:
+    """Seconds dynamo and its backend spent compiling in this process so far (forward and backward
+    graphs); 0 when nothing was compiled."""
+    if "torch._dynamo" not in sys.modules:
+        return 0.0
+    try:
+        from torch._dynamo.utils import calculate_time_spent
+
+        return float(calculate_time_spent().get("total_wall_time", 0.0))
+    except Exception:  # an internal that may move between torch releases: the cost is then unknown
+        return 0.0
 
 
 def to_log_files(line: str) -> None:

@@ -36,7 +36,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from align.parallel.compile import compile_seconds
+from align.telemetry.progress import compile_seconds
 
 CONVENTION = (
     "model FLOPs/token = 4*N_active + 2*N_active_trainable + 12*sum_layers(d_attn*ctx); "

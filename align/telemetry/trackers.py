@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from align.config import LoggerConfig, LoggerKind
-from align.config.train import DEFAULT_PROJECT
+from align.config.trainer_config import DEFAULT_PROJECT
 from align.errors import ConfigError
 
 STEP_KEY = "train/step"

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from align.config import LoggerConfig, LoggerKind
-from align.config.train import DEFAULT_PROJECT, WandbMode
+from align.config.trainer_config import DEFAULT_PROJECT, WandbMode
+from align.core.redaction import redact
 from align.errors import ConfigError
-from align.run.redaction import redact
 from align.telemetry.trackers import Logger, MlflowLogger, TensorBoardLogger, summary_scalars, wandb_row
 
 log = logging.getLogger("align")
@@ -51,7 +51,7 @@ def sweep_job_name(task_overrides: list[str], sweep_overrides: Optional[list[str
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
-    from align.run.redaction import redact_argv
+    from align.core.redaction import redact_argv
 
     swept = None
     if sweep_overrides:
@@ -112,7 +112,7 @@ def wandb_settings(cfg: LoggerConfig, environ: Optional[dict[str, str]] = None) 
 def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path, name: str, group: Optional[str], config: dict,
                       resuming: bool = False) -> dict[str, Any]:
     """Kwargs for `wandb.init`, built as data so preflight can check their names; every value under the
-    rule of every written value (a token-shaped `name`, project or tag is redacted: align.run.redaction).
+    rule of every written value (a token-shaped `name`, project or tag is redacted: align.core.redaction).
     project, entity and mode: `wandb_settings` (the config, else $WANDB_*, else align's default)."""
     settings = wandb_settings(cfg) if cfg.kind == LoggerKind.wandb else {}
     value = {k: settings[k]["value"] if k in settings else getattr(cfg, k) for k in WANDB_ENV}

@@ -103,7 +103,7 @@ def render() -> str:
 
 def _eval_reference() -> list[str]:
     """conf/eval.yaml (`python -m align.eval`): its own root, the `eval` group and the engine's settings."""
-    import align.config.eval as group_module
+    import align.config.eval_config as group_module
     import align.evaluation.config as eval_module
     import align.generation.engine as engine_module
 

@@ -8,7 +8,7 @@ a run composed from the same overrides would train on it, with its loss mask vis
 The overrides are align.train's (the same config groups and keys, validated the same way); `index`
 (a record of the encoded data set, after truncation and drops, default 0) and `tokens` (add one line
 per token) are this tool's own. The record comes from the run's own tokenizer, chat template and
-encode cache (align.data.cache.load_dataset: an entry it writes is the one the run then reads).
+encode cache (align.data.encode_cache.load_dataset: an entry it writes is the one the run then reads).
 What a record is, and what of it is in the loss, is the objective's to say (`Objective.view`): sft one
 chat record, its loss tokens the targets the model is trained to predict; dpo one pair, both sides,
 their completions in the loss; grpo one prompt as the engine receives it, nothing of it in the loss,

@@ -25,6 +25,9 @@ PROBES: dict[str, str] = {
     "mask": "align.probes.mask",
     "padding": "align.probes.padding",
 }
+BUILDS_TRAINER = {"scaling", "kernels"}
+"""The probes that build the trainer as `python -m align.train` does: the same preflight runs on their config
+first (the others read the data alone, or build the bare model)."""
 
 
 def run(cfg: DictConfig) -> int:
@@ -33,6 +36,10 @@ def run(cfg: DictConfig) -> int:
     if name not in PROBES:
         raise ConfigError("probe", f"no probe named {name!r}; available: {', '.join(sorted(PROBES)) or 'none'}")
     module = importlib.import_module(PROBES[name])
+    if name in BUILDS_TRAINER:
+        from align.run.preflight_checks import run_preflight
+
+        run_preflight(typed)
     return module.run(typed, Path(HydraConfig.get().runtime.output_dir))
 
 

@@ -184,7 +184,7 @@ def test_trl_kwargs_are_names_the_installed_trl_accepts(arm, tmp_path):
     from trl.trainer.dpo_config import DPOConfig
     from trl.trainer.dpo_trainer import DPOTrainer
 
-    from align.run.signatures import check_kwargs
+    from align.core.signatures import check_kwargs
 
     typed = experiment_config(trl_arm.EXPERIMENT)
     for cuda in (True, False):

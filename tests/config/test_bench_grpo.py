@@ -77,7 +77,7 @@ def test_a_history_without_rollout_timers_is_refused(tmp_path):
 def test_trl_grpo_config_is_one_optimizer_step_per_generation_of_the_rollout(tmp_path):
     from trl import GRPOConfig, GRPOTrainer
 
-    from align.run.signatures import check_kwargs
+    from align.core.signatures import check_kwargs
 
     typed = experiment_config(trl_grpo.EXPERIMENT)
     for cuda in (True, False):

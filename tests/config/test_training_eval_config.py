@@ -53,7 +53,7 @@ def test_missing_eval_records_are_refused_by_preflight_before_any_load(tmp_path)
     from align.config import to_typed
     from align.errors import ConfigError
     from align.run.cli import compose
-    from align.run.preflight import run_preflight
+    from align.run.preflight_checks import run_preflight
 
     cfg = to_typed(compose([*ON, "eval=refusal", f"eval.prompts={tmp_path / 'none.jsonl'}", "allow_dirty=true"]))
     with pytest.raises(ConfigError) as e:

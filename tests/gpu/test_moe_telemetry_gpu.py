@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from align.models.registry import RouterTap
+from align.models.family_table import RouterTap
 from align.telemetry.moe import RouterTelemetry, window_stats
 from tests.unit.models.test_moe_telemetry import _assert_rows_equal, _Routers, per_layer_reference
 

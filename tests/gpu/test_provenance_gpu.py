@@ -33,7 +33,7 @@ def _run(tmp_path: Path, *overrides: str) -> dict:
     from omegaconf import OmegaConf
 
     from align.run.manifest import key_paths, load, manifest_paths, null_leaves
-    from align.run.preflight import collect
+    from align.run.preflight_checks import collect
     from align.run.record import RunRecord
     from align.trainer import Trainer
 

@@ -51,9 +51,9 @@ def _sha256(path: Path) -> str:
 
 
 def test_the_default_model_evaluates_end_to_end_in_under_a_minute(export, tmp_path):
+    from align.core.hashing import sha256_files
     from align.data.sources import bundled_gsm8k
-    from align.evaluation.report import SCHEMA, missing_reasons
-    from align.run.hashing import sha256_files
+    from align.evaluation.eval_record import SCHEMA, missing_reasons
 
     t0 = time.perf_counter()
     p, data, run_dir = _eval(tmp_path, f"model_dir={export}", "eval=gsm8k", "eval.limit=8")

@@ -14,7 +14,7 @@ from tests.conftest import run_cli
 
 
 def _encoded(*overrides):
-    from align.data.cache import load_dataset
+    from align.data.encode_cache import load_dataset
     from align.data.tokenizer import load_tokenizer
 
     cfg = to_typed(compose(list(overrides)))

@@ -48,7 +48,7 @@ def test_a_missing_tracker_package_is_refused_in_preflight_and_at_build(kind, co
     from align.config import to_typed
     from align.errors import ConfigError
     from align.run.checklist import Status
-    from align.run.preflight import collect
+    from align.run.preflight_checks import collect
     from align.telemetry.wandb_logger import build_logger
 
     real = trackers.importlib.util.find_spec

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from align.config import to_typed
+from align.core.redaction import REDACTED
 from align.errors import EXIT_CONFIG, ConfigError
 from align.run.cli import compose
 from align.run.manifest import key_paths, load, manifest_paths, null_leaves
 from align.run.record import RunRecord
-from align.run.redaction import REDACTED
 from tests.conftest import REPO, run_cli
 
 SECRETS = {"ALIGN_PLANTED_API_KEY": "sk-planted-0xdeadbeef-1", "HF_TOKEN": "hf_planted_0xdeadbeef_2",
@@ -114,7 +114,7 @@ def test_train_refuses_a_dirty_tree_before_creating_anything(tmp_path):
 
 
 def _record(tmp_path: Path, *overrides: str, container_extra: dict | None = None):
-    from align.run.preflight import collect
+    from align.run.preflight_checks import collect
 
     cfg = compose(["data.max_records=24", "trainer.max_steps=1", "allow_dirty=true", *overrides])
     typed = to_typed(cfg)
@@ -283,14 +283,14 @@ def test_the_encode_cache_directory_and_its_source_are_recorded_beside_the_key(t
 
 
 def test_encode_cache_provenance_is_taken_from_the_data_pipeline(tmp_path, monkeypatch):
-    # Stand-in for align.data.cache (data branch): preflight and start() compute the key from files;
+    # Stand-in for align.data.encode_cache (data branch): preflight and start() compute the key from files;
     # after build, the encoded dataset's own .meta (cache hit or miss) is what gets recorded.
     import sys
     import types
 
-    from align.run.preflight import collect
+    from align.run.preflight_checks import collect
 
-    monkeypatch.setitem(sys.modules, "align.data.cache",
+    monkeypatch.setitem(sys.modules, "align.data.encode_cache",
                         types.SimpleNamespace(cache_key_parts=lambda d, m: {"key": "a" * 64}))
     typed, record, run_dir, _ = _record(tmp_path, "logger=none")
     [c] = [c for c in collect(typed) if c.name == "encode cache key"]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from align.config import ModelConfig
-from align.data import cache as cache_mod
-from align.data.cache import ENCODE_VERSION, cache_key_parts, encode_cache_key, load_dataset
+from align.data import encode_cache as cache_mod
+from align.data.encode_cache import ENCODE_VERSION, cache_key_parts, encode_cache_key, load_dataset
 from align.data.tokenizer import bundled_tokenizer_dir
 from tests.unit.data.conftest import data_cfg, write_jsonl
 
@@ -143,7 +143,7 @@ def test_a_tokenizer_whose_template_differs_from_its_files_is_refused(corpus, tm
 
 def test_preflight_key_is_the_key_the_run_uses(corpus, tmp_path, tok):
     from align.config import TrainConfig
-    from align.data.cache import encode_cache_key_for
+    from align.data.encode_cache import encode_cache_key_for
 
     cfg = TrainConfig(data=data_cfg(corpus, tmp_path))
     assert encode_cache_key_for(cfg) == load_dataset(cfg.data, cfg.model, tok).meta["encode_cache_key"]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from align.config import ModelConfig
-from align.data.cache import load_dataset
 from align.data.encode import encode_records
+from align.data.encode_cache import load_dataset
 from align.data.masks import load_mask_files
 from align.data.sources import load_records
 from align.errors import ConfigError
@@ -122,7 +122,7 @@ def test_bad_input_writes_nothing_into_the_cache(tmp_path, tok, case):
 
 
 def test_a_failed_cache_write_leaves_no_entry_and_no_temporary(tmp_path, tok, monkeypatch):
-    from align.data import cache as cache_mod
+    from align.data import encode_cache as cache_mod
 
     f = write_jsonl(tmp_path / "c.jsonl", [chat("q", "a")])
     calls = []
@@ -140,7 +140,7 @@ def test_a_failed_cache_write_leaves_no_entry_and_no_temporary(tmp_path, tok, mo
 
 
 def _die_mid_write(cfg, tok):
-    from align.data import cache as cache_mod
+    from align.data import encode_cache as cache_mod
 
     real_save, calls = np.save, []
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from align.config import ModelConfig, to_typed
-from align.data.cache import cache_key_parts, load_dataset
+from align.data.encode_cache import cache_key_parts, load_dataset
 from align.data.sources import load_records
 from align.errors import ConfigError
 from tests.unit.data.conftest import data_cfg, write_jsonl

@@ -20,7 +20,7 @@ from align.config import AttentionConfig, AttnImpl, Family, ModelConfig
 from align.data.collate import collate
 from align.data.encode import EncodedDataset
 from align.models import build_model
-from align.models.registry import FAMILIES
+from align.models.family_table import FAMILIES
 
 DOC_LENGTHS = [45, 13, 38]  # > gemma4 tiny's sliding window of 32, so the windowed layers are exercised
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from align.config import ModelConfig, TrainConfig
-from align.data import cache as cache_mod
-from align.data.cache import cache_key_parts, load_dataset
+from align.data import encode_cache as cache_mod
+from align.data.encode_cache import cache_key_parts, load_dataset
 from align.data.preference import EncodedPairs, load_pairs
 from align.errors import ConfigError
 from tests.unit.data.conftest import write_jsonl

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from align.config import to_typed
-from align.data.cache import cache_key_parts, load_dataset
 from align.data.collate import IGNORE, collate
+from align.data.encode_cache import cache_key_parts, load_dataset
 from align.data.tokenizer import load_tokenizer
 from align.errors import ConfigError
 from align.run.cli import compose

@@ -13,7 +13,7 @@ import torch
 from align.config import AttnImpl
 from align.data.collate import collate
 from align.data.encode import EncodedDataset
-from align.models.registry import FAMILIES
+from align.models.family_table import FAMILIES
 from tests.conftest import build_trainer
 from tests.unit.data.test_packed_parity import _model
 

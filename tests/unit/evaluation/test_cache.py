@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from align.evaluation.cache import EvalCache, cache_key, key_parts
 from align.evaluation.config import EvalConfig
+from align.evaluation.eval_cache import EvalCache, cache_key, key_parts
 from align.evaluation.runner import generation_meaning
 from align.generation import EngineConfig, GenerateMode
 from tests.unit.evaluation.conftest import run_config

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
+from align.core.hashing import sha256_file
 from align.data.sources import bundled_gsm8k
 from align.errors import ConfigError
 from align.evaluation.config import EvalConfig, EvalTask
 from align.evaluation.datasets import load_data
 from align.rewards import get_verifier
-from align.run.hashing import sha256_file
 
 
 def _jsonl(path, rows):

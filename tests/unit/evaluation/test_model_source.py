@@ -38,7 +38,7 @@ FILES = {
 @pytest.mark.parametrize("case", list(FILES))
 @pytest.mark.parametrize("key", ["model_dir", "eval.compare_to"])
 def test_each_model_dir_gets_the_checkpoint_file_checks_in_preflight(tiny_export, tmp_path, key, case):
-    from align.evaluation.preflight import check
+    from align.evaluation.eval_checks import check
 
     bad = _copy(tiny_export, tmp_path / "bad")
     FILES[case][0](bad)

@@ -10,8 +10,8 @@ import pytest
 
 from align.errors import ConfigError
 from align.evaluation.config import EvalTask
+from align.evaluation.eval_record import PENDING, SCHEMA, EvalRecord, missing_reasons, skeleton
 from align.evaluation.job import EvalJob
-from align.evaluation.report import PENDING, SCHEMA, EvalRecord, missing_reasons, skeleton
 from tests.unit.evaluation.conftest import run_config
 
 

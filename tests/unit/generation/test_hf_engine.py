@@ -11,7 +11,7 @@ from transformers import TopKLogitsWarper, TopPLogitsWarper
 from align.config import Family
 from align.errors import ConfigError
 from align.generation import Engine, EngineConfig, FinishReason, GenerateMode, HFEngine, SamplingSpec, build_engine
-from align.models.registry import FAMILIES
+from align.models.family_table import FAMILIES
 from tests.unit.generation.conftest import argmax_loop, prompts, teacher_forced_logits
 
 EOS = 2

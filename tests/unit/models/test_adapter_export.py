@@ -116,7 +116,7 @@ def test_target_modules_pick_the_adapted_linears_and_an_unknown_name_is_refused_
 
 def test_preflight_refuses_an_unknown_target_module_before_any_weight_is_built(compose):
     from align.config import to_typed
-    from align.run.preflight import collect, run_preflight
+    from align.run.preflight_checks import collect, run_preflight
 
     cfg = to_typed(compose(["model=olmoe", "model.lora.enabled=true", "model.lora.target_modules=[q_proj,gate_proj]",
                             "allow_dirty=true", "logger=none"]))
@@ -134,7 +134,7 @@ def test_preflight_refuses_an_unknown_target_module_before_any_weight_is_built(c
 
 
 def test_a_gathered_state_dict_is_what_the_adapter_and_the_merge_read(build, tokenizer, tmp_path):
-    """The path of a sharded model (align/parallel/export.py): its parameters are not the tensors to
+    """The path of a sharded model (align/parallel/sharded_export.py): its parameters are not the tensors to
     write; the full state dict its ranks gathered is."""
     b = build(Family.mistral, lora=_lora())
     model = _trained_(b.model)

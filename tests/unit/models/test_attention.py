@@ -12,7 +12,7 @@ import torch
 from align.config import AttentionConfig, AttnImpl, Fallback, Family
 from align.errors import ConfigError
 from align.models.attention import resolve_attention
-from align.models.registry import FAMILIES
+from align.models.family_table import FAMILIES
 
 
 def test_olmoe_flex_is_refused_with_the_reason():
@@ -51,7 +51,7 @@ def test_fallback_allow_logs_loudly_and_the_built_model_records_requested_resolv
 def test_preflight_lists_the_attention_check_and_refuses_before_any_model_load(compose, monkeypatch):
     import align.models.build as build_mod
     from align.config import to_typed
-    from align.run.preflight import run_preflight
+    from align.run.preflight_checks import run_preflight
 
     monkeypatch.setattr(build_mod, "build_model", lambda *a, **k: pytest.fail("preflight must not build the model"))
     with pytest.raises(ConfigError, match="attention.implementation"):

@@ -11,7 +11,7 @@ import torch
 from align.config import AttentionConfig, ExpertsImpl, Family, ModelConfig, MoEConfig
 from align.errors import ConfigError
 from align.models.build import build_model, describe_model
-from align.models.registry import FAMILIES
+from align.models.family_table import FAMILIES
 from tests.unit.models.conftest import MOE_FAMILIES, batch, perturb_
 
 
@@ -45,7 +45,7 @@ def test_experts_backend_requested_and_resolved_are_recorded_and_read_back(build
     # read back from the object, not echoed from the request:
     b.model.config._experts_implementation = "eager"
     from align.models.attention import resolve_attention
-    from align.models.registry import FAMILIES
+    from align.models.family_table import FAMILIES
 
     cfg = ModelConfig(family=family, moe=MoEConfig(experts=ExpertsImpl.batched_mm))
     info = describe_model(b.model, cfg, resolve_attention(family, AttentionConfig(), "cpu"),

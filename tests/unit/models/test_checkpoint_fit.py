@@ -16,7 +16,7 @@ from align.config import AttentionConfig, Family, ModelConfig
 from align.errors import ConfigError
 from align.models import build_model
 from align.models.checkpoint_fit import family_problem
-from align.models.registry import FAMILIES
+from align.models.family_table import FAMILIES
 
 TINY = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, tie_word_embeddings=False)
@@ -115,7 +115,7 @@ def test_preflight_and_the_build_refuse_another_familys_checkpoint_before_any_we
                                                                                      monkeypatch):
     from align.config import to_typed
     from align.run.cli import compose
-    from align.run.preflight import collect, run_preflight
+    from align.run.preflight_checks import collect, run_preflight
 
     d = _own(build, Family.mistral, tmp_path / "mistral")
     typed = to_typed(compose(["model=olmoe", f"model.pretrained={d}", "allow_dirty=true"]))
@@ -198,7 +198,7 @@ class Payload:
 
 
 def test_a_pickle_the_weights_only_loader_refuses_is_one_line_naming_the_file(build, tokenizer, tmp_path):
-    from align.run.preflight import checkpoint_problem
+    from align.models.checkpoint_files import checkpoint_problem
 
     d = _own(build, Family.mistral, tmp_path / "ckpt")
     tensors = load_file(d / "model.safetensors")

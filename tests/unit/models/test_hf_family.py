@@ -13,7 +13,7 @@ from align.config import AttentionConfig, Family, LoraConfig, ModelConfig, MoECo
 from align.errors import ConfigError
 from align.models import build_model
 from align.models.family import family_spec
-from align.models.registry import FAMILIES
+from align.models.family_table import FAMILIES
 from tests.conftest import tiny_hf_checkpoint
 
 
@@ -34,7 +34,7 @@ def test_an_align_familys_checkpoint_under_model_hf_is_that_familys_run(build, t
     `model=<family>` with the same checkpoint; only the requested family differs."""
     from align.parallel.compile import resolve_trainer_compile
     from align.run.manifest import load
-    from align.run.preflight import collect
+    from align.run.preflight_checks import collect
     from align.run.record import RunRecord
 
     d = _own(build, tokenizer, family, tmp_path / "ckpt")
@@ -102,7 +102,7 @@ def test_a_generic_moe_counts_its_experts_but_reads_no_router(tokenizer, tmp_pat
 
 
 def test_preflight_passes_a_generic_checkpoint_and_names_the_class_it_builds(compose, tmp_path):
-    from align.run.preflight import collect
+    from align.run.preflight_checks import collect
 
     d = tiny_hf_checkpoint("phi3", tmp_path / "phi3")
     typed = to_typed(compose(["model=hf", f"model.pretrained={d}", "allow_dirty=true", "model.lora.enabled=true"]))

@@ -12,7 +12,7 @@ from align.config import to_typed
 
 
 def test_moe_lora_run_logs_router_telemetry_every_step_and_exports_merged(compose, tmp_path):
-    from align.run.preflight import run_preflight
+    from align.run.preflight_checks import run_preflight
     from align.trainer import Trainer
 
     cfg = to_typed(compose(["model=olmoe", "logger=none", "trainer.max_steps=3", "trainer.grad_accum=2",

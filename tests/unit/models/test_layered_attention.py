@@ -109,7 +109,7 @@ def test_the_plan_names_each_layer_types_kernel(build):
     assert (info["full_attention"]["heads"], info["full_attention"]["kv_heads"]) == (4, 1)
     from transformers import Gemma4TextConfig
 
-    from align.models.registry import _GEMMA4_MOE
+    from align.models.family_table import _GEMMA4_MOE
 
     full = la.plan(Gemma4TextConfig(**_GEMMA4_MOE["full"]))
     assert full["full_attention"]["unpadded"].startswith("chunked") and full["full_attention"]["head_dim"] == 512

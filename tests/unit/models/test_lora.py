@@ -111,9 +111,9 @@ def test_preflight_checks_the_peft_and_bnb_kwargs_by_name_before_any_model_load(
     import align.models.lora as lora
     import align.run.kwargs_sites as checks
     from align.config import to_typed
+    from align.core.signatures import KwargsSite
     from align.run.checklist import Status
     from align.run.kwargs_sites import check_site
-    from align.run.signatures import KwargsSite
 
     cfg = to_typed(compose(["model=mistral", "model.lora.enabled=true", "model.lora.qlora=true"]))
     for site in (checks.lora_site(cfg), checks.qlora_site(cfg)):

@@ -66,7 +66,7 @@ def test_estimate_components_move_the_right_way(compose):
 
 
 def test_preflight_refuses_a_config_that_cannot_fit_unless_allowed(compose, monkeypatch):
-    from align.run.preflight import run_preflight
+    from align.run.preflight_checks import run_preflight
 
     monkeypatch.setattr(memory, "device_memory", lambda device: 80 * 1024**3)  # an 80 GiB card
     with pytest.raises(ConfigError,

@@ -53,7 +53,7 @@ def test_a_grpo_rollout_is_estimated_at_its_longest_prompt_plus_the_new_tokens(c
 def test_preflight_holds_the_real_rollout_not_its_bound_against_the_device(compose, tmp_path, monkeypatch):
     """On a device between the two estimates a GRPO run on short prompts is accepted (it was refused or
     accepted by the host's free memory at that moment), and the line says what it sized the rollout by."""
-    from align.run.preflight import run_preflight
+    from align.run.preflight_checks import run_preflight
 
     cfg = _grpo(compose, tmp_path)
     est, planned, prompt_tokens = planned_estimate(cfg, CPU)

@@ -136,7 +136,7 @@ def rows(tmp_path):
 
 
 def test_the_gemma4_26b_lora_config_fits_an_h200_without_the_override(compose, monkeypatch, rows):
-    from align.run.preflight import run_preflight
+    from align.run.preflight_checks import run_preflight
 
     monkeypatch.setattr(memory, "device_memory", lambda device: H200_BYTES)
     cfg = _cfg(compose, *_gemma(rows, 8192))
@@ -147,7 +147,7 @@ def test_the_gemma4_26b_lora_config_fits_an_h200_without_the_override(compose, m
 
 def test_a_config_that_cannot_fit_is_refused_before_load_in_one_line(compose, monkeypatch, capsys, rows):
     from align.run.cli import preflight_command_line
-    from align.run.preflight import run_preflight
+    from align.run.preflight_checks import run_preflight
 
     monkeypatch.setattr(memory, "device_memory", lambda device: H200_BYTES)
     big = _gemma(rows, 262144)

@@ -56,7 +56,7 @@ def test_lb_and_z_values_equal_the_transformers_functions_with_padding_excluded(
         def forward(self, x, attention_mask=None):
             return self.router(x)
 
-    from align.models.registry import RouterTap
+    from align.models.family_table import RouterTap
 
     model = Model().train()
     tel = RouterTelemetry(model, [RouterTap(0, model.router, lambda o: o[0], model.router, lambda o: o[2])], E, k)
@@ -177,7 +177,7 @@ def _rank(rank: int, world: int, port: int, q) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    from align.models.registry import RouterTap
+    from align.models.family_table import RouterTap
 
     class Router(torch.nn.Module):
         def forward(self, x):
@@ -301,7 +301,7 @@ class _Routers(torch.nn.Module):
 
 
 def _toy(L: int, E: int, k: int, record: bool = True):
-    from align.models.registry import RouterTap
+    from align.models.family_table import RouterTap
 
     model = _Routers(L, k).train()
     taps = [RouterTap(i, r, lambda o: o[0], r, lambda o: o[2]) for i, r in enumerate(model.layers)]

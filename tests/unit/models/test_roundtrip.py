@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from align.config import Family, LoraConfig
-from align.models.registry import FAMILIES
+from align.models.family_table import FAMILIES
 from align.models.roundtrip import compare, load_export, outputs, verify_export
 from tests.unit.models.conftest import MOE_FAMILIES, perturb_
 

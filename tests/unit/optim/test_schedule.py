@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from align.config import OptimizerConfig
-from align.config.train import Schedule
+from align.config.trainer_config import Schedule
 from align.optim import (
     build_scheduler,
     constant_with_warmup,

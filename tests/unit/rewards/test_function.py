@@ -192,7 +192,7 @@ def test_a_name_that_is_not_an_identifier_is_refused():
 
 def test_preflight_imports_each_function_and_names_the_key_of_one_that_cannot_be_imported(compose):
     from align.config import to_typed
-    from align.run.preflight import check_reward
+    from align.run.preflight_checks import check_reward
 
     cfg = to_typed(compose(["objective=grpo", f"+reward.functions.answer={EXAMPLE}:concise_answer",
                             "+reward.weights.answer=1", "+reward.functions.judge=tests.no_such_module:judge",

@@ -27,7 +27,7 @@ def test_sweeps_expand_to_the_basic_sweepers_jobs(overrides):
 
 
 def test_each_job_is_preflighted_once(monkeypatch):
-    import align.run.preflight as preflight
+    import align.run.preflight_checks as preflight
 
     calls = []
     real = preflight.run_preflight

@@ -9,15 +9,14 @@ import subprocess
 
 import pytest
 
+from align.core.hashing import tokenizer_hashes
+from align.core.provenance import GitState, git_state
 from align.probes.sdpa import classify_kernels
-from align.run.hashing import tokenizer_hashes
 from align.run.manifest import (
     SCHEMA,
     SCHEMA_VERSION,
-    GitState,
     Manifest,
     dynamo_counters,
-    git_state,
     key_paths,
     load,
     manifest_paths,

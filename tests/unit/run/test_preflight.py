@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from align.config import to_typed
+from align.core.signatures import KwargsSite, accepted_names, check_kwargs
 from align.errors import ConfigError
 from align.run.checklist import CHECKLIST, Context, Status
 from align.run.cli import compose
 from align.run.kwargs_sites import KWARGS_SITES, check_site
-from align.run.preflight import check_git, collect, run_preflight
-from align.run.signatures import KwargsSite, accepted_names, check_kwargs
+from align.run.preflight_checks import check_git, collect, run_preflight
 from align.tools.preflight import main
 
 
@@ -209,8 +209,8 @@ def test_an_encode_cache_key_that_cannot_be_computed_is_a_fail_line(monkeypatch)
     def parts(data_cfg, model_cfg):
         raise ConfigError("data.mask_files", "no such file: /gone/mask.json")
 
-    monkeypatch.setitem(sys.modules, "align.data.cache", types.SimpleNamespace(cache_key_parts=parts))
-    from align.run.preflight import check_cache
+    monkeypatch.setitem(sys.modules, "align.data.encode_cache", types.SimpleNamespace(cache_key_parts=parts))
+    from align.run.preflight_checks import check_cache
 
     [key] = [c for c in check_cache(typed(), Context(root=Path("."), stop_on_fail=False))
              if c.name == "encode cache key"]
@@ -249,14 +249,14 @@ def _truncate(path: Path, keep: int) -> None:
 
 
 def test_a_whole_checkpoint_passes_the_file_checks(tmp_path):
-    from align.run.preflight import checkpoint_problem
+    from align.models.checkpoint_files import checkpoint_problem
 
     assert checkpoint_problem(_checkpoint(tmp_path / "one")) is None
     assert checkpoint_problem(_checkpoint(tmp_path / "three", shards=3)) is None
 
 
 def test_a_corrupt_config_json_is_named_with_its_position(tmp_path):
-    from align.run.preflight import checkpoint_problem
+    from align.models.checkpoint_files import checkpoint_problem
 
     d = _checkpoint(tmp_path / "c")
     (d / "config.json").write_text('{"model_type": "mistral",\n "hidden_size": 8,')
@@ -268,7 +268,7 @@ def test_a_corrupt_config_json_is_named_with_its_position(tmp_path):
 
 @pytest.mark.parametrize("cut", [-1, -100, 20, 4])
 def test_a_truncated_safetensors_file_is_refused_from_its_header(tmp_path, cut):
-    from align.run.preflight import checkpoint_problem
+    from align.models.checkpoint_files import checkpoint_problem
 
     d = _checkpoint(tmp_path / "t")
     _truncate(d / "model.safetensors", cut)
@@ -277,7 +277,7 @@ def test_a_truncated_safetensors_file_is_refused_from_its_header(tmp_path, cut):
 
 
 def test_a_safetensors_file_longer_than_its_header_says_is_refused(tmp_path):
-    from align.run.preflight import checkpoint_problem
+    from align.models.checkpoint_files import checkpoint_problem
 
     d = _checkpoint(tmp_path / "l")
     with (d / "model.safetensors").open("ab") as f:
@@ -288,7 +288,7 @@ def test_a_safetensors_file_longer_than_its_header_says_is_refused(tmp_path):
 def test_a_sharded_checkpoint_is_checked_shard_by_shard(tmp_path):
     import json
 
-    from align.run.preflight import checkpoint_problem
+    from align.models.checkpoint_files import checkpoint_problem
 
     d = _checkpoint(tmp_path / "s", shards=2)
     _truncate(d / "model-00002-of-00002.safetensors", -8)
@@ -304,7 +304,7 @@ def test_a_sharded_checkpoint_is_checked_shard_by_shard(tmp_path):
 
 
 def test_a_dir_without_weights_is_refused(tmp_path):
-    from align.run.preflight import checkpoint_problem
+    from align.models.checkpoint_files import checkpoint_problem
 
     d = _checkpoint(tmp_path / "w")
     (d / "model.safetensors").unlink()

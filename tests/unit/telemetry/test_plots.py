@@ -57,7 +57,7 @@ def test_a_run_without_wandb_still_writes_it(compose, tmp_path):
 
 def test_the_plot_title_takes_a_token_shaped_run_name_redacted(tmp_path, monkeypatch):
     import align.telemetry.plots as plots
-    from align.run.redaction import REDACTED
+    from align.core.redaction import REDACTED
     from align.telemetry.wandb_logger import Logger
 
     titles: list[str] = []

@@ -7,7 +7,7 @@ import inspect
 import json
 
 from align.config import LoggerConfig
-from align.run.redaction import REDACTED
+from align.core.redaction import REDACTED
 from align.telemetry.wandb_logger import (
     RUN_ID_FILE,
     artifact_kwargs,

@@ -5,7 +5,7 @@ the pre-launch checklist (align/run/checklist.py; docs/provenance.md).
 
 `align.train` runs the same checks first and stops at the first failure. Checks run cheapest first
 (values, git, files), then the kwargs checks, which read the installed signatures through
-align.run.signatures (a cache keyed on the files they come from; a miss imports the library). A check
+align.core.signatures (a cache keyed on the files they come from; a miss imports the library). A check
 is a function `(cfg, ctx) -> Iterable[Check]` listed in CHECKS; a kwargs call
 site is a function `(cfg) -> KwargsSite | None` listed in align/run/kwargs_sites.py.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -28,7 +27,7 @@ from align.run.kwargs_sites import check_kwargs_sites
 
 
 def check_git(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
-    from align.run.manifest import git_state
+    from align.core.provenance import git_state
 
     g = git_state(ctx.root)
     if g.commit is None:
@@ -79,6 +78,7 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
         )
     yield from _eval_records(cfg)
     if cfg.model.pretrained:
+        from align.models.checkpoint_files import checkpoint_problem
         from align.models.checkpoint_fit import family_problem
 
         d = Path(cfg.model.pretrained)
@@ -176,84 +176,6 @@ def _eval_records(cfg: TrainConfig) -> Iterable[Check]:
     yield Check("config", "eval records", Status.passed, f"{len(data.items)} records, sha256 {data.sha256[:12]}")
 
 
-def checkpoint_problem(d: Path) -> Optional[str]:
-    """Why the HF checkpoint dir `d` cannot load, from its files alone (milliseconds: config.json is
-    parsed, each safetensors header is read and its tensor offsets are held against the file size; a
-    torch pickle's list of globals is read for what the weights-only loader would refuse); None when
-    nothing is seen. A truncated shard otherwise fails inside from_pretrained, after the tokenizer, the
-    encode and the rest of the weights."""
-    if not (d.is_dir() and (d / "config.json").is_file()):
-        return f"not a readable HF checkpoint dir (needs config.json): {d}"
-    problem = _json_problem(d / "config.json")
-    if problem:
-        return problem
-    index = d / "model.safetensors.index.json"
-    if index.is_file():
-        problem = _json_problem(index)
-        if problem:
-            return problem
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            return f"{index} has no weight_map"
-        shards: dict[str, set[str]] = {}
-        for name, shard in weight_map.items():
-            shards.setdefault(shard, set()).add(name)
-        for shard, names in sorted(shards.items()):
-            problem, held = safetensors_problem(d / shard)
-            if problem:
-                return problem
-            if not names <= held:
-                missing = names - held
-                return f"{d / shard} lacks {len(missing)} tensor(s) {index.name} places there, e.g. {min(missing)}"
-        return None
-    if (d / "model.safetensors").is_file():
-        return safetensors_problem(d / "model.safetensors")[0]
-    if any(d.glob("pytorch_model*.bin")):
-        from align.models.checkpoint_fit import pickle_problem  # imports torch: only a torch pickle pays for it
-
-        return pickle_problem(d)
-    return f"no weights in {d} (looked for model.safetensors, model.safetensors.index.json, pytorch_model*.bin)"
-
-
-def _json_problem(path: Path) -> Optional[str]:
-    try:
-        value = json.loads(path.read_text())
-    except OSError as e:
-        return f"cannot read {path}: {e.strerror or e}"
-    except UnicodeDecodeError:
-        return f"{path} is not text (not a JSON file)"
-    except ValueError as e:
-        return f"{path} is not valid JSON: {e}"
-    return None if isinstance(value, dict) else f"{path} holds a JSON {type(value).__name__}, not an object"
-
-
-def safetensors_problem(path: Path) -> tuple[Optional[str], set[str]]:
-    """(why `path` is not a whole safetensors file or None, the tensor names its header holds). The
-    format: an 8-byte little-endian header length, a JSON header giving each tensor's byte range in
-    the data that follows, and that data, which must end where the last range ends."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(8)
-            n = int.from_bytes(head, "little")
-            if len(head) < 8 or n > size - 8:
-                return f"{path} is truncated or not a safetensors file: {size} bytes, header claims {n}", set()
-            header = json.loads(f.read(n))
-    except OSError as e:
-        return f"cannot read {path}: {e.strerror or e}", set()
-    except ValueError as e:
-        return f"{path}: its safetensors header is not valid JSON ({e})", set()
-    try:
-        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-        end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
-    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
-        return f"{path}: its safetensors header has no valid data_offsets", set()
-    if 8 + n + end != size:
-        how = "truncated" if 8 + n + end > size else "longer than its header says"
-        return f"{path} is {how}: {size} bytes, its header places tensor data up to byte {8 + n + end}", set(tensors)
-    return None, set(tensors)
-
-
 def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     """The family/machine support rule lives in align.models.attention (the build uses the same one)."""
     from align.config import Fallback
@@ -293,9 +215,9 @@ def check_attention(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
 
 def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    from align.core.hashing import tokenizer_hashes
     from align.data.sources import content_sha256, path_problem, source_specs
     from align.data.tokenizer import tokenizer_dir
-    from align.run.hashing import tokenizer_hashes
 
     spec = source_specs(cfg.data)[0]
     problem = path_problem(spec)
@@ -322,15 +244,14 @@ def check_cache(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
             "cache", "encode cache key", Status.na, "this build has no encode cache: every run encodes from scratch"
         )
     else:
-        yield Check(
-            "cache", "encode cache key", Status.passed, f"{key[:16]} (content hashes, not paths; align.data.cache)"
-        )
+        yield Check("cache", "encode cache key", Status.passed,
+                    f"{key[:16]} (content hashes, not paths; align.data.encode_cache)")
 
 
 def encode_cache_key(cfg: TrainConfig) -> Optional[str]:
-    """The key of the encode cache entry this config will use, from files only (align.data.cache,
+    """The key of the encode cache entry this config will use, from files only (align.data.encode_cache,
     when this build has an encode cache); None when it has none."""
-    parts = _optional("align.data.cache", "cache_key_parts")
+    parts = _optional("align.data.encode_cache", "cache_key_parts")
     return None if parts is None else parts(cfg.data, cfg.model)["key"]
 
 
@@ -422,7 +343,7 @@ CHECKS: list[Callable[[TrainConfig, Context], Iterable[Check]]] = [
 
 def collect(cfg: TrainConfig, root: Path | None = None, stop_on_fail: bool = False) -> Report:
     """Run every check; with `stop_on_fail`, stop at the first failure (align.train)."""
-    from align.run.manifest import code_root
+    from align.core.provenance import code_root
 
     t0 = time.perf_counter()
     ctx = Context(root=root or code_root(), stop_on_fail=stop_on_fail)

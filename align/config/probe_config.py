@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from align.config.base import _only, _read, _require
+from align.config.rules import _only, _read, _require
 
 # ----------------------------------------------------------------------------------------- probe
 

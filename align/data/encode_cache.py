@@ -32,12 +32,12 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from align.config import DataConfig, ModelConfig
+from align.core.caches import encode_location
 from align.data.encode import EncodedDataset, dataset_fingerprint, encode_records
 from align.data.masks import load_mask_files
 from align.data.sources import content_sha256, file_sha256, load_records, path_problem, source_specs
 from align.data.tokenizer import tokenizer_dir
 from align.errors import ConfigError
-from align.run.caches import encode_location
 
 log = logging.getLogger("align")
 
@@ -250,7 +250,7 @@ def provenance(data: EncodedDataset, parts: dict[str, Any], entry: Path, cache: 
 
 
 def encode_dir(data_cfg: DataConfig) -> Path:
-    """`data.cache_dir`, else `encode/` in align's cache directory (align.run.caches)."""
+    """`data.cache_dir`, else `encode/` in align's cache directory (align.core.caches)."""
     return Path(encode_location(data_cfg.cache_dir)["dir"])
 
 

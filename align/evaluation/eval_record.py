@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
-from align.run.manifest import now
+from align.core.provenance import now
 
 SCHEMA_VERSION = 1
 REPORT_JSON = "eval.json"
@@ -29,7 +29,7 @@ SCHEMA: dict[str, Any] = {
             "exit_code": "0 done, 2 refused (docs/architecture.md)", "exit_reason": "one line"},
     "config": {"hash": "sha256 of the canonical JSON of the resolved config", "resolved": "the resolved config"},
     "git": {"root": "", "commit": "", "describe": "", "branch": "", "dirty": "", "diff_sha256": "", "allow_dirty": ""},
-    "versions": "installed versions (align.run.manifest.versions)",
+    "versions": "installed versions (align.core.provenance.versions)",
     "device": "the device generated on (type, name, capability, count)",
     "eval": {"task": "", "oracle": "", "oracle_shuffle": "", "samples": "n per prompt", "limit": ""},
     "dataset": {"path": "", "bundled": "the GSM8K copy shipped in the package", "sha256": "file content",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from align.core.redaction import REDACTED, is_secret, recorded_env, redact, redact_argv
 from align.errors import ConfigError
-from align.run.redaction import REDACTED, is_secret, recorded_env, redact, redact_argv
 
 HF = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cD1eF3g"
 SK = "sk-proj-" + "Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2"
@@ -89,7 +89,7 @@ def test_a_list_element_is_redacted_by_its_shape_and_a_rate_per_token_is_kept():
 
 
 def test_a_record_as_written_names_what_was_redacted_beside_what_it_already_named():
-    from align.run.redaction import redact_record
+    from align.core.redaction import redact_record
 
     out = redact_record({"run": {"name": HF}, "redacted": ["env:HF_TOKEN"], "seed": 0})
     assert out == {"run": {"name": REDACTED}, "redacted": ["env:HF_TOKEN", "run.name"], "seed": 0}
@@ -99,7 +99,7 @@ def test_every_log_handler_writes_a_line_with_the_credential_shapes_replaced():
     import io
     import logging
 
-    from align.run.redaction import redact_logs, redact_text
+    from align.core.redaction import redact_logs, redact_text
 
     assert redact_text(f"resumed from /runs/{SK}/step_2 (commit {WANDB})") == \
         f"resumed from /runs/{REDACTED}/step_2 (commit {WANDB})"  # a 40-hex word in a line may be a commit

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from align.config.base import AUTO, _only, _read, _require, _switch, require_auto_resolved
+from align.config.rules import AUTO, _only, _read, _require, _switch, require_auto_resolved
 
 SEED_LIMIT = 2**64
 """trainer.seed is below this: it seeds numpy's SeedSequence (non-negative integers) and torch.manual_seed

@@ -1,4 +1,7 @@
-"""`python -m align.tools.preflight [overrides]`: print the pre-launch checklist for a config; exit 0 or 2."""
+"""`python -m align.tools.preflight [overrides]`: print the pre-launch checklist for a config; exit 0 or 2.
+
+A package, so that the command runs from its __main__.py while `python -m align.preflight` (align/preflight.py)
+names the same `main` without a second module of that name."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from typing import Sequence
 from align.config import TrainConfig, to_typed
 from align.errors import EXIT_CONFIG
 from align.run.cli import validate_command_line
-from align.run.preflight import collect
+from align.run.preflight_checks import collect
 from align.run.serving import lines, serving_path
 
 
@@ -30,7 +33,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print("\n".join(lines(serving_path(typed))), flush=True)
     return code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from align.run.hashing import canonical_json
-from align.run.manifest import now
+from align.core.hashing import canonical_json
+from align.core.provenance import now
 
 log = logging.getLogger("align")
 

@@ -38,11 +38,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+from align.core.caches import cache_home
 from align.errors import ConfigError
-from align.run.caches import cache_home
 
 CACHE_ENV = "ALIGN_SIGNATURE_CACHE"
-"""Directory of the cache; default `signatures/` in align's cache directory (align.run.caches)."""
+"""Directory of the cache; default `signatures/` in align's cache directory (align.core.caches)."""
 
 
 @dataclass
@@ -298,7 +298,7 @@ class KwargsSite:
     """One library call align makes with kwargs built from config (docs/pitfalls.md#7)."""
 
     target: Union[str, Callable]
-    """The installed callable, or its import path "module:qualname": read from align.run.signatures' cache,
+    """The installed callable, or its import path "module:qualname": read from align.core.signatures' cache,
     imported only on a miss. A site that names the path keeps `align.train`'s refusals import-free."""
     kwargs: dict[str, Any]
     """The kwargs exactly as the call site builds them (same builder function)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from align.config import ModelConfig
-from align.run import caches, signatures
+from align.core import caches, signatures
 from tests.unit.data.conftest import chat, data_cfg, tok, write_jsonl  # noqa: F401  (tok: the fixture)
 
 
@@ -49,7 +49,7 @@ def test_align_cache_dir_beats_xdg_and_a_config_key_beats_both(tmp_path, monkeyp
 
 def test_the_encode_cache_is_written_under_the_user_cache_not_the_working_directory(tmp_path, monkeypatch, xdg,
                                                                                    tok):  # noqa: F811
-    from align.data.cache import load_dataset
+    from align.data.encode_cache import load_dataset
 
     corpus = write_jsonl(tmp_path / "c.jsonl", [chat("2+2?", "4"), chat("3+3?", "6")])
     work = tmp_path / "work"

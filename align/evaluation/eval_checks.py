@@ -1,4 +1,4 @@
-"""Checks of an eval that need no model load, run for every job of the command line before Hydra
+"""Checks of an eval that need no model load, run for every job of the command line (align/eval.py) before Hydra
 creates a run dir: a refusal is one line, exit 2, and leaves nothing behind.
 
 Cheapest first: values (in `to_typed`), the model dirs (files only: align.train's checkpoint file
@@ -10,7 +10,6 @@ eval passes to W&B (read from the installed signature).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
 
 from align.evaluation.config import EvalRunConfig
 
@@ -39,8 +38,8 @@ def check(cfg: EvalRunConfig, root: Path | None = None) -> None:
 
 
 def _check_git(cfg: EvalRunConfig, root: Path | None) -> None:
+    from align.core.provenance import git_state
     from align.errors import ConfigError
-    from align.run.manifest import git_state
 
     g = git_state(root)
     if g.commit is not None and g.dirty and not cfg.allow_dirty:
@@ -55,36 +54,7 @@ def _check_logger(cfg: EvalRunConfig) -> None:
 
     if cfg.logger.kind == LoggerKind.none:
         return
-    from align.run.signatures import check_kwargs
+    from align.core.signatures import check_kwargs
     from align.telemetry.wandb_logger import wandb_init_kwargs
 
     check_kwargs("wandb:init", wandb_init_kwargs(cfg.logger, Path("."), "preflight", None, {}), "logger")
-
-
-def validate_command_line(argv: Sequence[str]) -> list[EvalRunConfig]:
-    """Compose, type and check every job of `argv` (each point of a `-m` sweep); exit 2 with one line
-    on the first bad one."""
-    import dataclasses
-
-    from align.errors import AlignError
-    from align.evaluation.config import GROUP_SCHEMAS, EvalRunConfig, to_typed
-    from align.run.cli import compose, describe, die, job_override_lists
-
-    jobs: list[EvalRunConfig] = []
-    try:
-        overrides, _ = job_override_lists(argv)
-        for job in overrides:
-            typed = to_typed(compose(job, config_name="eval"))
-            check(typed)
-            jobs.append(typed)
-    except SystemExit:
-        raise
-    except AlignError as e:
-        die(str(e), e.exit_code)
-    except Exception as exc:  # every composition/value error becomes one line
-        line = describe(exc, root=EvalRunConfig)
-        group = line.split(".", 1)[0]
-        if line.endswith(": unknown key") and group in GROUP_SCHEMAS:
-            line += f"; accepted keys: {', '.join(f.name for f in dataclasses.fields(GROUP_SCHEMAS[group]))}"
-        die(line)
-    return jobs

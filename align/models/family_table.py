@@ -107,7 +107,7 @@ class FamilySpec:
     """Import path ("module:qualname") of the transformers config class."""
     model_class: str
     """Import path of the model class. Paths, not classes: importing transformers' models costs
-    seconds, and preflight reads their signatures from align.run.signatures' cache instead."""
+    seconds, and preflight reads their signatures from align.core.signatures' cache instead."""
     presets: dict[str, dict[str, Any]]
     attention: frozenset[AttnImpl] = field(
         default_factory=lambda: frozenset(AttnImpl) - {AttnImpl.layered, AttnImpl.auto})
@@ -132,7 +132,7 @@ class FamilySpec:
 
     def classes(self) -> tuple[type, type]:
         """(config class, model class), imported now."""
-        from align.run.signatures import resolve
+        from align.core.signatures import resolve
 
         return resolve(self.config_class), resolve(self.model_class)
 

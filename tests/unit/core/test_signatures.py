@@ -1,4 +1,4 @@
-"""align.run.signatures: a cached answer equals a live read of the installed callable. Any file it was
+"""align.core.signatures: a cached answer equals a live read of the installed callable. Any file it was
 read from changing makes it a miss, and so does another install or version. A damaged entry is
 rebuilt, never trusted. With the cache warm, `align.train` refuses a kwarg without importing torch,
 transformers or wandb. Stand-in libraries are written to tmp_path; dropping them from sys.modules
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from align.run import signatures
+from align.core import signatures
+from align.core.signatures import KwargsSite
 from align.run.checklist import Status
 from align.run.kwargs_sites import check_site
-from align.run.signatures import KwargsSite
 
 REPO = Path(__file__).resolve().parents[2]
 

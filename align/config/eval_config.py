@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Optional
 
-from align.config.base import _require
+from align.config.rules import _require
 
 
 class EvalTask(StrEnum):

@@ -1,4 +1,4 @@
-"""align.run.quiet: each filter drops the one third-party record it names and lets every other record
+"""align.core.quiet: each filter drops the one third-party record it names and lets every other record
 of its logger through; transformers' progress bars show on a terminal only."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from align.run import quiet
+from align.core import quiet
 
 SO = "/venv/lib/python3.11/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so"
 PYTREE_MSG = ("%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type. "
