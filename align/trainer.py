@@ -23,7 +23,6 @@ from align.control.nonfinite import SkipStats, halt_message, nonfinite_parameter
 from align.control.nonfinite import inject as inject_nan
 from align.control.resume import check_resumable, resume_points, run_identity, trim_history
 from align.control.signals import StopSignals
-from align.data.budget_auto import plan_sizes
 from align.data.collate import Batch
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream
@@ -47,6 +46,7 @@ from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
 from align.parallel.launch import log_rank_to_file
 from align.parallel.wrap import parallelize
+from align.plan.budget_auto import plan_sizes
 from align.probes.mask import assert_masks
 from align.probes.sdpa import sdpa_kernel_family
 from align.run.run_length import plan_run_length

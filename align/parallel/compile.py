@@ -76,7 +76,7 @@ def resolve_trainer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
     if attention not in COMPILED_ATTENTION:
         why.append(f"attention={attention}: compiled blocks are tested with {', '.join(COMPILED_ATTENTION)} only")
     if cfg.objective.kind.value == "grpo":
-        from align.objectives.generation_auto import resolve_generation_dtype
+        from align.plan.generation_auto import resolve_generation_dtype
 
         dtype, _ = resolve_generation_dtype(cfg, device_type)
         if dtype.value == "same":

@@ -1,6 +1,6 @@
 """The model's preflight checks: everything about the model that can be decided before the tokenizer,
 the encode or any weight is touched (except that GRPO's memory plan reads its prompts, with the
-tokenizer, to size the rollouts: align/data/budget_auto.py `plan_rollout`). Registered in
+tokenizer, to size the rollouts: align/plan/budget_auto.py `plan_rollout`). Registered in
 `align.run.preflight.CHECKS`; yields `align.run.preflight.Check` rows (a failure names the config key to change):
 
 - config kwargs (preset + overrides) accepted by the installed config class (also a kwargs site)
@@ -10,7 +10,7 @@ tokenizer, to size the rollouts: align/data/budget_auto.py `plan_rollout`). Regi
 - LoRA targets discovered (the peft / bitsandbytes kwargs are kwargs sites: `lora_site`, `qlora_site`)
 - parameter count (total, active for MoE, trainable) and a training-memory estimate, refused when it
   exceeds the visible device unless `model.allow_over_memory=true`, naming the keys of this composition
-  that lower it (align/models/memory_levers.py)
+  that lower it (align/plan/memory_levers.py)
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from typing import Any, Iterator, Optional
 import torch
 
 from align.config import TrainConfig
-from align.data.budget_auto import planned_estimate
 from align.errors import ConfigError
 from align.models.attention import resolve_attention
 from align.models.build import check_router_losses, token_id_tables
 from align.models.family import family_spec
 from align.models.lora import discover_targets, qlora_refusal
-from align.models.memory import meta_model, rollout_width
-from align.models.memory_levers import levers
+from align.plan.budget_auto import planned_estimate
+from align.plan.memory import meta_model, rollout_width
+from align.plan.memory_levers import levers
 
 
 def _device(cfg: TrainConfig) -> torch.device:

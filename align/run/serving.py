@@ -129,10 +129,10 @@ def serving_path(cfg: TrainConfig, device: Optional["torch.device"] = None) -> d
 
 
 def viability(cfg: TrainConfig, device: Optional["torch.device"] = None) -> dict[str, Any]:
-    """The training-memory estimate (align.models.memory.estimate_memory) against the device's memory;
+    """The training-memory estimate (align.plan.memory.estimate_memory) against the device's memory;
     on CPU `fits` and `device_bytes` are null: host RAM is no accelerator budget."""
-    from align.data.budget_auto import planned_estimate
     from align.parallel.env import resolve_device
+    from align.plan.budget_auto import planned_estimate
 
     device = device or resolve_device(cfg.trainer.device)
     est = planned_estimate(cfg, device)[0]

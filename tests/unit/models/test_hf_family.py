@@ -77,7 +77,7 @@ def test_lora_targets_every_attention_and_mlp_linear_of_a_generic_class(tokenize
 def test_the_kv_cache_estimate_reads_a_fused_qkv_layer_from_the_config(tmp_path):
     """Phi-3 has no k_proj (one fused qkv_proj): its KV width comes from the config, as Llama's of the
     same shape is read off its k_proj."""
-    from align.models.memory import kv_elements_per_token, meta_model
+    from align.plan.memory import kv_elements_per_token, meta_model
 
     per = {k: kv_elements_per_token(meta_model(ModelConfig(family=Family.hf, pretrained=str(
         tiny_hf_checkpoint(k, tmp_path / k))))[0]) for k in ("llama", "phi3")}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from align.config import AttnImpl, Family, ModelConfig, Preset
-from align.models.memory import meta_model
 from align.models.registry import FAMILIES, count_params
+from align.plan.memory import meta_model
 
 ALL = [(f, p) for f in FAMILIES for p in Preset]
 

@@ -91,7 +91,7 @@ def test_a_budget_without_compiled_blocks_is_refused_as_ignored():
 
 
 def test_an_unresolved_auto_reaches_no_compile_or_estimate():
-    from align.models.memory import estimate_memory
+    from align.plan.memory import estimate_memory
 
     cfg = typed("experiment=bench/gemma4_lora_noac")
     assert cfg.trainer.compile_memory_budget == "auto"
@@ -102,7 +102,7 @@ def test_an_unresolved_auto_reaches_no_compile_or_estimate():
 
 
 def test_the_estimate_keeps_each_blocks_input_plus_the_budgets_share_of_the_rest():
-    from align.models.memory import estimate_memory
+    from align.plan.memory import estimate_memory
 
     cuda = torch.device("cuda")
     base = ["experiment=bench/gemma4_lora_noac", "sampler.max_tokens=16384"]

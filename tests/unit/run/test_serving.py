@@ -147,8 +147,8 @@ class Estimate:
 
 
 def test_on_cpu_viability_gives_the_estimate_and_a_null_fit_with_why(no_vllm):
-    from align.data.budget_auto import plan_sizes
-    from align.models.memory import estimate_memory
+    from align.plan.budget_auto import plan_sizes
+    from align.plan.memory import estimate_memory
 
     cfg = typed("model=mistral")
     v = serving_path(cfg)["viability"]
@@ -164,7 +164,7 @@ def test_on_an_accelerator_viability_compares_the_estimate_with_its_memory(no_vl
                                                                           line):
     from align.run.serving import lines
 
-    monkeypatch.setattr("align.models.memory.estimate_memory",
+    monkeypatch.setattr("align.plan.memory.estimate_memory",
                         lambda cfg, device, **kw: Estimate(2 << 30, device_bytes))
     e = serving_path(typed("model=mistral"), device=torch.device("cuda"))
     assert e["viability"]["fits"] is fits and e["viability"]["device_bytes"] == device_bytes

@@ -295,7 +295,7 @@ def generation_copy_bytes(cfg: TrainConfig, params: int, device_type: str) -> in
     """grpo's generation copy: its parameters in its dtype, where `objective.generation_dtype` is bf16 or
     fp32 (auto resolved as the trainer will on `device_type`); 0 where the engine generates with the
     training model, and under any other objective."""
-    from align.objectives.generation_auto import resolve_generation_dtype
+    from align.plan.generation_auto import resolve_generation_dtype
 
     if cfg.objective.kind != ObjectiveKind.grpo:
         return 0
@@ -341,7 +341,7 @@ def _kv_width(config: Any) -> int:
 def generation_rows(cfg: TrainConfig) -> int:
     """Rows of one engine call: `objective.generation_batch_size`, at most the rollout's rows (a call
     holds no more); auto, unresolved, counts as the whole rollout, the most it resolves to."""
-    from align.objectives.generation_auto import rollout_rows
+    from align.plan.generation_auto import rollout_rows
 
     rows, rollout = cfg.objective.generation_batch_size, rollout_rows(cfg)
     return rollout if rows == AUTO else min(rows, rollout)
@@ -354,7 +354,7 @@ def kv_cache_bytes(cfg: TrainConfig, device: torch.device, rows: Optional[int] =
     training model in the compute dtype (`compute_bytes`); 0 under any other objective."""
     if cfg.objective.kind != ObjectiveKind.grpo:
         return 0
-    from align.objectives.generation_auto import resolve_generation_dtype
+    from align.plan.generation_auto import resolve_generation_dtype
 
     model, _ = meta_model(cfg.model)
     dtype = resolve_generation_dtype(cfg, device.type)[0]

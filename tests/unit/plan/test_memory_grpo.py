@@ -1,6 +1,6 @@
 """The training-memory estimate of a GRPO run sizes its rollouts by the prompts it generates from (the
 longest encoded prompt + objective.max_new_tokens), not by their bound data.max_seq_len, and a refusal
-names the keys that lower the estimate of the composition at hand (align/models/memory_levers.py),
+names the keys that lower the estimate of the composition at hand (align/plan/memory_levers.py),
 never one it does not read."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from align.config import to_typed
-from align.data.budget_auto import plan_sizes, planned_estimate
 from align.errors import ConfigError
-from align.models import memory
-from align.models.memory_levers import levers
+from align.plan import memory
+from align.plan.budget_auto import plan_sizes, planned_estimate
+from align.plan.memory_levers import levers
 
 CPU = torch.device("cpu")
 PROMPTS = ["1+1=", "What is two plus three? Answer with the number only, please.", "7+8="]

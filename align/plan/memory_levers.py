@@ -1,5 +1,5 @@
 """What lowers a training-memory estimate that does not fit: the keys of the composed run whose change
-makes the estimate (align/models/memory.py) smaller, each tried on the planned config and named with
+makes the estimate (align/plan/memory.py) smaller, each tried on the planned config and named with
 the value tried and the estimate it gives (align.run.model_checks puts them in its refusal).
 
 The candidates follow the objective and the sampler: a rollout's micro-batches (objective=grpo) are cut
@@ -20,12 +20,12 @@ import torch
 
 from align.config import GenerationDtype, ObjectiveKind, SamplerKind, TrainConfig
 from align.errors import ConfigError
-from align.models.memory import GiB, estimate_memory
+from align.plan.memory import GiB, estimate_memory
 
 
 def _candidates(cfg: TrainConfig) -> list[tuple[str, Any]]:
     """(key, value to try) for the composition of `cfg` (planned: `auto`s resolved)."""
-    from align.objectives.chunk_auto import CHUNK
+    from align.plan.chunk_auto import CHUNK
 
     o, s = cfg.objective, cfg.sampler
     budget = s.kind == SamplerKind.budget

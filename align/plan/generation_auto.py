@@ -11,7 +11,7 @@ other numbers than the policy computes with.
 
 generation_batch_size=auto is the whole rollout (`rollout_rows`) in one engine call, capped by the
 KV cache that fits; it reads the memory estimate, so it is resolved with the other sizes auto leaves
-to the device (align.data.budget_auto.resolve_generation_batch_size); on a CPU it is capped at
+to the device (align.plan.budget_auto.resolve_generation_batch_size); on a CPU it is capped at
 `CPU_ROWS`.
 
 This module imports nothing but the config: the memory estimate and the compile switch read the
@@ -70,6 +70,6 @@ def require_generation_resolved(cfg: Any, where: str) -> None:
 
     o = cfg.objective
     require_auto_resolved("objective.generation_dtype", o.generation_dtype, where,
-                          "align.data.budget_auto.plan_generation")
+                          "align.plan.budget_auto.plan_generation")
     require_auto_resolved("objective.generation_batch_size", o.generation_batch_size, where,
-                          "align.data.budget_auto.plan_generation")
+                          "align.plan.budget_auto.plan_generation")

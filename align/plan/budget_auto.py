@@ -3,12 +3,12 @@ sampler=budget may hold.
 
 On a CPU there is no accelerator memory to fill: the budget is the base step (`STEP` tokens). On CUDA
 it is the largest multiple `STEP x k` (k = 1..`MAX_STEPS`) whose training-memory estimate
-(align.models.memory.estimate_memory, peak weights + grads + optimizer + activations + logits) stays
+(align.plan.memory.estimate_memory, peak weights + grads + optimizer + activations + logits) stays
 within the headroom of the device's memory (`headroom`): what is left is for the allocator's
 fragmentation, the kernels' workspaces and the estimate's own error. That error differs by how the
 blocks run: compiled blocks keep fewer tensors than the estimate counts (inductor's partitioner
 recomputes elementwise ops in backward), eager blocks keep more, so the share is larger for compiled
-blocks. Both shares are held to the measured peaks by tests/unit/models/test_memory_vs_measured.py: at
+blocks. Both shares are held to the measured peaks by tests/unit/plan/test_memory_vs_measured.py: at
 its share, a configuration with the worst error of its kind measured peaks below `PEAK_SHARE` of the
 device. Either way the budget holds the longest record (`data.max_seq_len` rounded up to
 `sampler.pad_to_multiple_of`), which the sampler refuses to cut.
@@ -45,7 +45,7 @@ def headroom(cfg: Any, device: torch.device) -> tuple[float, str]:
 
 def _device_bytes(device: torch.device, device_bytes: Optional[int]) -> Optional[int]:
     """The memory to plan for: `device_bytes` where the caller names it, else read from the device."""
-    from align.models.memory import device_memory
+    from align.plan.memory import device_memory
 
     return device_bytes if device_bytes is not None else device_memory(device)
 
@@ -65,7 +65,7 @@ def resolve_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] =
     """The budget `auto` stands for on `device`, and why. `device_bytes`: the device's memory (default:
     read from the device; a caller may name it to plan for a device it does not hold); `prompt_tokens`:
     grpo's longest prompt where known (`plan_rollout`)."""
-    from align.models.memory import estimate_memory
+    from align.plan.memory import estimate_memory
 
     floor = longest_record(cfg)
     if device.type != "cuda":
@@ -119,7 +119,7 @@ def resolve_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional
     `max_tokens=auto`, the longest record) does not fit the headroom with it; then the largest share
     k / PARTITIONER_STEPS that does, so the longest rows fit by recomputing inside the blocks rather than
     not at all. Where none fits, null: preflight then refuses the estimate."""
-    from align.models.memory import estimate_memory, tokens_per_micro_batch
+    from align.plan.memory import estimate_memory, tokens_per_micro_batch
 
     key = "trainer.compile_memory_budget=auto"
     share, kind = headroom(cfg, device)
@@ -159,8 +159,8 @@ def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: 
                                   prompt_tokens: Optional[int] = None) -> tuple[int, str]:
     """The rows per engine call `auto` stands for on `device`, and why. `device_bytes`: the device's
     memory (default: read from the device)."""
-    from align.models.memory import kv_cache_bytes, resident_bytes
-    from align.objectives.generation_auto import CPU_ROWS, rollout_rows
+    from align.plan.generation_auto import CPU_ROWS, rollout_rows
+    from align.plan.memory import kv_cache_bytes, resident_bytes
 
     key, rollout = "objective.generation_batch_size", rollout_rows(cfg)
     requested = cfg.objective.generation_batch_size
@@ -193,7 +193,7 @@ def plan_generation(cfg: Any, device: torch.device, device_bytes: Optional[int] 
     (`model.extra.generation`: dtype and batch_size, each requested, resolved, why); None under an
     objective that generates nothing. The dtype first: the batch size's memory counts the copy."""
     from align.config.objective import ObjectiveKind
-    from align.objectives.generation_auto import resolve_generation_dtype
+    from align.plan.generation_auto import resolve_generation_dtype
 
     o = cfg.objective
     if o.kind != ObjectiveKind.grpo:
@@ -213,7 +213,7 @@ def plan_rollout(cfg: Any) -> tuple[Optional[int], Optional[dict[str, Any]]]:
     `objective.max_new_tokens`; why). (None, None) under an objective that generates nothing."""
     from align.config.objective import ObjectiveKind
     from align.data.prompts import longest_prompt
-    from align.models.memory import rollout_width
+    from align.plan.memory import rollout_width
 
     if cfg.objective.kind != ObjectiveKind.grpo:
         return None, None
@@ -228,13 +228,13 @@ def plan_rollout(cfg: Any) -> tuple[Optional[int], Optional[dict[str, Any]]]:
 def plan_sizes(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
                ) -> tuple[Any, dict[str, Optional[dict[str, Any]]]]:
     """Every size `auto` leaves to the device, in the order they depend on each other: the loss's chunk
-    (align.objectives.chunk_auto), grpo's generation copy and rows per engine call
+    (align.plan.chunk_auto), grpo's generation copy and rows per engine call
     (`plan_generation`: what is left beside the weights, optimizer state, reference and
     copy), the partitioner's memory budget (what the least micro-batch needs), then the token budget,
     whose estimate counts all of them; under grpo each at the rollout's real width (`plan_rollout`).
     `cfg` with all of them resolved, and the manifest's `loss_chunk`, `memory_budget` and
     `sampler_budget` records, plus under grpo `generation` (`model.extra.generation`) and `rollout_width`."""
-    from align.objectives.chunk_auto import plan_loss_chunk
+    from align.plan.chunk_auto import plan_loss_chunk
 
     prompt_tokens, rollout = plan_rollout(cfg)
     cfg, chunk = plan_loss_chunk(cfg, device)
@@ -251,7 +251,7 @@ def planned_estimate(cfg: Any, device: torch.device, shards: int = 1) -> tuple[A
     """The training-memory estimate of the run `cfg` plans on `device` (every size resolved as the
     trainer resolves it, grpo's rollouts at their real width): (estimate, the planned config, grpo's
     longest prompt or None)."""
-    from align.models.memory import estimate_memory
+    from align.plan.memory import estimate_memory
 
     planned, sizes = plan_sizes(cfg, device)
     prompt_tokens = (sizes.get("rollout_width") or {}).get("prompt_tokens")
