@@ -37,7 +37,7 @@ PEAK_SHARE = 0.92
 def headroom(cfg: Any, device: torch.device) -> tuple[float, str]:
     """The share of `device`'s memory the estimate of `cfg` may fill, and the kind of blocks it is for
     (trainer.compile=auto resolved as the trainer will resolve it)."""
-    from align.parallel.compile import blocks_compile
+    from align.plan.compile_auto import blocks_compile
 
     kind = "compiled" if blocks_compile(cfg, device.type) else "eager"
     return HEADROOM[kind], kind

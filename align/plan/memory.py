@@ -263,7 +263,7 @@ def layer_activation_bytes(cfg: TrainConfig, model: torch.nn.Module, config: Any
 def partitioner_budget(cfg: TrainConfig, device: torch.device) -> float:
     """trainer.compile_memory_budget where the blocks compile (trainer.compile=auto resolved as the
     trainer will), else 1: eager blocks keep what autograd saves."""
-    from align.parallel.compile import blocks_compile
+    from align.plan.compile_auto import blocks_compile
 
     budget = cfg.trainer.compile_memory_budget
     require_memory_budget_resolved(budget, "the memory estimate")

@@ -32,7 +32,7 @@ def test_model_hf_without_a_checkpoint_is_refused_naming_model_pretrained(compos
 def test_an_align_familys_checkpoint_under_model_hf_is_that_familys_run(build, tokenizer, compose, tmp_path, family):
     """Preflight's checklist, the compile rule and the built model (attention, routers) are those of
     `model=<family>` with the same checkpoint; only the requested family differs."""
-    from align.parallel.compile import resolve_trainer_compile
+    from align.plan.compile_auto import resolve_trainer_compile
     from align.run.manifest import load
     from align.run.preflight import collect
     from align.run.record import RunRecord

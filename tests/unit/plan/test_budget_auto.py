@@ -171,9 +171,9 @@ def test_rows_too_long_for_the_saved_activations_get_the_largest_share_that_fits
     """16,384-token rows on the Gemma-4 26B-A4B LoRA default: the partitioner keeps the largest tenth of
     its activations that fits, and the run resolves to gemma4_lora_16k_budget, the arm measured at that
     budget (docs/performance.md#gemma-4-26b-a4b-lora)."""
-    from align.parallel.compile import resolve_compile
     from align.plan import memory
     from align.plan.budget_auto import headroom
+    from align.plan.compile_auto import resolve_compile
 
     monkeypatch.setattr(memory, "device_memory", lambda device: H200)
     cfg = _cfg(compose, GEMMA4_DEFAULT, "data.max_seq_len=16384")

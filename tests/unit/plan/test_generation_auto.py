@@ -14,9 +14,9 @@ import torch
 
 from align.config import GenerationDtype, to_typed
 from align.errors import ConfigError
-from align.parallel.compile import resolve_compile
 from align.plan import memory
 from align.plan.budget_auto import plan_generation, resolve_generation_batch_size
+from align.plan.compile_auto import resolve_compile
 from align.plan.generation_auto import CPU_ROWS, resolve_generation_dtype
 from align.run.cli import compose
 

@@ -164,8 +164,8 @@ def test_the_grpo_default_estimate_is_an_upper_bound_of_its_measured_peak(compos
     it is no +-25% estimate: docs/performance.md ("The memory estimate against measured peaks") has the
     measured 33.0 GiB of `grpo_default` (2026-12-02, 6181692) beside it. It must stay above that peak,
     count the generation copy and the KV cache as the default resolves them on an H200, and fit the device."""
-    from align.parallel.compile import resolve_compile
     from align.plan.budget_auto import plan_sizes
+    from align.plan.compile_auto import resolve_compile
 
     monkeypatch.setattr(memory, "device_memory", lambda device: H200_BYTES)
     cuda = torch.device("cuda")
