@@ -189,40 +189,24 @@ def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: 
 
 def plan_generation(cfg: Any, device: torch.device, device_bytes: Optional[int] = None,
                     prompt_tokens: Optional[int] = None) -> tuple[Any, Optional[dict[str, Any]]]:
-    """`cfg` with both engine settings resolved for `device`, and their record for the manifest
+    """`cfg` with the engine's settings resolved for `device`, and their record for the manifest
     (`model.extra.generation`: dtype and batch_size, each requested, resolved, why); None under an
-    objective that generates nothing. The dtype first: the batch size's memory counts the copy."""
-    from align.config.objective import ObjectiveKind
-    from align.plan.generation_auto import resolve_generation_dtype
+    objective that generates nothing. The objective's rule (align/objectives/plan_terms.py) resolves the
+    dtype first, then the rows per call by `resolve_generation_batch_size`: their memory counts the copy."""
+    from align.objectives.plan_terms import terms_for
 
-    o = cfg.objective
-    if o.kind != ObjectiveKind.grpo:
-        return cfg, None
-    dtype, dtype_why = resolve_generation_dtype(cfg, device.type)
-    cfg = dataclasses.replace(cfg, objective=dataclasses.replace(o, generation_dtype=dtype))
-    rows, rows_why = resolve_generation_batch_size(cfg, device, device_bytes, prompt_tokens)
-    cfg = dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, generation_batch_size=rows))
-    return cfg, {"dtype": {"requested": o.generation_dtype.value, "resolved": dtype.value, "why": dtype_why},
-                 "batch_size": {"requested": o.generation_batch_size, "resolved": rows, "why": rows_why}}
+    return terms_for(cfg).plan_generation(
+        cfg, device, lambda c: resolve_generation_batch_size(c, device, device_bytes, prompt_tokens))
 
 
 def plan_rollout(cfg: Any) -> tuple[Optional[int], Optional[dict[str, Any]]]:
-    """grpo: the longest prompt the run keeps (the prompts read as the objective reads them:
-    align.data.prompts.longest_prompt), which bounds every rollout sequence, and the manifest's
-    `rollout_width` record (requested: the bound from the config; resolved: the longest prompt +
-    `objective.max_new_tokens`; why). (None, None) under an objective that generates nothing."""
-    from align.config.objective import ObjectiveKind
-    from align.data.prompts import longest_prompt
-    from align.plan.memory import rollout_width
+    """The longest prompt an objective that generates keeps (grpo: align.data.prompts.longest_prompt),
+    which bounds every rollout sequence, and the manifest's `rollout_width` record (requested: the bound
+    from the config; resolved: the longest prompt + `objective.max_new_tokens`; why); (None, None) under
+    an objective that generates nothing (align/objectives/plan_terms.py)."""
+    from align.objectives.plan_terms import terms_for
 
-    if cfg.objective.kind != ObjectiveKind.grpo:
-        return None, None
-    longest, count = longest_prompt(cfg)
-    width, new = rollout_width(cfg, longest), cfg.objective.max_new_tokens
-    return longest, {"requested": cfg.data.max_seq_len, "resolved": width, "prompt_tokens": longest,
-                     "why": f"the longest of {count} prompts is {longest} tokens, + objective.max_new_tokens={new}: "
-                            f"no rollout sequence is longer than {width} tokens (data.max_seq_len="
-                            f"{cfg.data.max_seq_len} only bounds it)"}
+    return terms_for(cfg).plan_rollout(cfg)
 
 
 def plan_sizes(cfg: Any, device: torch.device, device_bytes: Optional[int] = None

@@ -16,9 +16,9 @@ COMPILED_ATTENTION = ("sdpa", "layered")
 
 def resolve_trainer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
     """What `trainer.compile=auto` means on `device_type` for the TrainConfig `cfg`: on where the
-    device is CUDA and the configuration is one the tests cover, with why; under grpo only where the
-    engine generates with a copy (`objective.generation_dtype`, auto resolved as the trainer will), so
-    the policy's blocks never see decode shapes. Pure: no torch."""
+    device is CUDA and the configuration is one the tests cover, with why; and only where the objective
+    rules nothing out (align/objectives/plan_terms.py `compile_off`: grpo's policy compiles only where
+    the engine generates with a copy, so its blocks never see decode shapes). Pure: no torch."""
     t, why = cfg.trainer, []
     if device_type != "cuda":
         why.append(f"device {device_type}: compiling a CPU run costs more than it gives (auto compiles on CUDA)")
@@ -35,13 +35,9 @@ def resolve_trainer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
     attention = cfg.attention.chosen(family).value
     if attention not in COMPILED_ATTENTION:
         why.append(f"attention={attention}: compiled blocks are tested with {', '.join(COMPILED_ATTENTION)} only")
-    if cfg.objective.kind.value == "grpo":
-        from align.plan.generation_auto import resolve_generation_dtype
+    from align.objectives.plan_terms import terms_for
 
-        dtype, _ = resolve_generation_dtype(cfg, device_type)
-        if dtype.value == "same":
-            why.append("objective=grpo with objective.generation_dtype resolved to same generates through the "
-                       "policy's blocks: decode shapes no dynamic graph covers (a generation copy keeps them out)")
+    why += terms_for(cfg).compile_off(cfg, device_type)
     return _verdict("trainer.compile", t.compile, why)
 
 

@@ -26,7 +26,8 @@ from align.models.build import check_router_losses, token_id_tables
 from align.models.family import family_spec
 from align.models.lora import discover_targets, qlora_refusal
 from align.plan.budget_auto import planned_estimate
-from align.plan.memory import meta_model, rollout_width
+from align.plan.generation_auto import rollout_width
+from align.plan.memory import meta_model
 from align.plan.memory_levers import levers
 
 

@@ -186,11 +186,13 @@ class RunRecord:
         m.null("data.format", "pending: detected from the records when they are read")
 
     def _record_reward(self) -> None:
+        from align.objectives import objective_class
+
         cfg = self.cfg
         if cfg.reward.function is None:
             weights = dict(cfg.reward.weights)
             self.manifest.null("reward", f"no python reward: reward.weights is {weights}" if weights
-                               else f"objective={cfg.objective.kind.value} reads no reward")
+                               else f"objective={objective_class(cfg).name} reads no reward")
             return
         from align.rewards.function import load_function
 

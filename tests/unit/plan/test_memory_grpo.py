@@ -14,6 +14,7 @@ from align.config import to_typed
 from align.errors import ConfigError
 from align.plan import memory
 from align.plan.budget_auto import plan_sizes, planned_estimate
+from align.plan.generation_auto import kv_cache_tokens
 from align.plan.memory_levers import levers
 
 CPU = torch.device("cpu")
@@ -43,7 +44,7 @@ def test_a_grpo_rollout_is_estimated_at_its_longest_prompt_plus_the_new_tokens(c
     assert prompt_tokens == longest < 64 < cfg.data.max_seq_len == 1024
     rows = cfg.objective.prompts_per_rollout * cfg.objective.group_size  # one micro-batch (grad_accum 1)
     assert est.tokens_per_micro_batch == rows * _ceil(width, cfg.sampler.pad_to_multiple_of)
-    assert memory.kv_cache_tokens(planned, prompt_tokens) == _ceil(longest, 8) + cfg.objective.max_new_tokens
+    assert kv_cache_tokens(planned, prompt_tokens) == _ceil(longest, 8) + cfg.objective.max_new_tokens
     bound = memory.estimate_memory(planned, CPU)  # the config alone: every sequence data.max_seq_len wide
     assert bound.tokens_per_micro_batch == rows * 1024 and est.total * 4 < bound.total
     record = plan_sizes(cfg, CPU)[1]["rollout_width"]  # the manifest's model.extra.rollout_width
