@@ -46,14 +46,6 @@ def compile_blocks(model, dynamic: Optional[bool], backend: str = "inductor") ->
             "checkpoint_side_effects": "forward only" if forward_only else "forward and backward", **kwargs}
 
 
-def plan_compile(cfg: Any, device_type: str) -> tuple[Any, dict[str, Any]]:
-    """`resolve_compile` (align/plan/compile_auto.py), then `apply_compile` for the resolved switches."""
-    from align.plan.compile_auto import resolve_compile
-
-    cfg, record = resolve_compile(cfg, device_type)
-    return cfg, {**record, **apply_compile(cfg)}
-
-
 def apply_compile(cfg: Any) -> dict[str, Any]:
     """What the resolved switches of `cfg` set in this process before anything compiles, each recorded
     (the manifest's `compile.inductor_cache`, `compile.artifacts`, `compile.memory_budget`): where

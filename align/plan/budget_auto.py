@@ -229,14 +229,3 @@ def plan_sizes(cfg: Any, device: torch.device, device_bytes: Optional[int] = Non
     if generation is not None:
         sizes.update(generation=generation, rollout_width=rollout)
     return cfg, sizes
-
-
-def planned_estimate(cfg: Any, device: torch.device, shards: int = 1) -> tuple[Any, Any, Optional[int]]:
-    """The training-memory estimate of the run `cfg` plans on `device` (every size resolved as the
-    trainer resolves it, grpo's rollouts at their real width): (estimate, the planned config, grpo's
-    longest prompt or None)."""
-    from align.plan.memory import estimate_memory
-
-    planned, sizes = plan_sizes(cfg, device)
-    prompt_tokens = (sizes.get("rollout_width") or {}).get("prompt_tokens")
-    return estimate_memory(planned, device, shards=shards, prompt_tokens=prompt_tokens), planned, prompt_tokens

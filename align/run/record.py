@@ -154,7 +154,7 @@ class RunRecord:
             m.null("model.pretrained", "random init from a preset: no checkpoint")
         from align.run.serving import serving_path
 
-        m.set("serving", serving_path(cfg))
+        m.set("serving", serving_path(cfg, getattr(preflight, "plan", None)))  # the job's plan, from its report
         self._record_reward()
         m.null("logger", "pending: the tracker starts when the run is built")
         self._record_files()
