@@ -33,8 +33,7 @@ def build_trainer(cfg: TrainConfig, out_dir: Path) -> Trainer:
     """The same preflight and build as `python -m align.train`; the probe then drives it."""
     from align.run.preflight import run_preflight
 
-    run_preflight(cfg)
-    return Trainer.build(cfg, out_dir)
+    return Trainer.build(cfg, out_dir, plan=run_preflight(cfg).plan)  # the job's one plan, preflight's
 
 
 def train_step(trainer: Trainer, batches: Any) -> dict[str, Any]:
