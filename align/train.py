@@ -34,7 +34,7 @@ def run(cfg: DictConfig, stop: StopSignals) -> int:
     with record:  # provenance.json: every key from start(), completed on the way out whatever the exit code
         with stop.at_once():  # before step 1 there is nothing to save: a stop signal ends the run here (143)
             record.start(checks)
-            trainer = Trainer.build(typed, run_dir, record.wandb_config, group, stop)
+            trainer = Trainer.build(typed, run_dir, record.wandb_config, group, stop, plan=checks.plan)
             record.built(trainer)  # resolved backends, data hashes, sampler stats; mask gate before step 1
         return record.finished(trainer, trainer.fit())
 

@@ -23,7 +23,6 @@ from align.control.nonfinite import SkipStats, halt_message, nonfinite_parameter
 from align.control.nonfinite import inject as inject_nan
 from align.control.resume import check_resumable, resume_points, run_identity, trim_history
 from align.control.signals import StopSignals
-from align.data.budget_auto import plan_sizes
 from align.data.collate import Batch
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream
@@ -41,12 +40,13 @@ from align.objectives.ce import bypass_lm_head
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
 from align.parallel import compile_artifacts
-from align.parallel.compile import compile_blocks, compile_choice, plan_compile
+from align.parallel.compile import apply_compile, compile_blocks, compile_choice
 from align.parallel.env import DistEnv, autocast_context, init_distributed
 from align.parallel.grad import clip_grad_norm_
 from align.parallel.launch import log_rank_to_file
 from align.parallel.sharded_export import export_model
 from align.parallel.wrap import parallelize
+from align.plan import planner
 from align.probes.mask import assert_masks
 from align.probes.sdpa import sdpa_kernel_family
 from align.run.run_length import plan_run_length
@@ -114,14 +114,14 @@ class Trainer:
 
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None,
-              stop: StopSignals | None = None) -> "Trainer":
+              stop: StopSignals | None = None, plan: "planner.Plan | None" = None) -> "Trainer":
         """The run's records (history trim, W&B, checkpoint leftovers) are touched only once the resume is
         decided and its checkpoint loaded: a refused start leaves an earlier run's history, checkpoints
         and W&B alone (a rank's own log is held until then: align.parallel.launch.Attempt)."""
         alloc_conf = apply_cuda_alloc_conf(cfg.trainer.cuda_alloc_conf)
         env = init_distributed(cfg.parallel, cfg.trainer.device, run_dir)
-        cfg, sizes = plan_sizes(cfg, env.device)  # loss chunk, memory and token budgets: resolved from here on
-        cfg, compiling = plan_compile(cfg, env.device.type)  # trainer/optimizer.compile=auto: bools from here on
+        cfg, sizes, compiling = (plan or planner.plan(cfg, env.device)).for_trainer(cfg, env.device)  # auto: resolved
+        compiling.update(apply_compile(cfg))  # what the resolved compile switches set in this process
         log_rank_to_file(env, run_dir)
         torch.manual_seed(cfg.trainer.seed)
         if cfg.trainer.deterministic:

@@ -59,7 +59,7 @@ def engine_batch(typed: Any) -> int:
     on this machine will (CUDA when there is one)."""
     import torch
 
-    from align.data.budget_auto import plan_generation
+    from align.plan.budget_auto import plan_generation
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return plan_generation(typed, device)[0].objective.generation_batch_size

@@ -26,9 +26,9 @@ def run_family(family: str, args, out: Path) -> dict:
     import torch
 
     from align.config import to_typed
-    from align.data.budget_auto import plan_budget
-    from align.models.memory import estimate_memory
     from align.parallel.env import resolve_device
+    from align.plan.budget_auto import plan_budget
+    from align.plan.memory import estimate_memory
     from align.run.cli import compose
     from align.run.preflight_checks import run_preflight
     from align.telemetry.history import read_history

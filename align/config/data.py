@@ -264,7 +264,7 @@ class SamplerKind(StrEnum):
 
 def _budget(key: str, value: Any) -> Any:
     """A token budget: an int >= 1, null, or "auto" kept for the trainer to resolve where the device
-    is known (align.data.budget_auto.plan_budget)."""
+    is known (align.plan.budget_auto.plan_budget)."""
     if value is None or value == AUTO or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return value
     raise ConfigError(key, "must be an int >= 1, auto or null", value)
@@ -272,7 +272,7 @@ def _budget(key: str, value: Any) -> Any:
 
 def require_resolved(value: Any, where: str) -> None:
     """An unresolved `sampler.max_tokens=auto` must not reach a sampler or an estimate, which read a number."""
-    require_auto_resolved("sampler.max_tokens", value, where, "align.data.budget_auto.plan_budget")
+    require_auto_resolved("sampler.max_tokens", value, where, "align.plan.budget_auto.plan_budget")
 
 
 @dataclass
@@ -290,7 +290,7 @@ class SamplerConfig:
     max_tokens: Any = None
     """Token budget of a micro-batch (budget sampler): rows x padded length <= max_tokens (packed:
     the sum of the padded row lengths). Must hold the longest record. auto (the default of
-    sampler=budget): resolved where the device is known (align/data/budget_auto.py): on a CPU 4096
+    sampler=budget): resolved where the device is known (align/plan/budget_auto.py): on a CPU 4096
     tokens; on CUDA the largest of 4096 x k (k = 1..8) whose training-memory estimate (with the
     resolved `trainer.loss_chunk_tokens`) is at most 0.85 of the device's memory for compiled blocks,
     0.75 for eager ones; never below the longest record (`data.max_seq_len` rounded up to

@@ -59,7 +59,7 @@ class ISCorrection(StrEnum):
 
 class GenerationDtype(StrEnum):
     auto = "auto"
-    """Resolved where the device is known (align/objectives/generation_auto.py): bf16 on one CUDA device
+    """Resolved where the device is known (align/plan/generation_auto.py): bf16 on one CUDA device
     under bf16 autocast when the training weights are not bf16 already, else same."""
     same = "same"
     """The engine generates with the training model itself (shared weights, no sync)."""
@@ -207,7 +207,7 @@ class GRPOConfig(ObjectiveConfig):
     whole rollout (prompts_per_rollout x group_size rows) in one call, capped on CUDA where the KV
     cache of that many rows at the longest prompt + max_new_tokens would not fit what the memory
     estimate leaves beside the weights, optimizer state, reference and generation copy within the
-    token budget's headroom (align/data/budget_auto.py `resolve_generation_batch_size`); on a CPU, or
+    token budget's headroom (align/plan/budget_auto.py `resolve_generation_batch_size`); on a CPU, or
     where the device's memory cannot be read, capped at 256 rows, the fixed default before auto: every
     CPU rollout keeps the calls it had. The manifest's `model.extra.generation.batch_size` says what it
     resolved to and why."""

@@ -56,7 +56,7 @@ def require_auto_resolved(key: str, value: Any, where: str, resolver: str) -> No
 
 def _switch(key: str, value: Any) -> Any:
     """A true/false/auto switch: bools as given, "auto" kept for the trainer to resolve where the
-    device is known (align.parallel.compile.resolve_compile)."""
+    device is known (align.plan.compile_auto.resolve_compile)."""
     if isinstance(value, bool) or value == AUTO:
         return value
     raise ConfigError(key, "must be true, false or auto", value)

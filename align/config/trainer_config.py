@@ -282,7 +282,7 @@ class TrainerConfig:
     cheapest per byte (by its FLOP estimate) in backward instead of saving them
     (`torch._functorch.config.activation_memory_budget`, set for the run). A finer trade than
     parallel.activation_checkpointing, which recomputes whole blocks. null: torch's default. auto
-    (align/data/budget_auto.py): null, unless compiled blocks on CUDA cannot hold the longest record
+    (align/plan/budget_auto.py): null, unless compiled blocks on CUDA cannot hold the longest record
     within the memory headroom; then the largest share in tenths that can. The memory estimate counts
     it; the manifest's `memory_budget` says what auto resolved to, `compile.memory_budget` what torch
     was set to."""
@@ -296,7 +296,7 @@ class TrainerConfig:
     """> 0: the LM head and cross-entropy over this many target tokens at a time, each chunk's
     gradients taken in its forward (align/objectives/ce.py), so logits memory stays bounded for large
     vocabularies; 0: all logits at once. auto: resolved where the device is known
-    (align/objectives/chunk_auto.py): 0 on a CPU; on CUDA 2048 where the full logits of a token
+    (align/plan/chunk_auto.py): 0 on a CPU; on CUDA 2048 where the full logits of a token
     would weigh at least half of what the decoder layers keep for it (large vocabularies: Gemma-4),
     else 0. The manifest's `loss_chunk` says what it resolved to and why."""
     compile_loss: Any = AUTO
@@ -347,9 +347,9 @@ class TrainerConfig:
 
 def require_chunk_resolved(value: Any, where: str) -> None:
     """An unresolved `trainer.loss_chunk_tokens=auto` must not reach a loss or an estimate, which read a number."""
-    require_auto_resolved("trainer.loss_chunk_tokens", value, where, "align.objectives.chunk_auto.plan_loss_chunk")
+    require_auto_resolved("trainer.loss_chunk_tokens", value, where, "align.plan.chunk_auto.plan_loss_chunk")
 
 
 def require_memory_budget_resolved(value: Any, where: str) -> None:
     """An unresolved `trainer.compile_memory_budget=auto` must not reach the compile or an estimate."""
-    require_auto_resolved("trainer.compile_memory_budget", value, where, "align.data.budget_auto.plan_memory_budget")
+    require_auto_resolved("trainer.compile_memory_budget", value, where, "align.plan.budget_auto.plan_memory_budget")

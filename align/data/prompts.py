@@ -92,7 +92,7 @@ def _fingerprint(tokens: list[np.ndarray], ids: list[str], roots: list[str], ref
 
 _LOADED: dict[tuple, PromptSet] = {}
 """The last prompt set read, by `_loaded_key`: the memory plan reads the prompts before the objective
-does (align/data/budget_auto.py `plan_sizes`), and one read serves both."""
+does (align/plan/budget_auto.py `plan_sizes`), and one read serves both."""
 
 
 def _loaded_key(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> tuple:

@@ -105,7 +105,7 @@ class GRPO:
 
     def bind(self, model: torch.nn.Module, forward: Callable[..., torch.Tensor], resuming: bool = False) -> None:
         from align.generation import EngineConfig, HFEngine, build_engine
-        from align.objectives.generation_auto import require_generation_resolved
+        from align.plan.generation_auto import require_generation_resolved
 
         require_generation_resolved(self.train_cfg, "the GRPO engine")
         self.model, self.forward = model, forward

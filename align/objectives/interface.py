@@ -17,6 +17,9 @@ An objective decides
   (`gate`, e.g. DPO's "the policy equals its reference at step 0");
 - what one item of its data trains on, as `python -m align.tools.inspect` prints it (`view`, a static
   method: it needs the config and the tokenizer, not a built objective).
+- what it adds to the job's plan, read from the config before any objective is built: its terms of
+  the memory estimate and the auto rules that hold only for it (align/objectives/plan_terms.py, a
+  companion class beside it).
 
 The loop owns everything else: devices, autocast and the SDPA kernel choice (`Forward`), the
 backward, router losses, clipping, the optimizer boundary, logging, checkpoints and stops.

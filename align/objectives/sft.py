@@ -27,7 +27,7 @@ class SFT:
     def __init__(self, cfg: TrainConfig) -> None:
         self.chunk_tokens = cfg.trainer.loss_chunk_tokens
         require_auto_resolved("trainer.compile_loss", cfg.trainer.compile_loss, "the objective",
-                              "align.parallel.compile.resolve_compile")
+                              "align.plan.compile_auto.resolve_compile")
         self.compiled = bool(cfg.trainer.compile_loss)
         self.precision = cfg.trainer.precision
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = ce_sum

@@ -295,7 +295,7 @@ def build_stepper(
     """What `optimizer.compile` / `optimizer.overlap` resolve to here (config validation already
     refused the combinations that cannot hold: overlap under parallel!=single or compiled blocks,
     compile with another optimizer than adamw; `optimizer.compile=auto` is resolved by then, see
-    align.parallel.compile.resolve_compile)."""
+    align.plan.compile_auto.resolve_compile)."""
     if cfg.compile not in (True, False):
         raise ValueError(f"optimizer.compile={cfg.compile!r} reached the stepper unresolved")
     if not (cfg.compile or cfg.overlap):

@@ -10,7 +10,6 @@ import os
 import sys
 from typing import Any, Optional
 
-from align.config.rules import AUTO
 from align.core.caches import cache_location
 from align.parallel import compile_artifacts
 
@@ -47,112 +46,15 @@ def compile_blocks(model, dynamic: Optional[bool], backend: str = "inductor") ->
             "checkpoint_side_effects": "forward only" if forward_only else "forward and backward", **kwargs}
 
 
-# ------------------------------------------------------------------------------------ auto
-
-COMPILED_FAMILIES = ("mistral", "olmoe", "gemma4_moe")
-"""Families whose compiled decoder blocks the GPU bench and tests have run (docs/performance.md)."""
-COMPILED_ATTENTION = ("sdpa", "layered")
-
-
-def resolve_trainer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
-    """What `trainer.compile=auto` means on `device_type` for the TrainConfig `cfg`: on where the
-    device is CUDA and the configuration is one the tests cover, with why; under grpo only where the
-    engine generates with a copy (`objective.generation_dtype`, auto resolved as the trainer will), so
-    the policy's blocks never see decode shapes. Pure: no torch."""
-    t, why = cfg.trainer, []
-    if device_type != "cuda":
-        why.append(f"device {device_type}: compiling a CPU run costs more than it gives (auto compiles on CUDA)")
-    if cfg.optimizer.overlap:
-        why.append("optimizer.overlap=true steps on side streams a compiled block would trace")
-    if cfg.parallel.kind.value not in ("single", "fsdp"):
-        why.append(f"parallel={cfg.parallel.kind.value}: compiled blocks are tested under single and fsdp only")
-    from align.models.family import family_of
-
-    family = family_of(cfg.model)  # under model=hf, the family its checkpoint picks
-    if family.value not in COMPILED_FAMILIES:
-        why.append(f"model={family.value}: compiled blocks were run on the GPU for "
-                   f"{', '.join(COMPILED_FAMILIES)} only")
-    attention = cfg.attention.chosen(family).value
-    if attention not in COMPILED_ATTENTION:
-        why.append(f"attention={attention}: compiled blocks are tested with {', '.join(COMPILED_ATTENTION)} only")
-    if cfg.objective.kind.value == "grpo":
-        from align.objectives.generation_auto import resolve_generation_dtype
-
-        dtype, _ = resolve_generation_dtype(cfg, device_type)
-        if dtype.value == "same":
-            why.append("objective=grpo with objective.generation_dtype resolved to same generates through the "
-                       "policy's blocks: decode shapes no dynamic graph covers (a generation copy keeps them out)")
-    return _verdict("trainer.compile", t.compile, why)
-
-
-def blocks_compile(cfg: Any, device_type: str) -> bool:
-    """Whether the decoder blocks will compile: `trainer.compile` as given, or auto resolved as the
-    trainer will resolve it on `device_type` (for what is planned before the trainer resolves it)."""
-    compiled = cfg.trainer.compile
-    return resolve_trainer_compile(cfg, device_type)[0] if compiled == AUTO else bool(compiled)
-
-
-def resolve_optimizer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
-    """What `optimizer.compile=auto` means: on for torch's AdamW over full weights on one CUDA device
-    (the tested case); off under LoRA (docs/performance.md#gemma-4-26b-a4b-lora)."""
-    why = []
-    if cfg.model.lora.enabled:
-        # The adapters are a few hundred small tensors and a small share of the step: compiling their
-        # update took longer than the whole bench arm on Gemma-4 26B-A4B, with nothing measured to gain.
-        why.append("model.lora.enabled=true: the adapters' update is a small share of the step, and compiling it "
-                   "over hundreds of small tensors costs minutes")
-    if device_type != "cuda":
-        why.append(f"device {device_type}: the compiled step is capturable, a CUDA feature")
-    if cfg.optimizer.name.value != "adamw":
-        why.append(f"optimizer={cfg.optimizer.name.value}: only torch's AdamW has a compiled step")
-    if cfg.parallel.kind.value != "single":
-        why.append(f"parallel={cfg.parallel.kind.value}: the compiled step is tested on plain tensors only")
-    return _verdict("optimizer.compile", cfg.optimizer.compile, why)
-
-
-def resolve_loss_compile(requested: Any, blocks: bool) -> tuple[bool, str]:
-    """What `trainer.compile_loss=auto` means: what the blocks resolved to (`blocks`); the chunked
-    loss's compiled elementwise passes were measured beside compiled blocks only."""
-    if requested != AUTO:
-        return bool(requested), f"trainer.compile_loss={str(requested).lower()} as configured"
-    return blocks, f"trainer.compile_loss=auto follows trainer.compile (resolved {'on' if blocks else 'off'})"
-
-
-def _verdict(key: str, requested: Any, why_off: list[str]) -> tuple[bool, str]:
-    if requested != AUTO:
-        return bool(requested), f"{key}={str(requested).lower()} as configured"
-    if why_off:
-        return False, f"{key}=auto resolved off: " + "; ".join(why_off)
-    return True, f"{key}=auto resolved on: CUDA and a tested configuration"
-
-
-def resolve_compile(cfg: Any, device_type: str) -> tuple[Any, dict[str, Any]]:
-    """`cfg` with both compile switches resolved to bools for `device_type`, and the record of it (the
-    manifest's `compile.trainer` / `compile.optimizer`: requested, resolved, why)."""
-    import dataclasses
-
-    blocks, blocks_why = resolve_trainer_compile(cfg, device_type)
-    step, step_why = resolve_optimizer_compile(cfg, device_type)
-    loss, loss_why = resolve_loss_compile(cfg.trainer.compile_loss, blocks)
-    record = {
-        "trainer": {"requested": cfg.trainer.compile, "resolved": blocks, "why": blocks_why},
-        "optimizer": {"requested": cfg.optimizer.compile, "resolved": step, "why": step_why},
-        "loss": {"requested": cfg.trainer.compile_loss, "resolved": loss, "why": loss_why},
-    }
-    resolved = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, compile=blocks, compile_loss=loss),
-                                   optimizer=dataclasses.replace(cfg.optimizer, compile=step))
-    return resolved, record
-
-
-def plan_compile(cfg: Any, device_type: str) -> tuple[Any, dict[str, Any]]:
-    """`resolve_compile`, and where anything compiles, the persistent inductor cache (`apply_cache_dir`)
-    and the portable artifacts of `trainer.compile_artifacts`, loaded before the first compile."""
-    cfg, record = resolve_compile(cfg, device_type)
+def apply_compile(cfg: Any) -> dict[str, Any]:
+    """What the resolved switches of `cfg` set in this process before anything compiles, each recorded
+    (the manifest's `compile.inductor_cache`, `compile.artifacts`, `compile.memory_budget`): where
+    anything compiles, the persistent inductor cache (`apply_cache_dir`) and the portable artifacts of
+    `trainer.compile_artifacts`; where the blocks compile, the partitioner's memory budget."""
     compiling = cfg.trainer.compile or cfg.optimizer.compile
-    record["inductor_cache"] = apply_cache_dir() if compiling else None
-    record["artifacts"] = compile_artifacts.load(cfg.trainer.compile_artifacts) if compiling else None
-    record["memory_budget"] = apply_memory_budget(cfg.trainer.compile_memory_budget) if cfg.trainer.compile else None
-    return cfg, record
+    return {"inductor_cache": apply_cache_dir() if compiling else None,
+            "artifacts": compile_artifacts.load(cfg.trainer.compile_artifacts) if compiling else None,
+            "memory_budget": apply_memory_budget(cfg.trainer.compile_memory_budget) if cfg.trainer.compile else None}
 
 
 MEMORY_BUDGET = "activation_memory_budget"

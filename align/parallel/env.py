@@ -80,6 +80,13 @@ def dist_env(device: Device) -> DistEnv:
     return DistEnv(rank=rank, world=world, local_rank=local, device=resolve_device(device, local))
 
 
+def job_device(choice: Device) -> torch.device:
+    """The device this process of the job trains on, as `init_distributed` will resolve it (torchrun's or
+    submitit's local rank), known before it runs: the one the job's plan is made for (align/plan/planner.py)."""
+    export_submitit_env()
+    return dist_env(choice).device
+
+
 def hang_diagnostics_env(cfg: ParallelConfig, run_dir: Path, rank: int) -> dict[str, str]:
     """Flight-recorder variables, read by NCCL when the process group is created (docs/pitfalls.md#17:
     TORCH_FR_* replaced TORCH_NCCL_TRACE_*). Values the user already exported win."""

@@ -19,6 +19,7 @@ import torch
 from align.config import TrainConfig
 from align.data.collate import Batch, collate
 from align.data.encode import EncodedDataset
+from align.plan.planner import Plan
 from align.telemetry.throughput import document_lengths
 from align.trainer import Trainer
 
@@ -29,10 +30,10 @@ LOSS_CAVEAT = (
 )
 
 
-def build_trainer(cfg: TrainConfig, out_dir: Path) -> Trainer:
-    """The same build as `python -m align.train` (whose preflight the door, align/tools/probe.py, has run
-    on the config); the probe then drives it."""
-    return Trainer.build(cfg, out_dir)
+def build_trainer(cfg: TrainConfig, out_dir: Path, plan: Optional[Plan] = None) -> Trainer:
+    """The same build as `python -m align.train`, on the plan of the preflight the door (align/tools/probe.py)
+    ran on the config: one plan per probe job, as per training job; the probe then drives it."""
+    return Trainer.build(cfg, out_dir, plan=plan)
 
 
 def train_step(trainer: Trainer, batches: Any) -> dict[str, Any]:

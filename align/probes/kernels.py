@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from align.config import TrainConfig
+from align.plan.planner import Plan
 from align.probes.gaps import format_gaps, gap_report
 
 WALL_OK = (0.80, 1.05)
@@ -269,7 +270,7 @@ def parse_table(text: str) -> list[ProfRow]:
 # ------------------------------------------------------------------------------------------- run
 
 
-def run(cfg: TrainConfig, out_dir: Path) -> int:
+def run(cfg: TrainConfig, out_dir: Path, plan: Optional[Plan] = None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -277,7 +278,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     from align.telemetry.throughput import format_mfu, rates
 
     pc = cfg.probe.kernels
-    trainer = build_trainer(cfg, out_dir)
+    trainer = build_trainer(cfg, out_dir, plan)
     device = trainer.env.device
     cuda = device.type == "cuda"
     arch = None

@@ -85,8 +85,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def run(cfg: TrainConfig, out_dir: Path) -> int:
-    from align.data.budget_auto import plan_sizes
     from align.parallel.env import resolve_device
+    from align.plan.budget_auto import plan_sizes
 
     cfg, _ = plan_sizes(cfg, resolve_device(cfg.trainer.device))  # the budget a run on this device takes
     tokenizer = load_tokenizer(cfg.model)

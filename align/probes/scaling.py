@@ -25,6 +25,7 @@ import numpy as np
 
 from align.config import TrainConfig
 from align.errors import ConfigError
+from align.plan.planner import Plan
 
 LEVERS = {
     "linear": "per-token work dominates: fewer tokens (padding, bucketing, packing), fused elementwise kernels",
@@ -201,7 +202,7 @@ def analyze(ws: Sequence[float], ts: Sequence[float], tol: float = 0.01,
 # ------------------------------------------------------------------------------------------- run
 
 
-def run(cfg: TrainConfig, out_dir: Path) -> int:
+def run(cfg: TrainConfig, out_dir: Path, plan: Optional[Plan] = None) -> int:
     import torch
 
     from align.data.stats import length_moments
@@ -220,7 +221,7 @@ def run(cfg: TrainConfig, out_dir: Path) -> int:
     from align.telemetry.throughput import rates
 
     pc = cfg.probe.scaling
-    trainer = build_trainer(cfg, out_dir)
+    trainer = build_trainer(cfg, out_dir, plan)
     device = trainer.env.device
     rows = pc.batch_size or cfg.sampler.micro_batch_size
     lengths = sorted(set(pc.lengths))

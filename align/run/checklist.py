@@ -63,6 +63,9 @@ def _item_status(checks: Sequence[Check]) -> Status:
 class Report:
     checks: list[Check] = field(default_factory=list)
     seconds: float = 0.0
+    plan: Any = None
+    """The job's plan (align/plan/planner.py), made by the model's checks: the manifest's serving line
+    and Trainer.build read it (align/train.py). None where the checks stopped before it."""
 
     def __iter__(self):
         return iter(self.checks)
@@ -113,6 +116,8 @@ class Context:
     facts: dict[str, Any] = field(default_factory=dict)
     """What a cheap check learnt that a later one reads (`top_token`: the largest id of pre-tokenized
     rows and its file:line, for the model's vocabulary check)."""
+    plan: Any = None
+    """The job's plan, once the model's checks have made it (align/run/model_checks.py)."""
 
     def add(self, check: Check) -> None:
         assert check.item in _ITEMS, check.item

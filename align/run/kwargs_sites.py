@@ -163,8 +163,8 @@ def activation_checkpointing(cfg: TrainConfig) -> Optional[KwargsSite]:
 
     _, model_cls = family_spec(cfg.model).classes()
     if cfg.parallel.activation_checkpointing_fraction < 1:  # refused here, not at build, when blocks lack the switch
-        from align.models.memory import meta_model
         from align.parallel.wrap import checkpointing_plan
+        from align.plan.memory import meta_model
 
         checkpointing_plan(meta_model(cfg.model)[0], cfg.parallel.activation_checkpointing_fraction)
     method, kwargs = activation_checkpointing_call(model_cls)  # the call parallelize() makes
@@ -184,7 +184,7 @@ def lora_site(cfg: TrainConfig) -> Optional[KwargsSite]:
     if not cfg.model.lora.enabled:
         return None
     from align.models.lora import discover_targets, lora_kwargs
-    from align.models.memory import meta_model
+    from align.plan.memory import meta_model
 
     model, _ = meta_model(cfg.model)
     targets = discover_targets(model, cfg.model.lora.target_modules)  # a name the model lacks: refused here

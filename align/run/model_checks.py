@@ -1,8 +1,8 @@
 """The model's preflight checks: everything about the model that can be decided before the tokenizer,
 the encode or any weight is touched (except that GRPO's memory plan reads its prompts, with the
-tokenizer, to size the rollouts: align/data/budget_auto.py `plan_rollout`). Registered in
-`align.run.preflight_checks.CHECKS`; yields `align.run.preflight_checks.Check` rows (a failure names the
-config key to change):
+tokenizer, to size the rollouts: align/plan/budget_auto.py `plan_rollout`). Registered in
+`align.run.preflight_checks.CHECKS`; yields `align.run.preflight_checks.Check` rows (a failure names the config
+key to change):
 
 - config kwargs (preset + overrides) accepted by the installed config class (also a kwargs site)
 - the largest id of pre-tokenized rows inside every token-id table (naming its file:line)
@@ -11,7 +11,8 @@ config key to change):
 - LoRA targets discovered (the peft / bitsandbytes kwargs are kwargs sites: `lora_site`, `qlora_site`)
 - parameter count (total, active for MoE, trainable) and a training-memory estimate, refused when it
   exceeds the visible device unless `model.allow_over_memory=true`, naming the keys of this composition
-  that lower it (align/models/memory_levers.py)
+  that lower it (align/plan/memory_levers.py). The estimate is the job's plan's (align/plan/planner.py),
+  made here once and carried by the report to the manifest and Trainer.build.
 """
 
 from __future__ import annotations
@@ -21,20 +22,21 @@ from typing import Any, Iterator, Optional
 import torch
 
 from align.config import TrainConfig
-from align.data.budget_auto import planned_estimate
 from align.errors import ConfigError
 from align.models.attention import resolve_attention
 from align.models.build import check_router_losses, token_id_tables
 from align.models.family import family_spec
 from align.models.lora import discover_targets, qlora_refusal
-from align.models.memory import meta_model, rollout_width
-from align.models.memory_levers import levers
+from align.plan.generation_auto import rollout_width
+from align.plan.memory import meta_model
+from align.plan.memory_levers import levers
+from align.plan.planner import plan
 
 
 def _device(cfg: TrainConfig) -> torch.device:
-    from align.parallel.env import resolve_device
+    from align.parallel.env import job_device
 
-    return resolve_device(cfg.trainer.device)
+    return job_device(cfg.trainer.device)
 
 
 def _token_ids(model: torch.nn.Module, top: Optional[tuple[int, str]]) -> Iterator:
@@ -106,11 +108,14 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
             yield failed("config", "lora targets", e)
             return  # the memory estimate counts the adapters of these targets
 
-    try:  # the sizes the trainer will take; under grpo the rollouts at the width of the real prompts
-        est, planned, prompt_tokens = planned_estimate(cfg, device, shards)
+    try:  # the job's plan: the sizes the trainer will take; under grpo the rollouts at the real prompts' width
+        job = plan(cfg, device, shards)
     except ConfigError as e:  # grpo reads its prompts to plan: a prompt or reference the run would refuse
         yield failed("config", "params and memory", e)
         return
+    if ctx is not None:  # the report carries it to the manifest's serving line and Trainer.build
+        ctx.plan = job
+    est, planned, prompt_tokens = job.estimate, job.sized, job.prompt_tokens
     line = est.line()
     if prompt_tokens is not None:
         line += (f"; rollout sequences of at most {rollout_width(planned, prompt_tokens)} tokens (the longest "

@@ -353,7 +353,7 @@ def collect(cfg: TrainConfig, root: Path | None = None, stop_on_fail: bool = Fal
                 ctx.add(c)
     except _Stop:
         pass
-    return Report(ctx.checks, time.perf_counter() - t0)
+    return Report(ctx.checks, time.perf_counter() - t0, ctx.plan)
 
 
 def run_preflight(cfg: TrainConfig, root: Path | None = None) -> Report:

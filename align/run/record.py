@@ -155,7 +155,7 @@ class RunRecord:
             m.null("model.pretrained", "random init from a preset: no checkpoint")
         from align.run.serving import serving_path
 
-        m.set("serving", serving_path(cfg))
+        m.set("serving", serving_path(cfg, getattr(preflight, "plan", None)))  # the job's plan, from its report
         self._record_reward()
         m.null("logger", "pending: the tracker starts when the run is built")
         self._record_files()
@@ -187,11 +187,13 @@ class RunRecord:
         m.null("data.format", "pending: detected from the records when they are read")
 
     def _record_reward(self) -> None:
+        from align.objectives import objective_class
+
         cfg = self.cfg
         if cfg.reward.function is None and not cfg.reward.functions:
             weights = dict(cfg.reward.weights)
             self.manifest.null("reward", f"no python reward: reward.weights is {weights}" if weights
-                               else f"objective={cfg.objective.kind.value} reads no reward")
+                               else f"objective={objective_class(cfg).name} reads no reward")
             return
         from align.rewards.combine import function_specs
         from align.rewards.function import function_key, load_function

@@ -24,7 +24,7 @@ from align.config import LoraExport, TrainConfig
 from align.models.family import family_spec
 
 if TYPE_CHECKING:
-    import torch
+    from align.plan.planner import Plan
 
 VLLM_NOT_INSTALLED = "not checked: vllm not installed"
 STRUCTURAL = "structural: from align's family table, not the serving stack"
@@ -105,8 +105,9 @@ def from_class(lora: bool, moe: bool, arch: str, info: Optional[dict[str, Any]])
     return Verdict.hot_swap, f"vLLM class {name}: supports_lora from {info['supports_lora']}{mapping}"
 
 
-def serving_path(cfg: TrainConfig, device: Optional["torch.device"] = None) -> dict[str, Any]:
-    """The manifest's `serving` entry: every key always present, each null beside its `why`."""
+def serving_path(cfg: TrainConfig, plan: Optional["Plan"] = None) -> dict[str, Any]:
+    """The manifest's `serving` entry: every key always present, each null beside its `why`. `plan`: the
+    job's (align/plan/planner.py), whose estimate the viability holds against its device."""
     lora, moe, arch = cfg.model.lora.enabled, family_spec(cfg.model).is_moe, architecture(cfg)
     entry: dict[str, Any] = {"architecture": arch, "lora": lora, "moe": moe,
                              "export": EXPORT_LORA[cfg.model.lora.export] if lora else "full weights",
@@ -124,18 +125,18 @@ def serving_path(cfg: TrainConfig, device: Optional["torch.device"] = None) -> d
             verdict, reason = from_class(lora, moe, arch, entry["vllm"])
             if cls is None:
                 entry["why"] = reason
-    entry.update(verdict=verdict.value, reason=reason, viability=viability(cfg, device))
+    entry.update(verdict=verdict.value, reason=reason, viability=viability(plan))
     return entry
 
 
-def viability(cfg: TrainConfig, device: Optional["torch.device"] = None) -> dict[str, Any]:
-    """The training-memory estimate (align.models.memory.estimate_memory) against the device's memory;
-    on CPU `fits` and `device_bytes` are null: host RAM is no accelerator budget."""
-    from align.data.budget_auto import planned_estimate
-    from align.parallel.env import resolve_device
-
-    device = device or resolve_device(cfg.trainer.device)
-    est = planned_estimate(cfg, device)[0]
+def viability(plan: Optional["Plan"]) -> dict[str, Any]:
+    """The job's training-memory estimate (its plan's: the one preflight's memory check held against the
+    device) against the device's memory; on CPU `fits` and `device_bytes` are null: host RAM is no
+    accelerator budget. Without a plan (a record started with no preflight report) every value is null."""
+    if plan is None:
+        return {"estimate_bytes": None, "device": None, "device_bytes": None, "fits": None,
+                "why": "no plan: the record was started without the job's preflight report"}
+    device, est = plan.device, plan.estimate
     out = {"estimate_bytes": est.total, "device": str(device), "device_bytes": est.device_bytes,
            "fits": est.fits, "why": None}
     if device.type == "cpu":
@@ -150,7 +151,7 @@ def lines(entry: dict[str, Any]) -> list[str]:
     """The two lines preflight prints."""
     checked = "" if entry["checked"] else f" [{entry['why']}; {entry['basis']}]"
     v = entry["viability"]
-    est = f"estimate {v['estimate_bytes'] / GiB:.1f} GiB"
+    est = "no estimate" if v["estimate_bytes"] is None else f"estimate {v['estimate_bytes'] / GiB:.1f} GiB"
     if v["fits"] is None:
         base = f"unknown: {est}; {v['why']}"
     else:

@@ -5,7 +5,7 @@ tokens/s, the objective's final metrics, where the export and the manifest are).
 Every line goes through the `align` logger, so it reaches the console and train.log alike (Hydra's
 job logging holds both handlers). The objective names the metrics a person watches
 (`console_metrics`, align/objectives/interface.py); the progress line (align/telemetry/progress.py) and
-the loss plot (align/telemetry/plots.py) print those, not the trainer's guess by objective kind.
+the loss plot (align/telemetry/plots.py) print those; the trainer guesses none of them.
 """
 
 from __future__ import annotations

@@ -166,9 +166,9 @@ def test_the_gemma4_lora_default_resolves_on_an_h200_to_the_fastest_measured_arm
     them (align/trainer.py's build), the attention the family picks."""
     import dataclasses
 
-    from align.data.budget_auto import plan_sizes
-    from align.models import memory
-    from align.parallel.compile import resolve_compile
+    from align.plan import memory
+    from align.plan.budget_auto import plan_sizes
+    from align.plan.compile_auto import resolve_compile
     from bench.common import experiment_config
 
     h200 = 143_771 * 1024**2  # the device's total memory as docs/performance.md records it
@@ -237,7 +237,7 @@ def test_the_dpo_default_arm_carries_no_performance_override_and_compiles_on_cud
     (compiled blocks; the reference auto picks precomputed once the run reads an epoch of the pairs:
     tests/unit/objectives/test_reference_auto.py)."""
     from align.config import ReferenceKind
-    from align.parallel.compile import resolve_compile
+    from align.plan.compile_auto import resolve_compile
     from bench.common import compose_typed, experiment_config
 
     arm = experiment_config("bench/dpo_default")
@@ -259,9 +259,9 @@ def test_the_grpo_default_resolves_on_an_h200_to_grpo_best_but_its_optimizer_ste
     import dataclasses
 
     from align.config import GenerationDtype
-    from align.data.budget_auto import plan_sizes
-    from align.models import memory
-    from align.parallel.compile import resolve_compile
+    from align.plan import memory
+    from align.plan.budget_auto import plan_sizes
+    from align.plan.compile_auto import resolve_compile
     from bench.common import experiment_config
 
     h200 = 143_771 * 1024**2

@@ -1,6 +1,6 @@
 """GPU: preflight's training-memory estimate against the peak a short run really allocates
 (`torch.cuda.max_memory_allocated`), for small presets of the three shapes the estimate is held to on
-the documented full-size peaks (tests/unit/models/test_memory_vs_measured.py): a dense model under bf16
+the documented full-size peaks (tests/unit/plan/test_memory_vs_measured.py): a dense model under bf16
 autocast, an MoE model with activation checkpointing and a chunked loss, and Gemma-4's MoE with LoRA.
 
     python -m pytest -q -m gpu tests/gpu/test_memory_estimate_gpu.py -s    # prints estimate / peak per row
@@ -29,7 +29,7 @@ CONFIGS = {
 
 def measure(tmp_path, *overrides: str) -> tuple[float, float, str]:
     """(estimate GiB, measured peak GiB above what was allocated before the build, the estimate's line)."""
-    from align.models.memory import GiB, estimate_memory
+    from align.plan.memory import GiB, estimate_memory
 
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()

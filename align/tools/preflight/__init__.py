@@ -31,5 +31,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = EXIT_CONFIG
             print("serving: not stated: the config failed preflight", flush=True)
             continue
-        print("\n".join(lines(serving_path(typed))), flush=True)
+        print("\n".join(lines(serving_path(typed, report.plan))), flush=True)
     return code

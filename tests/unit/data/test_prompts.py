@@ -97,7 +97,7 @@ def test_too_few_prompts_for_a_rollout_on_every_rank_is_refused(compose, tok):
 
 
 def test_the_plan_and_the_objective_share_one_read_of_the_prompts_until_the_file_changes(compose, tok, tmp_path):
-    """The memory plan reads the prompts before the objective does (align/data/budget_auto.py): the same
+    """The memory plan reads the prompts before the objective does (align/plan/budget_auto.py): the same
     inputs give the same set, read once; a changed file is read again."""
     from align.data.prompts import longest_prompt
 

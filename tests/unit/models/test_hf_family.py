@@ -32,7 +32,7 @@ def test_model_hf_without_a_checkpoint_is_refused_naming_model_pretrained(compos
 def test_an_align_familys_checkpoint_under_model_hf_is_that_familys_run(build, tokenizer, compose, tmp_path, family):
     """Preflight's checklist, the compile rule and the built model (attention, routers) are those of
     `model=<family>` with the same checkpoint; only the requested family differs."""
-    from align.parallel.compile import resolve_trainer_compile
+    from align.plan.compile_auto import resolve_trainer_compile
     from align.run.manifest import load
     from align.run.preflight_checks import collect
     from align.run.record import RunRecord
@@ -77,7 +77,7 @@ def test_lora_targets_every_attention_and_mlp_linear_of_a_generic_class(tokenize
 def test_the_kv_cache_estimate_reads_a_fused_qkv_layer_from_the_config(tmp_path):
     """Phi-3 has no k_proj (one fused qkv_proj): its KV width comes from the config, as Llama's of the
     same shape is read off its k_proj."""
-    from align.models.memory import kv_elements_per_token, meta_model
+    from align.plan.memory import kv_elements_per_token, meta_model
 
     per = {k: kv_elements_per_token(meta_model(ModelConfig(family=Family.hf, pretrained=str(
         tiny_hf_checkpoint(k, tmp_path / k))))[0]) for k in ("llama", "phi3")}

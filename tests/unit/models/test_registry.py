@@ -6,7 +6,7 @@ import pytest
 
 from align.config import AttnImpl, Family, ModelConfig, Preset
 from align.models.family_table import FAMILIES, count_params
-from align.models.memory import meta_model
+from align.plan.memory import meta_model
 
 ALL = [(f, p) for f in FAMILIES for p in Preset]
 

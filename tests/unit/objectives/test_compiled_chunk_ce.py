@@ -9,7 +9,7 @@ import torch
 
 from align.config import to_typed
 from align.objectives.ce import ChunkedCE, compiled_chunk_terms
-from align.parallel.compile import resolve_compile
+from align.plan.compile_auto import resolve_compile
 from align.run.cli import compose
 
 

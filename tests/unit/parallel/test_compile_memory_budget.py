@@ -11,12 +11,18 @@ import torch._functorch.config as functorch_config
 
 from align.config import to_typed
 from align.errors import ConfigError
-from align.parallel.compile import MEMORY_BUDGET, apply_memory_budget, plan_compile
+from align.parallel.compile import MEMORY_BUDGET, apply_compile, apply_memory_budget
+from align.plan.compile_auto import resolve_compile
 from align.run.cli import compose
 
 
 def typed(*overrides: str):
     return to_typed(compose(["logger=none", "allow_dirty=true", *overrides]))
+
+
+def applied(cfg, device_type: str):
+    """What a run's build sets for `cfg` on `device_type`: the switches resolved (the job's plan), then applied."""
+    return apply_compile(resolve_compile(cfg, device_type)[0])
 
 
 @pytest.fixture(autouse=True)
@@ -57,12 +63,12 @@ def test_the_budget_reaches_the_partitioner_and_changes_what_is_saved_not_the_gr
 
 
 def test_a_compiling_run_sets_the_budget_or_torchs_default_and_records_what_torch_reads_back():
-    _, rec = plan_compile(typed("trainer.compile=true", "trainer.compile_memory_budget=0.3"), "cpu")
+    rec = applied(typed("trainer.compile=true", "trainer.compile_memory_budget=0.3"), "cpu")
     assert getattr(functorch_config, MEMORY_BUDGET) == 0.3
     assert rec["memory_budget"] == {"requested": 0.3, "applied": 0.3, "why": "trainer.compile_memory_budget"}
-    _, rec = plan_compile(typed("trainer.compile=true", "trainer.compile_memory_budget=null"), "cpu")  # torch's
+    rec = applied(typed("trainer.compile=true", "trainer.compile_memory_budget=null"), "cpu")  # torch's
     assert getattr(functorch_config, MEMORY_BUDGET) == 1.0 and rec["memory_budget"]["requested"] is None
-    _, rec = plan_compile(typed(), "cpu")  # auto resolves off on a CPU: nothing compiles, no record
+    rec = applied(typed(), "cpu")  # auto resolves off on a CPU: nothing compiles, no record
     assert rec["memory_budget"] is None
 
 
@@ -91,18 +97,18 @@ def test_a_budget_without_compiled_blocks_is_refused_as_ignored():
 
 
 def test_an_unresolved_auto_reaches_no_compile_or_estimate():
-    from align.models.memory import estimate_memory
+    from align.plan.memory import estimate_memory
 
     cfg = typed("experiment=bench/gemma4_lora_noac")
     assert cfg.trainer.compile_memory_budget == "auto"
     with pytest.raises(ValueError, match="compile_memory_budget='auto' reached the compile unresolved"):
-        plan_compile(cfg, "cuda")
+        applied(cfg, "cuda")
     with pytest.raises(ValueError, match="compile_memory_budget='auto' reached the memory estimate unresolved"):
         estimate_memory(cfg, torch.device("cuda"))
 
 
 def test_the_estimate_keeps_each_blocks_input_plus_the_budgets_share_of_the_rest():
-    from align.models.memory import estimate_memory
+    from align.plan.memory import estimate_memory
 
     cuda = torch.device("cuda")
     base = ["experiment=bench/gemma4_lora_noac", "sampler.max_tokens=16384"]

@@ -114,7 +114,7 @@ def test_a_fraction_is_refused_where_blocks_have_no_per_block_switch():
 
 
 def test_preflight_refuses_the_fraction_on_such_a_model_before_building(compose, monkeypatch):
-    from align.models import memory
+    from align.plan import memory
     from align.run.preflight_checks import run_preflight
 
     monkeypatch.setattr(memory, "meta_model", lambda cfg: (_OldStyleModel(), None))

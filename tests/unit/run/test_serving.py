@@ -4,6 +4,7 @@ the preflight command's lines."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from dataclasses import dataclass
@@ -147,26 +148,32 @@ class Estimate:
 
 
 def test_on_cpu_viability_gives_the_estimate_and_a_null_fit_with_why(no_vllm):
-    from align.data.budget_auto import plan_sizes
-    from align.models.memory import estimate_memory
+    from align.plan.budget_auto import plan_sizes
+    from align.plan.memory import estimate_memory
+    from align.plan.planner import plan
 
     cfg = typed("model=mistral")
-    v = serving_path(cfg)["viability"]
+    job = plan(cfg, torch.device("cpu"))
+    v = serving_path(cfg, job)["viability"]
     resolved, _ = plan_sizes(cfg, torch.device("cpu"))  # the auto sizes, as the trainer resolves them
     assert v["estimate_bytes"] == estimate_memory(resolved, torch.device("cpu")).total > 0  # the one estimate
+    assert v["estimate_bytes"] == job.estimate.total  # the job's plan's, not one of its own
     assert v["fits"] is None and v["device_bytes"] is None and v["why"].startswith("trainer device is cpu")
+    unplanned = serving_path(cfg)["viability"]  # a record started without the job's preflight report
+    assert unplanned["estimate_bytes"] is None and unplanned["fits"] is None and unplanned["why"].startswith("no plan")
 
 
 @pytest.mark.parametrize("device_bytes,fits,line", [(8 << 30, True, "fits: estimate 2.0 GiB of 8.0 GiB (cuda)"),
                                                     (1 << 30, False, "does not fit: estimate 2.0 GiB of 1.0 GiB"),
                                                     (None, None, "cannot be read")])
-def test_on_an_accelerator_viability_compares_the_estimate_with_its_memory(no_vllm, monkeypatch, device_bytes, fits,
-                                                                          line):
+def test_on_an_accelerator_viability_compares_the_estimate_with_its_memory(no_vllm, device_bytes, fits, line):
+    from align.plan.planner import plan
     from align.run.serving import lines
 
-    monkeypatch.setattr("align.models.memory.estimate_memory",
-                        lambda cfg, device, **kw: Estimate(2 << 30, device_bytes))
-    e = serving_path(typed("model=mistral"), device=torch.device("cuda"))
+    cfg = typed("model=mistral")  # the plan of a job on a CUDA device, with an estimate of 2 GiB
+    job = dataclasses.replace(plan(cfg, torch.device("cpu")), device=torch.device("cuda"),
+                              estimate=Estimate(2 << 30, device_bytes))
+    e = serving_path(cfg, job)
     assert e["viability"]["fits"] is fits and e["viability"]["device_bytes"] == device_bytes
     assert line in lines(e)[1]
 
@@ -175,10 +182,14 @@ def test_on_an_accelerator_viability_compares_the_estimate_with_its_memory(no_vl
 
 
 def test_the_manifest_has_a_serving_entry_present_and_null(no_vllm, tmp_path):
+    from align.plan.planner import plan
+    from align.run.checklist import Report
+
     cfg = compose(["logger=none", "allow_dirty=true", *MOE_LORA])
+    job = plan(to_typed(cfg), torch.device("cpu"))
     record = RunRecord(to_typed(cfg), {}, tmp_path / "run", [], [])
     with record:
-        record.start([])
+        record.start(Report(plan=job))  # the job's preflight report carries its plan
         record.finished(None, 0)
     m = load(tmp_path / "run")
     assert_present_and_null(m)
@@ -187,6 +198,7 @@ def test_the_manifest_has_a_serving_entry_present_and_null(no_vllm, tmp_path):
     assert set(s) == {"architecture", "lora", "moe", "export", "checked", "why", "basis", "vllm", "verdict",
                       "reason", "viability"}
     assert s["vllm"] is None and s["viability"]["fits"] is None and s["viability"]["why"]
+    assert s["viability"]["estimate_bytes"] == job.estimate.total
 
 
 def test_the_preflight_command_prints_the_serving_and_viability_lines(no_vllm, capsys):

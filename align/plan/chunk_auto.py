@@ -27,7 +27,7 @@ RATIO = 0.5
 def per_token_bytes(cfg: Any, device: torch.device) -> tuple[int, int]:
     """(full logits, kept layer activations) in bytes per token, as the memory estimate counts them."""
     from align.models.family import family_spec
-    from align.models.memory import compute_bytes, layer_activation_bytes, logits_bytes, meta_model
+    from align.plan.memory import compute_bytes, layer_activation_bytes, logits_bytes, meta_model
 
     model, config = meta_model(cfg.model)
     moe = family_spec(cfg.model).moe_shape(config)

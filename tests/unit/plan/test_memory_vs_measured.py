@@ -10,8 +10,8 @@ import torch
 
 from align.config import to_typed
 from align.errors import ConfigError
-from align.models import memory
-from align.models.memory import GiB, estimate_memory
+from align.plan import memory
+from align.plan.memory import GiB, estimate_memory
 
 GEMMA4_26B_LORA = ["model=gemma4_moe", "model.preset=full", "model.dtype=bfloat16", "model.init_on_device=true",
                    "model.lora.enabled=true", "parallel.activation_checkpointing=true",
@@ -83,8 +83,8 @@ def _cfg(compose, *ov: str):
     """The row's config with `trainer.loss_chunk_tokens=auto` resolved as on the GPU it ran on (every
     auto row ran at 0 there: its ratio is below the threshold, as test_chunk_auto.py holds), and the
     partitioner at torch's default, as every row without a budget of its own ran."""
-    from align.data.budget_auto import plan_memory_budget
-    from align.objectives.chunk_auto import plan_loss_chunk
+    from align.plan.budget_auto import plan_memory_budget
+    from align.plan.chunk_auto import plan_loss_chunk
 
     cfg = plan_loss_chunk(to_typed(compose(["allow_dirty=true", *ov])), torch.device("cuda"))[0]
     return plan_memory_budget(cfg, torch.device("cpu"))[0]  # auto is torch's default off CUDA
@@ -103,11 +103,11 @@ def test_estimate_is_within_25_percent_of_the_measured_peak(compose, name, overr
 
 def test_the_budget_search_headroom_is_one_the_measured_error_allows(compose):
     """`sampler.max_tokens=auto` lets the estimate fill a share of the device by how the blocks run
-    (align/data/budget_auto.py). A configuration whose estimate sits at that share and errs as a
+    (align/plan/budget_auto.py). A configuration whose estimate sits at that share and errs as a
     measured row of its kind does must still peak below PEAK_SHARE of the device. The shuffle and
     bucket samplers take no budget, so their rows do not bound the search."""
     from align.config import SamplerKind
-    from align.data.budget_auto import PEAK_SHARE, headroom
+    from align.plan.budget_auto import PEAK_SHARE, headroom
 
     worst: dict[str, tuple[float, str]] = {}
     for name, overrides, peak_gib in MEASURED:
@@ -164,8 +164,8 @@ def test_the_grpo_default_estimate_is_an_upper_bound_of_its_measured_peak(compos
     it is no +-25% estimate: docs/performance.md ("The memory estimate against measured peaks") has the
     measured 33.0 GiB of `grpo_default` (2026-12-02, 6181692) beside it. It must stay above that peak,
     count the generation copy and the KV cache as the default resolves them on an H200, and fit the device."""
-    from align.data.budget_auto import plan_sizes
-    from align.parallel.compile import resolve_compile
+    from align.plan.budget_auto import plan_sizes
+    from align.plan.compile_auto import resolve_compile
 
     monkeypatch.setattr(memory, "device_memory", lambda device: H200_BYTES)
     cuda = torch.device("cuda")

@@ -3,12 +3,12 @@ sampler=budget may hold.
 
 On a CPU there is no accelerator memory to fill: the budget is the base step (`STEP` tokens). On CUDA
 it is the largest multiple `STEP x k` (k = 1..`MAX_STEPS`) whose training-memory estimate
-(align.models.memory.estimate_memory, peak weights + grads + optimizer + activations + logits) stays
+(align.plan.memory.estimate_memory, peak weights + grads + optimizer + activations + logits) stays
 within the headroom of the device's memory (`headroom`): what is left is for the allocator's
 fragmentation, the kernels' workspaces and the estimate's own error. That error differs by how the
 blocks run: compiled blocks keep fewer tensors than the estimate counts (inductor's partitioner
 recomputes elementwise ops in backward), eager blocks keep more, so the share is larger for compiled
-blocks. Both shares are held to the measured peaks by tests/unit/models/test_memory_vs_measured.py: at
+blocks. Both shares are held to the measured peaks by tests/unit/plan/test_memory_vs_measured.py: at
 its share, a configuration with the worst error of its kind measured peaks below `PEAK_SHARE` of the
 device. Either way the budget holds the longest record (`data.max_seq_len` rounded up to
 `sampler.pad_to_multiple_of`), which the sampler refuses to cut.
@@ -37,7 +37,7 @@ PEAK_SHARE = 0.92
 def headroom(cfg: Any, device: torch.device) -> tuple[float, str]:
     """The share of `device`'s memory the estimate of `cfg` may fill, and the kind of blocks it is for
     (trainer.compile=auto resolved as the trainer will resolve it)."""
-    from align.parallel.compile import blocks_compile
+    from align.plan.compile_auto import blocks_compile
 
     kind = "compiled" if blocks_compile(cfg, device.type) else "eager"
     return HEADROOM[kind], kind
@@ -45,7 +45,7 @@ def headroom(cfg: Any, device: torch.device) -> tuple[float, str]:
 
 def _device_bytes(device: torch.device, device_bytes: Optional[int]) -> Optional[int]:
     """The memory to plan for: `device_bytes` where the caller names it, else read from the device."""
-    from align.models.memory import device_memory
+    from align.plan.memory import device_memory
 
     return device_bytes if device_bytes is not None else device_memory(device)
 
@@ -65,7 +65,7 @@ def resolve_budget(cfg: Any, device: torch.device, device_bytes: Optional[int] =
     """The budget `auto` stands for on `device`, and why. `device_bytes`: the device's memory (default:
     read from the device; a caller may name it to plan for a device it does not hold); `prompt_tokens`:
     grpo's longest prompt where known (`plan_rollout`)."""
-    from align.models.memory import estimate_memory
+    from align.plan.memory import estimate_memory
 
     floor = longest_record(cfg)
     if device.type != "cuda":
@@ -119,7 +119,7 @@ def resolve_memory_budget(cfg: Any, device: torch.device, device_bytes: Optional
     `max_tokens=auto`, the longest record) does not fit the headroom with it; then the largest share
     k / PARTITIONER_STEPS that does, so the longest rows fit by recomputing inside the blocks rather than
     not at all. Where none fits, null: preflight then refuses the estimate."""
-    from align.models.memory import estimate_memory, tokens_per_micro_batch
+    from align.plan.memory import estimate_memory, tokens_per_micro_batch
 
     key = "trainer.compile_memory_budget=auto"
     share, kind = headroom(cfg, device)
@@ -159,8 +159,8 @@ def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: 
                                   prompt_tokens: Optional[int] = None) -> tuple[int, str]:
     """The rows per engine call `auto` stands for on `device`, and why. `device_bytes`: the device's
     memory (default: read from the device)."""
-    from align.models.memory import kv_cache_bytes, resident_bytes
-    from align.objectives.generation_auto import CPU_ROWS, rollout_rows
+    from align.plan.generation_auto import CPU_ROWS, rollout_rows
+    from align.plan.memory import kv_cache_bytes, resident_bytes
 
     key, rollout = "objective.generation_batch_size", rollout_rows(cfg)
     requested = cfg.objective.generation_batch_size
@@ -189,52 +189,36 @@ def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: 
 
 def plan_generation(cfg: Any, device: torch.device, device_bytes: Optional[int] = None,
                     prompt_tokens: Optional[int] = None) -> tuple[Any, Optional[dict[str, Any]]]:
-    """`cfg` with both engine settings resolved for `device`, and their record for the manifest
+    """`cfg` with the engine's settings resolved for `device`, and their record for the manifest
     (`model.extra.generation`: dtype and batch_size, each requested, resolved, why); None under an
-    objective that generates nothing. The dtype first: the batch size's memory counts the copy."""
-    from align.config.objective import ObjectiveKind
-    from align.objectives.generation_auto import resolve_generation_dtype
+    objective that generates nothing. The objective's rule (align/objectives/plan_terms.py) resolves the
+    dtype first, then the rows per call by `resolve_generation_batch_size`: their memory counts the copy."""
+    from align.objectives.plan_terms import terms_for
 
-    o = cfg.objective
-    if o.kind != ObjectiveKind.grpo:
-        return cfg, None
-    dtype, dtype_why = resolve_generation_dtype(cfg, device.type)
-    cfg = dataclasses.replace(cfg, objective=dataclasses.replace(o, generation_dtype=dtype))
-    rows, rows_why = resolve_generation_batch_size(cfg, device, device_bytes, prompt_tokens)
-    cfg = dataclasses.replace(cfg, objective=dataclasses.replace(cfg.objective, generation_batch_size=rows))
-    return cfg, {"dtype": {"requested": o.generation_dtype.value, "resolved": dtype.value, "why": dtype_why},
-                 "batch_size": {"requested": o.generation_batch_size, "resolved": rows, "why": rows_why}}
+    return terms_for(cfg).plan_generation(
+        cfg, device, lambda c: resolve_generation_batch_size(c, device, device_bytes, prompt_tokens))
 
 
 def plan_rollout(cfg: Any) -> tuple[Optional[int], Optional[dict[str, Any]]]:
-    """grpo: the longest prompt the run keeps (the prompts read as the objective reads them:
-    align.data.prompts.longest_prompt), which bounds every rollout sequence, and the manifest's
-    `rollout_width` record (requested: the bound from the config; resolved: the longest prompt +
-    `objective.max_new_tokens`; why). (None, None) under an objective that generates nothing."""
-    from align.config.objective import ObjectiveKind
-    from align.data.prompts import longest_prompt
-    from align.models.memory import rollout_width
+    """The longest prompt an objective that generates keeps (grpo: align.data.prompts.longest_prompt),
+    which bounds every rollout sequence, and the manifest's `rollout_width` record (requested: the bound
+    from the config; resolved: the longest prompt + `objective.max_new_tokens`; why); (None, None) under
+    an objective that generates nothing (align/objectives/plan_terms.py)."""
+    from align.objectives.plan_terms import terms_for
 
-    if cfg.objective.kind != ObjectiveKind.grpo:
-        return None, None
-    longest, count = longest_prompt(cfg)
-    width, new = rollout_width(cfg, longest), cfg.objective.max_new_tokens
-    return longest, {"requested": cfg.data.max_seq_len, "resolved": width, "prompt_tokens": longest,
-                     "why": f"the longest of {count} prompts is {longest} tokens, + objective.max_new_tokens={new}: "
-                            f"no rollout sequence is longer than {width} tokens (data.max_seq_len="
-                            f"{cfg.data.max_seq_len} only bounds it)"}
+    return terms_for(cfg).plan_rollout(cfg)
 
 
 def plan_sizes(cfg: Any, device: torch.device, device_bytes: Optional[int] = None
                ) -> tuple[Any, dict[str, Optional[dict[str, Any]]]]:
     """Every size `auto` leaves to the device, in the order they depend on each other: the loss's chunk
-    (align.objectives.chunk_auto), grpo's generation copy and rows per engine call
+    (align.plan.chunk_auto), grpo's generation copy and rows per engine call
     (`plan_generation`: what is left beside the weights, optimizer state, reference and
     copy), the partitioner's memory budget (what the least micro-batch needs), then the token budget,
     whose estimate counts all of them; under grpo each at the rollout's real width (`plan_rollout`).
     `cfg` with all of them resolved, and the manifest's `loss_chunk`, `memory_budget` and
     `sampler_budget` records, plus under grpo `generation` (`model.extra.generation`) and `rollout_width`."""
-    from align.objectives.chunk_auto import plan_loss_chunk
+    from align.plan.chunk_auto import plan_loss_chunk
 
     prompt_tokens, rollout = plan_rollout(cfg)
     cfg, chunk = plan_loss_chunk(cfg, device)
@@ -245,14 +229,3 @@ def plan_sizes(cfg: Any, device: torch.device, device_bytes: Optional[int] = Non
     if generation is not None:
         sizes.update(generation=generation, rollout_width=rollout)
     return cfg, sizes
-
-
-def planned_estimate(cfg: Any, device: torch.device, shards: int = 1) -> tuple[Any, Any, Optional[int]]:
-    """The training-memory estimate of the run `cfg` plans on `device` (every size resolved as the
-    trainer resolves it, grpo's rollouts at their real width): (estimate, the planned config, grpo's
-    longest prompt or None)."""
-    from align.models.memory import estimate_memory
-
-    planned, sizes = plan_sizes(cfg, device)
-    prompt_tokens = (sizes.get("rollout_width") or {}).get("prompt_tokens")
-    return estimate_memory(planned, device, shards=shards, prompt_tokens=prompt_tokens), planned, prompt_tokens

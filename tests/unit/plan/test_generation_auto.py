@@ -1,4 +1,4 @@
-"""GRPO's engine settings at `auto` (align/objectives/generation_auto.py, align/data/budget_auto.py): a
+"""GRPO's engine settings at `auto` (align/plan/generation_auto.py, align/plan/budget_auto.py): a
 bf16 generation copy on one CUDA device over weights that are not bf16 already, the training model
 everywhere else; the whole rollout in one engine call, capped where its KV cache would not fit (on a
 CPU at 256 rows, the fixed default before auto). The manifest records both with why; the memory
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from align.config import GenerationDtype, to_typed
-from align.data.budget_auto import plan_generation, resolve_generation_batch_size
 from align.errors import ConfigError
-from align.models import memory
-from align.objectives.generation_auto import CPU_ROWS, resolve_generation_dtype
-from align.parallel.compile import resolve_compile
+from align.plan import memory
+from align.plan.budget_auto import plan_generation, resolve_generation_batch_size
+from align.plan.compile_auto import resolve_compile
+from align.plan.generation_auto import CPU_ROWS, resolve_generation_dtype
 from align.run.cli import compose
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")

@@ -1,4 +1,4 @@
-"""sampler.max_tokens=auto (align/data/budget_auto.py): what it resolves to per device, and that an
+"""sampler.max_tokens=auto (align/plan/budget_auto.py): what it resolves to per device, and that an
 unresolved auto never reaches a sampler, an estimate or a resume identity."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from align.config import to_typed
-from align.data.budget_auto import HEADROOM, STEP, plan_budget, plan_sizes
 from align.errors import ConfigError
+from align.plan.budget_auto import HEADROOM, STEP, plan_budget, plan_sizes
 
 GiB = 2**30
 H200 = int(139.8 * GiB)
@@ -25,14 +25,14 @@ def _cfg(compose, *ov):
 def _cuda(compose, *ov):
     """A config with `trainer.loss_chunk_tokens` and `trainer.compile_memory_budget` resolved for an H200,
     as plan_sizes hands the budget search one."""
-    from align.data.budget_auto import plan_memory_budget
-    from align.objectives.chunk_auto import plan_loss_chunk
+    from align.plan.budget_auto import plan_memory_budget
+    from align.plan.chunk_auto import plan_loss_chunk
 
     return plan_memory_budget(plan_loss_chunk(_cfg(compose, *ov), CUDA)[0], CUDA, H200)[0]
 
 
 def _estimate(cfg, tokens):
-    from align.models.memory import estimate_memory
+    from align.plan.memory import estimate_memory
 
     return estimate_memory(dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, max_tokens=tokens)),
                            CUDA).total
@@ -71,7 +71,7 @@ def test_the_moe_bench_model_stops_where_its_estimate_would_pass_the_headroom(co
 
 
 def test_eager_blocks_get_the_smaller_share_of_the_device(compose):
-    """The estimate undercounts what eager blocks keep (tests/unit/models/test_memory_vs_measured.py
+    """The estimate undercounts what eager blocks keep (tests/unit/plan/test_memory_vs_measured.py
     holds both shares to the measured peaks), so the same model without compiled blocks stops earlier."""
     compiled = _cuda(compose, "experiment=bench/moe_default")
     eager = _cuda(compose, "experiment=bench/moe_default", "trainer.compile=false")
@@ -108,7 +108,7 @@ def test_a_budget_that_is_no_int_and_not_auto_is_refused(compose, bad):
 def test_an_unresolved_auto_reaches_no_sampler_estimate_or_identity(compose):
     from align.control.resume import run_identity
     from align.data.samplers import build_sampler
-    from align.models.memory import estimate_memory
+    from align.plan.memory import estimate_memory
 
     cfg = _cfg(compose)
     with pytest.raises(ValueError, match="unresolved"):
@@ -128,7 +128,7 @@ def test_grpo_keeps_shuffle_and_still_composes_with_the_budget_sampler(compose):
 def test_the_search_builds_the_meta_model_once(compose, monkeypatch):
     """Nine estimates (eight candidates and the pick) read one meta model: building it per estimate
     made a run's start pay the model construction nine times over (more with the preflight's own)."""
-    import align.models.memory as memory
+    import align.plan.memory as memory
 
     built = []
     real = memory._build_meta_model
@@ -146,13 +146,13 @@ GEMMA4_DEFAULT = "experiment=bench/gemma4_lora_default"
 
 
 def _chunked(cfg):
-    from align.objectives.chunk_auto import plan_loss_chunk
+    from align.plan.chunk_auto import plan_loss_chunk
 
     return plan_loss_chunk(cfg, CUDA)[0]  # the memory budget's estimates count the chunk, resolved first
 
 
 def test_compile_memory_budget_auto_is_torchs_default_where_the_longest_record_fits(compose):
-    from align.data.budget_auto import plan_memory_budget
+    from align.plan.budget_auto import plan_memory_budget
 
     cfg = _cfg(compose, GEMMA4_DEFAULT)
     assert cfg.trainer.compile_memory_budget == "auto"
@@ -171,9 +171,9 @@ def test_rows_too_long_for_the_saved_activations_get_the_largest_share_that_fits
     """16,384-token rows on the Gemma-4 26B-A4B LoRA default: the partitioner keeps the largest tenth of
     its activations that fits, and the run resolves to gemma4_lora_16k_budget, the arm measured at that
     budget (docs/performance.md#gemma-4-26b-a4b-lora)."""
-    from align.data.budget_auto import headroom
-    from align.models import memory
-    from align.parallel.compile import resolve_compile
+    from align.plan import memory
+    from align.plan.budget_auto import headroom
+    from align.plan.compile_auto import resolve_compile
 
     monkeypatch.setattr(memory, "device_memory", lambda device: H200)
     cfg = _cfg(compose, GEMMA4_DEFAULT, "data.max_seq_len=16384")
@@ -189,7 +189,7 @@ def test_rows_too_long_for_the_saved_activations_get_the_largest_share_that_fits
 
 
 def test_where_no_share_fits_auto_leaves_the_refusal_to_preflight(compose):
-    from align.data.budget_auto import plan_memory_budget
+    from align.plan.budget_auto import plan_memory_budget
 
     _, rec = plan_memory_budget(_chunked(_cfg(compose, GEMMA4_DEFAULT, "data.max_seq_len=16384")), CUDA, 60 * GiB)
     assert rec["resolved"] is None and "no share fits" in rec["why"]

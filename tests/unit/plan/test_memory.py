@@ -7,15 +7,15 @@ import torch
 
 from align.config import Family, to_typed
 from align.errors import ConfigError
-from align.models import memory
-from align.models.memory import estimate_memory
+from align.plan import memory
+from align.plan.memory import estimate_memory
 
 
 def _cfg(compose, *ov):
     """The estimates below were written for sampler=shuffle (micro_batch_size rows at data.max_seq_len),
     all logits at once and torch's partitioner default unless a test names them."""
     pinned = [] if any(o.startswith("sampler=") for o in ov) else ["sampler=shuffle"]
-    from align.data.budget_auto import plan_memory_budget
+    from align.plan.budget_auto import plan_memory_budget
 
     if not any(o.startswith("trainer.loss_chunk_tokens=") for o in ov):
         pinned.append("trainer.loss_chunk_tokens=0")
@@ -82,7 +82,7 @@ def test_preflight_refuses_a_config_that_cannot_fit_unless_allowed(compose, monk
 
 
 def test_tokens_per_micro_batch_follow_the_batching_that_runs(compose):
-    from align.models.memory import tokens_per_micro_batch
+    from align.plan.memory import tokens_per_micro_batch
 
     def tokens(*ov):
         return tokens_per_micro_batch(_cfg(compose, "data.max_seq_len=512", *ov))

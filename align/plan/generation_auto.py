@@ -5,23 +5,27 @@ generation_dtype=auto is `bf16` on one CUDA device (parallel=single) whose forwa
 over weights that are not bf16 already, LoRA off: the engine then decodes from a bf16 copy, synced and
 hash-checked before every rollout, with the numbers the policy's matmuls use anyway, and the policy's
 decoder blocks never see decode shapes (so `trainer.compile=auto` may compile them:
-align/parallel/compile.py). Everywhere else `same`: on a CPU nothing changes; sharded weights generate
+align/plan/compile_auto.py). Everywhere else `same`: on a CPU nothing changes; sharded weights generate
 in place; bf16 weights would only be duplicated; without bf16 autocast a bf16 copy would generate from
 other numbers than the policy computes with.
 
 generation_batch_size=auto is the whole rollout (`rollout_rows`) in one engine call, capped by the
 KV cache that fits; it reads the memory estimate, so it is resolved with the other sizes auto leaves
-to the device (align.data.budget_auto.resolve_generation_batch_size); on a CPU it is capped at
+to the device (align.plan.budget_auto.resolve_generation_batch_size); on a CPU it is capped at
 `CPU_ROWS`.
 
-This module imports nothing but the config: the memory estimate and the compile switch read the
-dtype's resolution from here.
+The widths and rows a rollout's memory is counted at live here too (`rollout_width`, `kv_cache_tokens`,
+`generation_rows`): grpo's terms of the memory estimate (align/objectives/plan_terms.py) read them.
+
+This module imports nothing but the config (and the engine's padding multiple, where it is asked for):
+the memory estimate and the compile switch read the dtype's resolution from here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
+from align.config.base import AUTO
 from align.config.objective import GenerationDtype
 
 CPU_ROWS = 256
@@ -64,12 +68,42 @@ def rollout_rows(cfg: Any) -> int:
     return cfg.objective.prompts_per_rollout * cfg.objective.group_size
 
 
+COPY_BYTES = {GenerationDtype.bf16: 2, GenerationDtype.fp32: 4}
+"""Bytes per element of a generation copy by its dtype (`same` makes no copy)."""
+
+
+def rollout_width(cfg: Any, prompt_tokens: Optional[int] = None) -> int:
+    """grpo: the most tokens a rollout sequence holds: the longest prompt (`prompt_tokens`, known once the
+    prompts are read: align.data.prompts.longest_prompt) + `objective.max_new_tokens`; unknown, its bound
+    `data.max_seq_len` (a longer prompt is dropped or refused)."""
+    if prompt_tokens is None:
+        return cfg.data.max_seq_len
+    return min(cfg.data.max_seq_len, prompt_tokens + cfg.objective.max_new_tokens)
+
+
+def kv_cache_tokens(cfg: Any, prompt_tokens: Optional[int] = None) -> int:
+    """Positions an engine call's KV cache holds per row: the longest prompt (`rollout_width` less the
+    new tokens) left-padded to the engine's multiple, plus `max_new_tokens` (the static cache's length;
+    the dynamic cache grows to at most this)."""
+    from align.generation.engine import EngineConfig
+
+    mult, new = EngineConfig().pad_to_multiple_of, cfg.objective.max_new_tokens
+    return -(-(rollout_width(cfg, prompt_tokens) - new) // mult) * mult + new
+
+
+def generation_rows(cfg: Any) -> int:
+    """Rows of one engine call: `objective.generation_batch_size`, at most the rollout's rows (a call
+    holds no more); auto, unresolved, counts as the whole rollout, the most it resolves to."""
+    rows, rollout = cfg.objective.generation_batch_size, rollout_rows(cfg)
+    return rollout if rows == AUTO else min(rows, rollout)
+
+
 def require_generation_resolved(cfg: Any, where: str) -> None:
     """Both settings must be resolved (`plan_generation`) before an engine is built at `where`."""
     from align.config.rules import require_auto_resolved
 
     o = cfg.objective
     require_auto_resolved("objective.generation_dtype", o.generation_dtype, where,
-                          "align.data.budget_auto.plan_generation")
+                          "align.plan.budget_auto.plan_generation")
     require_auto_resolved("objective.generation_batch_size", o.generation_batch_size, where,
-                          "align.data.budget_auto.plan_generation")
+                          "align.plan.budget_auto.plan_generation")

@@ -1,6 +1,6 @@
 """The training-memory estimate of a GRPO run sizes its rollouts by the prompts it generates from (the
 longest encoded prompt + objective.max_new_tokens), not by their bound data.max_seq_len, and a refusal
-names the keys that lower the estimate of the composition at hand (align/models/memory_levers.py),
+names the keys that lower the estimate of the composition at hand (align/plan/memory_levers.py),
 never one it does not read."""
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from align.config import to_typed
-from align.data.budget_auto import plan_sizes, planned_estimate
 from align.errors import ConfigError
-from align.models import memory
-from align.models.memory_levers import levers
+from align.plan import memory
+from align.plan.budget_auto import plan_sizes
+from align.plan.generation_auto import kv_cache_tokens
+from align.plan.memory_levers import levers
+from align.plan.planner import plan
 
 CPU = torch.device("cpu")
 PROMPTS = ["1+1=", "What is two plus three? Answer with the number only, please.", "7+8="]
@@ -39,11 +41,12 @@ def test_a_grpo_rollout_is_estimated_at_its_longest_prompt_plus_the_new_tokens(c
                                                               add_generation_prompt=True),
                                 add_special_tokens=False)["input_ids"]) for p in PROMPTS)
     width = longest + cfg.objective.max_new_tokens
-    est, planned, prompt_tokens = planned_estimate(cfg, CPU)
+    job = plan(cfg, CPU)
+    est, planned, prompt_tokens = job.estimate, job.sized, job.prompt_tokens
     assert prompt_tokens == longest < 64 < cfg.data.max_seq_len == 1024
     rows = cfg.objective.prompts_per_rollout * cfg.objective.group_size  # one micro-batch (grad_accum 1)
     assert est.tokens_per_micro_batch == rows * _ceil(width, cfg.sampler.pad_to_multiple_of)
-    assert memory.kv_cache_tokens(planned, prompt_tokens) == _ceil(longest, 8) + cfg.objective.max_new_tokens
+    assert kv_cache_tokens(planned, prompt_tokens) == _ceil(longest, 8) + cfg.objective.max_new_tokens
     bound = memory.estimate_memory(planned, CPU)  # the config alone: every sequence data.max_seq_len wide
     assert bound.tokens_per_micro_batch == rows * 1024 and est.total * 4 < bound.total
     record = plan_sizes(cfg, CPU)[1]["rollout_width"]  # the manifest's model.extra.rollout_width
@@ -56,7 +59,8 @@ def test_preflight_holds_the_real_rollout_not_its_bound_against_the_device(compo
     from align.run.preflight_checks import run_preflight
 
     cfg = _grpo(compose, tmp_path)
-    est, planned, prompt_tokens = planned_estimate(cfg, CPU)
+    job = plan(cfg, CPU)
+    est, planned, prompt_tokens = job.estimate, job.sized, job.prompt_tokens
     bound = memory.estimate_memory(planned, CPU).total
     monkeypatch.setattr(memory, "device_memory", lambda device: (est.total + bound) // 2)
     line = [c for c in run_preflight(cfg) if c.name == "params and memory"][0].detail
@@ -90,10 +94,10 @@ def test_every_key_a_refusal_names_lowers_the_estimate_and_is_read_by_the_compos
     """Each named `key=value`, typed on the command line after the composition, is accepted (a key the
     composition does not read is refused there) and plans to a smaller estimate."""
     base = ["logger=none", "allow_dirty=true", "data.max_records=200", *overrides]
-    est, planned, prompt_tokens = planned_estimate(to_typed(compose(base)), CPU)
-    found = levers(planned, CPU, 1, prompt_tokens)
+    job = plan(to_typed(compose(base)), CPU)
+    found = levers(job.sized, CPU, 1, job.prompt_tokens)
     for lever in found:
         setting = lever.split(" (~")[0]
-        assert planned_estimate(to_typed(compose([*base, setting])), CPU)[0].total < est.total, setting
+        assert plan(to_typed(compose([*base, setting])), CPU).estimate.total < job.estimate.total, setting
     keys = {lever.split("=")[0] for lever in found}
     assert named <= keys and not keys & not_named, keys

@@ -1,5 +1,5 @@
 """What lowers a training-memory estimate that does not fit: the keys of the composed run whose change
-makes the estimate (align/models/memory.py) smaller, each tried on the planned config and named with
+makes the estimate (align/plan/memory.py) smaller, each tried on the planned config and named with
 the value tried and the estimate it gives (align.run.model_checks puts them in its refusal).
 
 The candidates follow the objective and the sampler: a rollout's micro-batches (objective=grpo) are cut
@@ -18,28 +18,22 @@ from typing import Any, Optional
 
 import torch
 
-from align.config import GenerationDtype, ObjectiveKind, SamplerKind, TrainConfig
+from align.config import SamplerKind, TrainConfig
 from align.errors import ConfigError
-from align.models.memory import GiB, estimate_memory
+from align.objectives.plan_terms import terms_for
+from align.plan.memory import GiB, estimate_memory
 
 
 def _candidates(cfg: TrainConfig) -> list[tuple[str, Any]]:
-    """(key, value to try) for the composition of `cfg` (planned: `auto`s resolved)."""
-    from align.objectives.chunk_auto import CHUNK
+    """(key, value to try) for the composition of `cfg` (planned: `auto`s resolved): the token budget,
+    the keys the objective's micro-batches and generation are cut by (align/objectives/plan_terms.py
+    `levers`), then what lowers any run's activations, logits and state."""
+    from align.plan.chunk_auto import CHUNK
 
-    o, s = cfg.objective, cfg.sampler
+    s = cfg.sampler
     budget = s.kind == SamplerKind.budget
     out: list[tuple[str, Any]] = [("sampler.max_tokens", s.max_tokens // 2)] if budget else []
-    if o.kind == ObjectiveKind.grpo:
-        if not budget:
-            out.append(("trainer.grad_accum", cfg.trainer.grad_accum * 2))
-        out += [("objective.max_new_tokens", o.max_new_tokens // 2),
-                ("objective.prompts_per_rollout", o.prompts_per_rollout // 2),
-                ("objective.group_size", o.group_size // 2),
-                ("objective.generation_batch_size", o.generation_batch_size // 2),
-                ("objective.generation_dtype", GenerationDtype.same)]
-    elif not budget:
-        out += [("sampler.micro_batch_size", s.micro_batch_size // 2), ("data.max_seq_len", cfg.data.max_seq_len // 2)]
+    out += terms_for(cfg).levers(cfg, budget)
     out += [("parallel.activation_checkpointing", True), ("trainer.loss_chunk_tokens", CHUNK),
             ("model.lora.enabled", True)]
     return out

@@ -9,11 +9,13 @@ cannot drift from transformers. Memory is arithmetic on those counts plus an act
 - activations at `sampler.micro_batch_size x data.max_seq_len` tokens (the padded worst case), saved
   per decoder layer for backward (all layers, or block inputs plus one layer under activation
   checkpointing), plus the logits and their fp32 cross-entropy copies.
-- grpo: the generation copy (`objective.generation_dtype` bf16/fp32: its parameters in its dtype) and
-  the KV cache of one engine call (`objective.generation_batch_size` rows at the longest prompt +
-  `max_new_tokens`), which lives between optimizer steps, in place of the step's working set. Its
-  sequences are at most the longest prompt + `max_new_tokens` wide (`rollout_width`): where the prompts
-  have been read (`prompt_tokens`, at plan time) that, else the bound `data.max_seq_len`.
+- the objective's own terms (align/objectives/plan_terms.py): how its micro-batches are cut, a frozen
+  reference copy (dpo, grpo), and grpo's generation copy (`objective.generation_dtype` bf16/fp32: its
+  parameters in its dtype) and the KV cache of one engine call (`objective.generation_batch_size` rows
+  at the longest prompt + `max_new_tokens`), which lives between optimizer steps, in place of the
+  step's working set. Its sequences are at most the longest prompt + `max_new_tokens` wide
+  (align/plan/generation_auto.py `rollout_width`): where the prompts have been read (`prompt_tokens`,
+  at plan time) that, else the bound `data.max_seq_len`.
 
 It is an estimate: the GPU smoke runs print it beside `torch.cuda.max_memory_allocated` to keep it
 honest (docs/models.md). The check refuses a config whose estimate exceeds the visible device's
@@ -29,21 +31,12 @@ from typing import Any, Optional
 
 import torch
 
-from align.config import (
-    GenerationDtype,
-    ModelConfig,
-    ObjectiveKind,
-    OptimizerName,
-    ReferenceDtype,
-    ReferenceKind,
-    SamplerKind,
-    TrainConfig,
-)
+from align.config import ModelConfig, OptimizerName, TrainConfig
 from align.config.data import require_resolved
-from align.config.rules import AUTO
 from align.config.trainer_config import require_chunk_resolved, require_memory_budget_resolved
 from align.models.family import family_spec
 from align.models.family_table import MoEShape, ParamCount, count_params
+from align.objectives.plan_terms import terms_for
 
 GiB = 1024**3
 
@@ -194,34 +187,12 @@ def device_memory(device: torch.device) -> Optional[int]:
     return None
 
 
-def rollout_width(cfg: TrainConfig, prompt_tokens: Optional[int] = None) -> int:
-    """grpo: the most tokens a rollout sequence holds: the longest prompt (`prompt_tokens`, known once the
-    prompts are read: align.data.prompts.longest_prompt) + `objective.max_new_tokens`; unknown, its bound
-    `data.max_seq_len` (a longer prompt is dropped or refused)."""
-    if prompt_tokens is None:
-        return cfg.data.max_seq_len
-    return min(cfg.data.max_seq_len, prompt_tokens + cfg.objective.max_new_tokens)
-
-
 def tokens_per_micro_batch(cfg: TrainConfig, prompt_tokens: Optional[int] = None) -> int:
-    """The most tokens (padding included) one forward of the run holds, as its batching cuts them.
-    sft and dpo go through the sampler: under sampler=budget `max_tokens` bounds rows x padded width (a
-    dpo pair counts both its sides); shuffle and bucket take `micro_batch_size` rows (dpo: pairs, two
-    sequences each) at `data.max_seq_len`, the worst case. grpo forwards its rollout's completions,
-    cut into `updates_per_rollout x trainer.grad_accum` micro-batches, each at most `rollout_width`
-    wide (padded to `sampler.pad_to_multiple_of`), or under sampler=budget into micro-batches of at most
-    `max_tokens`."""
+    """The most tokens (padding included) one forward of the run holds, as its objective's batching cuts
+    them (align/objectives/plan_terms.py: the sampler's rows or budget for sft and dpo, the rollout's
+    completions for grpo, whose sequences `prompt_tokens` bounds where the prompts have been read)."""
     require_resolved(cfg.sampler.max_tokens, "the memory estimate")
-    o = cfg.objective
-    budget = cfg.sampler.kind == SamplerKind.budget and cfg.sampler.max_tokens is not None
-    if o.kind == ObjectiveKind.grpo and not budget:
-        seqs = -(-o.prompts_per_rollout * o.group_size // (o.updates_per_rollout * cfg.trainer.grad_accum))
-        mult = cfg.sampler.pad_to_multiple_of
-        return seqs * (-(-rollout_width(cfg, prompt_tokens) // mult) * mult)
-    if budget:  # grpo too: its budget cut holds at most max_tokens per micro-batch
-        return cfg.sampler.max_tokens
-    rows = cfg.sampler.micro_batch_size * (2 if o.kind == ObjectiveKind.dpo else 1)
-    return rows * cfg.data.max_seq_len
+    return terms_for(cfg).tokens_per_micro_batch(cfg, prompt_tokens)
 
 
 def logits_bytes(chunk: int, tokens: int, vocab: int, softcap: Optional[float], compute_bytes: int) -> int:
@@ -263,7 +234,7 @@ def layer_activation_bytes(cfg: TrainConfig, model: torch.nn.Module, config: Any
 def partitioner_budget(cfg: TrainConfig, device: torch.device) -> float:
     """trainer.compile_memory_budget where the blocks compile (trainer.compile=auto resolved as the
     trainer will), else 1: eager blocks keep what autograd saves."""
-    from align.parallel.compile import blocks_compile
+    from align.plan.compile_auto import blocks_compile
 
     budget = cfg.trainer.compile_memory_budget
     require_memory_budget_resolved(budget, "the memory estimate")
@@ -273,44 +244,17 @@ def partitioner_budget(cfg: TrainConfig, device: torch.device) -> float:
 
 
 def reference_bytes(cfg: TrainConfig, params: int, wbytes: int) -> int:
-    """A frozen copy of the policy (dpo, grpo with `objective.reference=model`) in its dtype; the other
-    references (the LoRA base with adapters off, precomputed log-probs, none) hold no second copy. DPO's
-    `auto` is counted as the copy: whether it precomputes depends on the planned pair stream."""
-    from align.objectives.reference import kl_reference, preference_reference
-
-    o = cfg.objective
-    if o.kind == ObjectiveKind.sft:
-        return 0
-    kind = preference_reference(cfg) if o.kind == ObjectiveKind.dpo else kl_reference(cfg)
-    if kind != ReferenceKind.model:
-        return 0
-    return params * {ReferenceDtype.bf16: 2, ReferenceDtype.fp32: 4}.get(o.reference_dtype, wbytes)
-
-
-_COPY_BYTES = {GenerationDtype.bf16: 2, GenerationDtype.fp32: 4}
-"""Bytes per element of a generation copy by its dtype (`same` makes no copy)."""
+    """A frozen copy of the policy where the objective keeps one (dpo, grpo with
+    `objective.reference=model`), in its dtype; the other references (the LoRA base with adapters off,
+    precomputed log-probs, none) hold no second copy (align/objectives/plan_terms.py)."""
+    return terms_for(cfg).reference_bytes(cfg, params, wbytes)
 
 
 def generation_copy_bytes(cfg: TrainConfig, params: int, device_type: str) -> int:
-    """grpo's generation copy: its parameters in its dtype, where `objective.generation_dtype` is bf16 or
-    fp32 (auto resolved as the trainer will on `device_type`); 0 where the engine generates with the
-    training model, and under any other objective."""
-    from align.objectives.generation_auto import resolve_generation_dtype
-
-    if cfg.objective.kind != ObjectiveKind.grpo:
-        return 0
-    dtype = resolve_generation_dtype(cfg, device_type)[0]
-    return params * _COPY_BYTES.get(dtype, 0)
-
-
-def kv_cache_tokens(cfg: TrainConfig, prompt_tokens: Optional[int] = None) -> int:
-    """Positions an engine call's KV cache holds per row: the longest prompt (`rollout_width` less the
-    new tokens) left-padded to the engine's multiple, plus `max_new_tokens` (the static cache's length;
-    the dynamic cache grows to at most this)."""
-    from align.generation.engine import EngineConfig
-
-    mult, new = EngineConfig().pad_to_multiple_of, cfg.objective.max_new_tokens
-    return -(-(rollout_width(cfg, prompt_tokens) - new) // mult) * mult + new
+    """The engine's copy of the weights where the objective generates from one (grpo: its parameters in
+    `objective.generation_dtype`, auto resolved as the trainer will on `device_type`); 0 where the engine
+    generates with the training model, and under an objective that generates nothing."""
+    return terms_for(cfg).generation_copy_bytes(cfg, params, device_type)
 
 
 def kv_elements_per_token(model: torch.nn.Module) -> int:
@@ -338,29 +282,17 @@ def _kv_width(config: Any) -> int:
     return kv * (getattr(text, "head_dim", None) or text.hidden_size // heads)
 
 
-def generation_rows(cfg: TrainConfig) -> int:
-    """Rows of one engine call: `objective.generation_batch_size`, at most the rollout's rows (a call
-    holds no more); auto, unresolved, counts as the whole rollout, the most it resolves to."""
-    from align.objectives.generation_auto import rollout_rows
-
-    rows, rollout = cfg.objective.generation_batch_size, rollout_rows(cfg)
-    return rollout if rows == AUTO else min(rows, rollout)
-
-
 def kv_cache_bytes(cfg: TrainConfig, device: torch.device, rows: Optional[int] = None,
                    prompt_tokens: Optional[int] = None) -> int:
-    """grpo: the KV cache of one engine call of `rows` rows (default `generation_rows`): rows x
-    `kv_cache_tokens` x `kv_elements_per_token` x bytes, in the generation copy's dtype, or with the
-    training model in the compute dtype (`compute_bytes`); 0 under any other objective."""
-    if cfg.objective.kind != ObjectiveKind.grpo:
+    """The KV cache of one engine call of `rows` rows (default: the objective's rows per call): the
+    positions the objective's generation holds (align/objectives/plan_terms.py; none under an objective
+    that generates nothing) x `kv_elements_per_token` x bytes, in the generation copy's dtype, or with the
+    training model in the compute dtype (`compute_bytes`)."""
+    positions, nbytes = terms_for(cfg).kv_cache(cfg, device.type, rows, prompt_tokens)
+    if not positions:
         return 0
-    from align.objectives.generation_auto import resolve_generation_dtype
-
     model, _ = meta_model(cfg.model)
-    dtype = resolve_generation_dtype(cfg, device.type)[0]
-    nbytes = _COPY_BYTES.get(dtype) or compute_bytes(cfg, device)
-    rows = generation_rows(cfg) if rows is None else rows
-    return rows * kv_cache_tokens(cfg, prompt_tokens) * kv_elements_per_token(model) * nbytes
+    return positions * kv_elements_per_token(model) * (nbytes or compute_bytes(cfg, device))
 
 
 def resident_bytes(cfg: TrainConfig, device: torch.device) -> int:

@@ -1,4 +1,4 @@
-"""trainer.loss_chunk_tokens=auto (align/objectives/chunk_auto.py): what it resolves to per device and
+"""trainer.loss_chunk_tokens=auto (align/plan/chunk_auto.py): what it resolves to per device and
 model, and that an unresolved auto never reaches a loss or an estimate."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from align.config import to_typed
 from align.errors import ConfigError
-from align.objectives.chunk_auto import CHUNK, RATIO, per_token_bytes, plan_loss_chunk
+from align.plan.chunk_auto import CHUNK, RATIO, per_token_bytes, plan_loss_chunk
 
 CUDA = torch.device("cuda")
 GEMMA4_26B_LORA = ["model=gemma4_moe", "model.preset=full", "model.dtype=bfloat16", "model.lora.enabled=true"]
@@ -56,8 +56,8 @@ def test_a_chunk_that_is_no_int_and_not_auto_is_refused(compose, bad):
 
 
 def test_an_unresolved_auto_reaches_no_objective_or_estimate(compose):
-    from align.models.memory import estimate_memory
     from align.objectives import build_objective
+    from align.plan.memory import estimate_memory
 
     cfg = _cfg(compose, "sampler.max_tokens=4096")
     with pytest.raises(ValueError, match="loss_chunk_tokens='auto' reached the objective unresolved"):
