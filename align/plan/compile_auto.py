@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from align.config.base import AUTO
+from align.config.rules import AUTO
 
 COMPILED_FAMILIES = ("mistral", "olmoe", "gemma4_moe")
 """Families whose compiled decoder blocks the GPU bench and tests have run (docs/performance.md)."""

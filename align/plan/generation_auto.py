@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from align.config.base import AUTO
+from align.config.rules import AUTO
 from align.config.objective import GenerationDtype
 
 CPU_ROWS = 256
