@@ -9,6 +9,8 @@ architecture), another when triton is absent (torch's CPU builds come without it
 Enum classes as pytree constants, which torch now logs as deprecated. Not importing cannot avoid
 these, and none of the calls is align's to change: each record is dropped by a filter on its own
 logger that matches only that record; every other record of those loggers passes (docs/pitfalls.md#25).
+matplotlib (the loss plot) says at INFO, the first time a machine imports it, that it built its font
+cache: a line in the run's closing summary that says nothing about the run.
 """
 
 from __future__ import annotations
@@ -39,10 +41,16 @@ def _enum_constant(record: logging.LogRecord) -> bool:
     return str(getattr(cls, "__module__", "")).startswith("torchao")
 
 
+def _font_cache(record: logging.LogRecord) -> bool:
+    """matplotlib's first import on a machine: `_log.info("generated new fontManager")`."""
+    return record.getMessage() == "generated new fontManager"
+
+
 DROPPED: dict[str, Callable[[logging.LogRecord], bool]] = {
     "torchao": _kernel_library,
     "torchao.kernel.intmm": _no_triton,
     "torch.utils._pytree": _enum_constant,
+    "matplotlib.font_manager": _font_cache,
 }
 """Logger name -> the records of that logger to drop."""
 

@@ -44,7 +44,10 @@ def _passes(record: logging.LogRecord) -> bool:
     (_record("torch.utils._pytree", PYTREE_MSG, Theirs), True),
     (_record("torch.utils._pytree", PYTREE_MSG, Mine), False),  # another library's Enum: still said
     (_record("torch.utils._pytree", "some other pytree warning %s", Theirs), False),
-], ids=["torchao-so", "torchao-other", "no-triton", "intmm-other", "torchao-enum", "other-enum", "pytree-other"])
+    (_record("matplotlib.font_manager", "generated new fontManager"), True),
+    (_record("matplotlib.font_manager", "findfont: Font family 'x' not found."), False),
+], ids=["torchao-so", "torchao-other", "no-triton", "intmm-other", "torchao-enum", "other-enum", "pytree-other",
+        "font-cache", "font-other"])
 def test_each_filter_drops_exactly_its_record(record, dropped):
     quiet.install()
     quiet.install()  # idempotent: one filter per logger
