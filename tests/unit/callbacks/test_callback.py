@@ -1,4 +1,5 @@
-"""The hooks (align/callbacks/callback.py) reach every callback in the list's order."""
+"""The hooks (align/callbacks/callback.py) reach every callback in the list's order, and the run's list
+keeps the order align/callbacks/__init__.py gives its reasons for."""
 
 from __future__ import annotations
 
@@ -49,3 +50,14 @@ def test_each_hook_runs_on_every_callback_in_list_order():
         ("a", "close"), ("b", "close"),
     ]
 
+
+def test_the_run_list_keeps_its_documented_order(tmp_path):
+    from tests.conftest import build_trainer
+
+    t = build_trainer(tmp_path, "trainer.max_steps=1", "trainer.export=false")
+    assert [type(c).__name__ for c in t.callbacks] == [
+        "CompileArtifacts", "EvalCadence", "StepRows", "LossPlot", "ConsoleProgress", "SkipLimit", "Checkpoints",
+        "TrackerFinish"]
+    assert t.history is not None and t.logger is not None  # opened once the start was accepted
+    t.logger.finish(0)
+    t.history.close()
