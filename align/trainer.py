@@ -24,14 +24,13 @@ from align.data.budget_auto import plan_sizes
 from align.data.collate import Batch
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream
-from align.data.stats import sampler_stats
 from align.data.tokenizer import load_tokenizer
 from align.errors import EXIT_OK, EXIT_SIGNAL, ConfigError
 from align.evaluation.schedule import TrainingEval
 from align.models import build_model
 from align.models.attention import sdpa_priority
-from align.models.build import resolved_backends, token_id_tables
-from align.models.family import family_of, family_spec
+from align.models.build import token_id_tables
+from align.models.family import family_of
 from align.models.runtime import ModelRuntime
 from align.objectives import Objective, build_objective
 from align.objectives.ce import bypass_lm_head
@@ -43,8 +42,6 @@ from align.parallel.export import export_model
 from align.parallel.grad import clip_grad_norm_
 from align.parallel.launch import log_rank_to_file
 from align.parallel.wrap import parallelize
-from align.probes.mask import assert_masks
-from align.probes.sdpa import sdpa_kernel_family
 from align.run.run_length import plan_run_length
 from align.telemetry.throughput import Throughput
 
@@ -161,35 +158,6 @@ class Trainer:
         hand_off(trainer, resume)  # the checkpoint loaded when resuming
         trainer.callbacks = for_run(trainer, wandb_config, group, resuming=bool(resume))  # history, tracker
         return trainer
-
-    # ------------------------------------------------------------------------- the run's record
-
-    def describe(self) -> dict[str, Any]:
-        """What the built run resolved to, for the manifest (align/run/record.py writes it): the model
-        as its own config reads back, device and world, autocast, the data's provenance, the sampler's
-        epoch-0 plan and the objective's own record."""
-        fast = getattr(self.autocast(), "fast_dtype", None)
-        return {"model": {**self.model_info, **resolved_backends(self.model, family_spec(self.cfg.model).is_moe)},
-                "device": self.env.device, "world_size": self.env.world,
-                "autocast_dtype": str(fast).removeprefix("torch.") if fast is not None else None,
-                "data": {"stats": dict(getattr(self.data, "stats", {}) or {}),
-                         "meta": dict(getattr(self.data, "meta", None) or {})},
-                "sampler_stats": sampler_stats(self.stream), "objective": self.objective.describe()}
-
-    def check_masks(self) -> dict[str, Any]:
-        """The mask gate before step 1 (align/probes/mask.py): raises ConfigError on a wrong band."""
-        report = assert_masks(self.model, self.data, self.stream.pad_id, autocast=self.autocast)
-        return {"ok": True, **{k: report[k] for k in ("attn_implementation", "sliding_window", "by_type")}}
-
-    def check_objective(self) -> dict[str, Any]:
-        """The objective's gate on the micro-batch step 1 trains on; its report and record."""
-        self.objective.gate(self.stream.peek().to(self.env.device))
-        return self.objective.describe()
-
-    def sdpa_kernel_record(self) -> tuple[Optional[str], Optional[list[str]], Optional[str]]:
-        """(family, kernel symbols, why null) of one profiled forward of step 1's micro-batch (GPU)."""
-        resolved = getattr(self.model.config, "_attn_implementation", None)
-        return sdpa_kernel_family(self.model, self.stream.peek().to(self.env.device), self.autocast, resolved)
 
     # ------------------------------------------------------------------------------------- loop
 
