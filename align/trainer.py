@@ -1,4 +1,5 @@
-"""The trainer: `build()` wires the typed config's components, `fit()` loops, `train_step()` is one optimizer step."""
+"""The trainer: `build()` wires the typed config's components, `fit()` loops, `train_step()` is one optimizer step.
+Its side jobs around the steps (rows, eval, checkpoints, halts, plot, console) are callbacks: align/callbacks/."""
 
 from __future__ import annotations
 
