@@ -1,4 +1,5 @@
-"""The trainer: `build()` wires the typed config's components, `fit()` loops, `train_step()` is one optimizer step."""
+"""The trainer: `build()` wires the typed config's components, `fit()` loops, `train_step()` is one optimizer step.
+Its side jobs around the steps (rows, eval, checkpoints, halts, plot, console) are callbacks: align/callbacks/."""
 
 from __future__ import annotations
 
@@ -9,37 +10,32 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.profiler import record_function
 
+from align.callbacks import Callbacks, check_parameters, for_run, hand_off, resume_decision
 from align.config import ParallelKind, TrainConfig
 from align.control.boundary import Verdict, agree
-from align.control.checkpoint import load_checkpoint, read_meta, remove_stale_tmp, save_checkpoint
-from align.control.ckpt_index import broken, checkpoint_root
-from align.control.nonfinite import SkipStats, halt_message, nonfinite_parameters, parameters_message, write_halt
+from align.control.nonfinite import SkipStats
 from align.control.nonfinite import inject as inject_nan
-from align.control.resume import check_resumable, resume_points, run_identity, trim_history
 from align.control.signals import StopSignals
 from align.data.collate import Batch
 from align.data.encode import EncodedDataset
 from align.data.loader import BatchStream
-from align.data.stats import sampler_stats
 from align.data.tokenizer import load_tokenizer
-from align.errors import EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, ConfigError, NonFiniteHalt, StopRequested
+from align.errors import EXIT_OK, EXIT_SIGNAL, ConfigError
 from align.evaluation.schedule import TrainingEval
 from align.models import build_model
 from align.models.attention import sdpa_priority
-from align.models.build import resolved_backends, token_id_tables
-from align.models.family import family_of, family_spec
+from align.models.build import token_id_tables
+from align.models.family import family_of
 from align.models.runtime import ModelRuntime
 from align.objectives import Objective, build_objective
 from align.objectives.ce import bypass_lm_head
 from align.optim import build_optimizer, build_scheduler, optimizer_impl
 from align.optim.step import CompiledStep, OverlappedStep, PlainStep, build_stepper
-from align.parallel import compile_artifacts
 from align.parallel.compile import apply_compile, compile_blocks, compile_choice
 from align.parallel.env import DistEnv, autocast_context, init_distributed
 from align.parallel.grad import clip_grad_norm_
@@ -47,14 +43,8 @@ from align.parallel.launch import log_rank_to_file
 from align.parallel.sharded_export import export_model
 from align.parallel.wrap import parallelize
 from align.plan import planner
-from align.probes.mask import assert_masks
-from align.probes.sdpa import sdpa_kernel_family
-from align.run.run_length import plan_run_length
-from align.telemetry.console import end_of_run
-from align.telemetry.history import History
-from align.telemetry.progress import start_progress
+from align.plan.run_length import plan_run_length
 from align.telemetry.throughput import Throughput
-from align.telemetry.wandb_logger import Logger, build_logger, wandb_init_kwargs
 
 log = logging.getLogger("align")
 
@@ -93,9 +83,6 @@ class Trainer:
     """Steps `optimizer` at each boundary: as is, compiled (`optimizer.compile`) or on a side stream
     beside the next forward (`optimizer.overlap`); align.optim.step."""
     scheduler: Any
-    logger: Logger
-    history: Optional[History]
-    """history.jsonl on rank 0 (rows hold values reduced over ranks); None on the other ranks."""
     throughput: Throughput
     identity: dict[str, Any]
     """What a checkpoint of this run records and a resume must match (align.control.resume)."""
@@ -111,6 +98,14 @@ class Trainer:
     """perf_counter() at the last step boundary; None: the next step times from its own start."""
     evals: Optional[TrainingEval] = None
     """The in-training eval (`eval=... trainer.eval_every=N`, align/evaluation/schedule.py); None: none."""
+    logger: Any = None
+    """The tracker (align/telemetry/wandb_logger.py: W&B, TensorBoard, MLflow or none), from the start's
+    acceptance on (align/callbacks/step_rows.py)."""
+    history: Any = None
+    """align.telemetry.history.History of history.jsonl on rank 0 (rows hold values reduced over ranks);
+    None on the other ranks."""
+    callbacks: Callbacks = field(default_factory=Callbacks)
+    """fit()'s side jobs (align/callbacks/__init__.py: which, and why in that order)."""
 
     @classmethod
     def build(cls, cfg: TrainConfig, run_dir: Path, wandb_config: dict | None = None, group: str | None = None,
@@ -134,10 +129,8 @@ class Trainer:
 
         on_device = cfg.model.init_on_device and env.device.type == "cuda" and cfg.parallel.kind != ParallelKind.ep
         built = build_model(cfg.model, cfg.attention, tokenizer, env.device, init_on_device=on_device)
-        identity = run_identity(cfg, env.world, data, built.model)
-        resume = resume_points(cfg, run_dir)
-        if resume:  # refuse a checkpoint of another run before any sharding or loading
-            check_resumable(resume[0], read_meta(resume[0]), identity, cfg.trainer.resume_despite_mismatch)
+        # a checkpoint of another run is refused before any sharding or loading
+        identity, resume = resume_decision(cfg, run_dir, env.world, data, built.model)
         extra = objective.prepare(built.model)  # e.g. a frozen reference: placed and sharded like the policy
         model = built.model.to(env.device)
         check_token_ids(data, model)
@@ -159,121 +152,13 @@ class Trainer:
 
         throughput = Throughput.build(model, env.device, measure=env.is_main)
         trainer = cls(cfg, run_dir, env, tokenizer, data, stream, model, info, optimizer, stepper, scheduler,
-                      Logger(), None, throughput, identity, stop=stop or StopSignals(), runtime=built.runtime,
-                      objective=objective)
+                      throughput, identity, stop=stop or StopSignals(), runtime=built.runtime, objective=objective)
         objective.bind(model, trainer.forward, resuming=bool(resume))
         info["loss"] = objective.describe()["loss"]
         trainer.evals = TrainingEval.build(cfg, env, tokenizer)
-        if resume:
-            trainer.restore(resume)
-        name = cfg.name or run_dir.name
-        trainer.open_records(wandb_init_kwargs(cfg.logger, run_dir, name, group, wandb_config or {},
-                                               resuming=bool(resume)))
+        hand_off(trainer, resume)  # the checkpoint loaded when resuming
+        trainer.callbacks = for_run(trainer, wandb_config, group, resuming=bool(resume))  # history, tracker
         return trainer
-
-    # ------------------------------------------------------------------------------- checkpoints
-
-    @property
-    def checkpoint_root(self) -> Path:
-        return checkpoint_root(self.run_dir)
-
-    def save_checkpoint(self, reason: str) -> Path:
-        self.stepper.sync()  # the last step's parameters and moments may still be written on a side stream
-        self.check_parameters(f"the {reason} checkpoint was not written")
-        meta = {"reason": reason, "identity": self.identity, "state": self.state.to_dict(),
-                "scheduler": self.scheduler.state_dict(), "optimizer_impl": self.model_info["optimizer_impl"],
-                "objective": self.objective.state_dict()}
-        path = save_checkpoint(self.checkpoint_root, self.state.step, self.model, self.optimizer, self.env, meta,
-                               {"stream": self.stream.state_dict(), "objective": self.objective.rank_state_dict()},
-                               self.cfg.trainer.keep_last)
-        log.info("checkpoint %s (%s)", path, reason)
-        return path
-
-    def restore(self, candidates: list[Path]) -> None:
-        """Continue from the first of `candidates` (newest first) that loads; each one skipped, and why,
-        goes to the log and to `model_info["resumed_from"]` (the manifest). None loads: refused (exit 2)."""
-        skipped: list[dict[str, str]] = []
-        for path in candidates:
-            if skipped:  # the first was checked against this run before sharding
-                check_resumable(path, read_meta(path), self.identity, self.cfg.trainer.resume_despite_mismatch)
-            why = self.load(path)
-            if why is None:
-                break
-            log.warning("checkpoint %s does not load (%s); trying the next older one", path, why)
-            skipped.append({"path": str(path), "why": why})
-        else:
-            key = "trainer.resume_from" if self.cfg.trainer.resume_from else "trainer.resume"
-            raise ConfigError(key, "no checkpoint loads: " + "; ".join(f"{s['path']}: {s['why']}" for s in skipped)
-                              + " (move them aside, or set trainer.resume=never to start afresh)")
-        newer = [{"path": str(p), "why": why} for s, p, why in broken(self.checkpoint_root) if s > self.state.step]
-        skipped = newer + skipped
-        for s in newer:
-            log.warning("checkpoint %s skipped: %s", s["path"], s["why"])
-        self.model_info["resumed_from"] = {"path": str(path), "step": self.state.step, "skipped": skipped}
-        log.info("resumed from %s at step %d", path, self.state.step)
-
-    def load(self, path: Path) -> Optional[str]:
-        """Restore everything from `path` (collective: every rank gets the same outcome); None when it
-        loaded, else why not, in one line."""
-        try:
-            meta, mine = load_checkpoint(path, self.model, self.optimizer, self.env)
-        except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
-            if self.stop.requested:  # a stop signal cut the load short: not the checkpoint's fault
-                raise StopRequested(f"stop requested ({self.stop.reason}) while loading {path}") from e
-            return load_failure(e)
-        self.scheduler.load_state_dict(meta["scheduler"])
-        self.objective.load_state_dict(meta.get("objective", {}))
-        self.state = TrainState.from_dict(meta["state"])
-        self.stream.load_state_dict(mine["stream"], strict=not self.cfg.trainer.resume_despite_mismatch)
-        self.objective.load_rank_state_dict(mine.get("objective", {}))
-        return None
-
-    def open_records(self, wandb_kwargs: dict[str, Any]) -> None:
-        """Once the start is accepted: stale checkpoint leftovers go, the history keeps one row per step
-        (rows past the step this attempt starts from, even 0, move aside), the logger starts."""
-        if self.env.is_main:
-            remove_stale_tmp(self.checkpoint_root)
-            moved = trim_history(self.run_dir / "history.jsonl", self.state.step)
-            if moved:
-                log.info("history: %d row(s) past step %d moved to history.superseded.jsonl", moved, self.state.step)
-            self.history = History(self.run_dir / "history.jsonl")
-        self.logger = build_logger(self.cfg.logger, self.env.is_main, wandb_kwargs, self.state.step)
-
-    def check_parameters(self, refused: str) -> None:
-        """Collective: halt (exit 81) on every rank when any rank's parameters hold nan/inf."""
-        bad = nonfinite_parameters(self.model, self.env)
-        if bad:
-            total = sum(1 for _ in self.model.parameters())
-            self.halt(parameters_message(bad, total, self.state.step, refused), nonfinite_parameters=bad)
-
-    # ------------------------------------------------------------------------- the run's record
-
-    def describe(self) -> dict[str, Any]:
-        """What the built run resolved to, for the manifest (align/run/record.py writes it): the model
-        as its own config reads back, device and world, autocast, the data's provenance, the sampler's
-        epoch-0 plan and the objective's own record."""
-        fast = getattr(self.autocast(), "fast_dtype", None)
-        return {"model": {**self.model_info, **resolved_backends(self.model, family_spec(self.cfg.model).is_moe)},
-                "device": self.env.device, "world_size": self.env.world,
-                "autocast_dtype": str(fast).removeprefix("torch.") if fast is not None else None,
-                "data": {"stats": dict(getattr(self.data, "stats", {}) or {}),
-                         "meta": dict(getattr(self.data, "meta", None) or {})},
-                "sampler_stats": sampler_stats(self.stream), "objective": self.objective.describe()}
-
-    def check_masks(self) -> dict[str, Any]:
-        """The mask gate before step 1 (align/probes/mask.py): raises ConfigError on a wrong band."""
-        report = assert_masks(self.model, self.data, self.stream.pad_id, autocast=self.autocast)
-        return {"ok": True, **{k: report[k] for k in ("attn_implementation", "sliding_window", "by_type")}}
-
-    def check_objective(self) -> dict[str, Any]:
-        """The objective's gate on the micro-batch step 1 trains on; its report and record."""
-        self.objective.gate(self.stream.peek().to(self.env.device))
-        return self.objective.describe()
-
-    def sdpa_kernel_record(self) -> tuple[Optional[str], Optional[list[str]], Optional[str]]:
-        """(family, kernel symbols, why null) of one profiled forward of step 1's micro-batch (GPU)."""
-        resolved = getattr(self.model.config, "_attn_implementation", None)
-        return sdpa_kernel_family(self.model, self.stream.peek().to(self.env.device), self.autocast, resolved)
 
     # ------------------------------------------------------------------------------------- loop
 
@@ -291,36 +176,22 @@ class Trainer:
         cfg = self.cfg.trainer
         batches = iter(self.stream)
         self.t_start = time.perf_counter()
-        progress = start_progress(self)  # the start block, then a bar or log lines of the objective's metrics
-        with self.stop, contextlib.closing(progress):  # a signal only flags a stop; the boundary acts on it
+        self.callbacks.pre_train()  # the start block, then a bar or log lines of the objective's metrics
+        with self.stop, contextlib.closing(self.callbacks):  # a signal only flags a stop; the boundary acts on it
             while self.state.step < cfg.max_steps:
                 metrics, verdict = self.train_step(batches)
-                if self.evals is not None and not verdict.stop and self.evals.due(self.state.step):
-                    metrics.update(self.evaluate())  # into this step's row; a stop skips it (time is short)
+                self.callbacks.pre_log_metrics(metrics, verdict.stop)  # the in-training eval, into this row
                 with record_function("align.log"):  # phases name the host's work in a profile (align.probes.gaps)
                     self.log(metrics)
-                    progress.update(metrics)
-                if self.state.skips.over(cfg.max_consecutive_skipped_steps):
-                    self.halt()
-                if verdict.stop or (cfg.save_every and self.state.step % cfg.save_every == 0):
-                    self.save_checkpoint("stop" if verdict.stop else "cadence")
-                    self.t_boundary = None  # a checkpoint is not training time
+                self.callbacks.post_step(self.state.step, verdict.stop)  # a halt, then a checkpoint
                 if verdict.stop:
                     return self.finish(EXIT_SIGNAL)
         self.model_info.update(self.runtime.finish(self.run_dir, self.env.is_main))
         self.stepper.sync()
-        self.check_parameters("nothing was exported" if cfg.export else "the run cannot end as done")
+        check_parameters(self, "nothing was exported" if cfg.export else "the run cannot end as done")
         if cfg.export:
             export_model(self.model, self.tokenizer, self.run_dir / "export", self.env, self.cfg.model.lora.export)
         return self.finish(EXIT_OK)
-
-    def evaluate(self) -> dict[str, Any]:
-        """The in-training eval on every rank (collective); its time is not the next step's."""
-        self.stepper.sync()  # the step's parameters may still be written on a side stream
-        with record_function("align.eval"):
-            out = self.evals.run(self.model, self.autocast, compiled=self.model_info["compile"] is not None)
-        self.t_boundary = None
-        return out
 
     def forward(self, inputs: dict[str, Any], hidden_only: bool = False,
                 module: Optional[torch.nn.Module] = None) -> torch.Tensor:
@@ -421,27 +292,12 @@ class Trainer:
     # ---------------------------------------------------------------------------------- endings
 
     def log(self, metrics: dict[str, Any]) -> None:
-        if self.history is not None:
-            self.history.append(metrics)
-        self.logger.log({k: v for k, v in metrics.items() if k != "step"}, step=metrics["step"])
-
-    def halt(self, message: Optional[str] = None, **extra: Any) -> NoReturn:
-        """Every rank gets here at the same step with the same statistics, hence the same message
-        (by default: too many non-finite steps in a row); `extra` goes into HALT.json."""
-        message = message or halt_message(self.state.skips, self.cfg.trainer.max_consecutive_skipped_steps)
-        if self.env.is_main:
-            write_halt(self.run_dir, message, self.state.step, self.state.skips, extra)
-        log.error(message)
-        self.finish(EXIT_NONFINITE)
-        raise NonFiniteHalt(message)
+        """The step's row: history, tracker, progress (a probe that runs steps itself calls it too)."""
+        self.callbacks.log_metrics(metrics)
 
     def finish(self, code: int) -> int:
-        compile_artifacts.save_at_end(self.model_info["compile_choice"], self.env.is_main)
-        self.logger.summary(self.summary())
-        if self.history is not None:
-            self.history.close()
-            end_of_run(self, code, time.perf_counter() - self.t_start)  # plots/loss.png and the summary
-        self.logger.finish(code)
+        """However the run ends (0, 143, or 81 before NonFiniteHalt is raised): the callbacks' records."""
+        self.callbacks.post_train(code)
         return code
 
     def summary(self) -> dict[str, Any]:
@@ -453,17 +309,6 @@ class Trainer:
 
 
 # ------------------------------------------------------------------------------------ build helpers
-
-
-def load_failure(e: BaseException) -> str:
-    """One line for a checkpoint that did not load; DCP's CheckpointException carries each failed
-    rank's own exception (its str is a multi-line traceback)."""
-    where = ""
-    if isinstance(e, CheckpointException) and e.failures:
-        where = f" on rank(s) {sorted(e.failures)}"
-        e = next(iter(e.failures.values()))[0]
-    text = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
-    return f"{type(e).__name__}{where}: {text}"[:300]
 
 
 def apply_cuda_alloc_conf(conf: Optional[str]) -> Optional[str]:

@@ -223,7 +223,7 @@ class TrainerConfig:
     of the two may be set (an experiment's max_steps with trainer.epochs needs trainer.max_steps=null)."""
     epochs: Optional[int] = None
     """Passes over the data instead of `max_steps` (objective=sft and dpo): the run's optimizer steps are
-    the micro-batches the sampler plans for these epochs (align.run.run_length) over `grad_accum`, the
+    the micro-batches the sampler plans for these epochs (align.plan.run_length) over `grad_accum`, the
     last incomplete window left out. The manifest's `run_length` records the steps and which key decided."""
     grad_accum: int = 1
     """Micro-batches per optimizer step. The loss is averaged per loss token over the whole window."""

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from align.config.rules import AUTO
 from align.config.objective import GenerationDtype
+from align.config.rules import AUTO
 
 CPU_ROWS = 256
 """generation_batch_size=auto on a CPU: at most this many rows per engine call, the fixed default before

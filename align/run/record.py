@@ -217,14 +217,15 @@ class RunRecord:
         os.replace(staging, hydra)
 
     def built(self, trainer: "Trainer") -> None:
-        """After Trainer.build: what the run RESOLVED to (`Trainer.describe`), then the gates before
+        """After Trainer.build: what the run RESOLVED to (align/run/resolved.py), then the gates before
         step 1: the mask gate and the objective's own (each report, or its failure, recorded)."""
         from align.core.provenance import device_info
         from align.models.family import family_of
+        from align.run import resolved
 
         self.accept()  # Trainer.build wrote nothing before its resume decision; from here the attempt counts
         self.trainer = trainer
-        m, d = self.manifest, trainer.describe()
+        m, d = self.manifest, resolved.describe(trainer)
         info = d["model"]
         keys = {
             "model_class": "model.class",
@@ -268,16 +269,16 @@ class RunRecord:
         m.set("parallel.world_size", d["world_size"])
         m.set("model.autocast_dtype", d["autocast_dtype"], "no autocast: compute runs in the parameter dtype")
         self._record_data(d["data"], d["sampler_stats"])
-        family, kernels, why = trainer.sdpa_kernel_record()
+        family, kernels, why = resolved.sdpa_kernel_record(trainer)
         m.set("model.sdpa_kernel_family", family, why)
         m.set("model.sdpa_kernels", kernels, why)
         m.null("mask_probe", "pending: the mask gate runs next")
         m.set("objective", d["objective"])
         m.set("logger", trainer.logger.describe(), f"logger={self.cfg.logger.kind.value}: history.jsonl only")
         m.write("built")
-        self._gate("mask_probe", trainer.check_masks)
+        self._gate("mask_probe", lambda: resolved.check_masks(trainer))
         failed = {**d["objective"], "gate": {"ran": True, "ok": False}}  # the record, with why the gate refused
-        self._gate("objective", trainer.check_objective, failed)
+        self._gate("objective", lambda: resolved.check_objective(trainer), failed)
         m.write("built")
         trainer.logger.summary(flat(m.data))
 

@@ -116,10 +116,3 @@ def announce_end(trainer: Any, code: int, wall_s: float) -> None:
         for line in end_lines(trainer, code, wall_s, step_rows(trainer.run_dir)):
             log.info(line)
 
-
-def end_of_run(trainer: Any, code: int, wall_s: float) -> None:
-    """Rank 0, once history is closed: plots/loss.png of the objective's metrics, then the summary."""
-    from align.telemetry.plots import plot_run
-
-    plot_run(trainer.run_dir, trainer.cfg.name or trainer.run_dir.name, trainer.logger, watched(trainer.objective))
-    announce_end(trainer, code, wall_s)
