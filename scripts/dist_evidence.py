@@ -19,6 +19,7 @@ a table. Expected: a few minutes on one H200 node.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -42,7 +43,20 @@ COMMON = ["logger=none", "trainer.export=false", "allow_dirty=true", "trainer.lo
           "sampler.micro_batch_size=4",
           "optimizer.warmup_ratio=0", "optimizer.lr=3e-4",
           "trainer.compile=false", "optimizer.compile=false"]  # parity of the layouts: the same eager code in each
-FP32 = ["trainer.precision=fp32", "parallel.param_dtype=float32"]
+FP32 = ["trainer.precision=fp32"]
+SHARDED_FP32 = ["parallel.param_dtype=float32"]  # the sharded layouts' own key (parallel=single refuses it)
+
+
+def parity_arms(base: list[str], n: int) -> dict[str, list[str]]:
+    """The parity runs' overrides (without their run dirs): one process at grad_accum 2, and each layout
+    on n ranks at the same global batch."""
+    par = [*base, *FP32, f"trainer.max_steps={STEPS}"]
+    accum = max(2 // n, 1)
+    arms = {"single": [*par, "parallel=single", "trainer.grad_accum=2"],
+            "fsdp": [*par, *SHARDED_FP32, "parallel=fsdp", f"trainer.grad_accum={accum}"]}
+    if n >= 2:
+        arms["ep"] = [*par, *SHARDED_FP32, "parallel=ep", f"trainer.grad_accum={accum}"]
+    return arms
 
 
 def history(run_dir: Path) -> list[dict]:
@@ -133,15 +147,10 @@ def main() -> int:
         shutil.rmtree(run_dir(name), ignore_errors=True)  # finished run dir is never written again (align.run.run_dir)
 
     # 1-3: parity, fp32
-    par = [*base, *FP32, f"trainer.max_steps={STEPS}"]
-    codes = {"single": train([*par, "parallel=single", "trainer.grad_accum=2", f"hydra.run.dir={run_dir('single')}"],
-                             env, out / "single.log")}
-    accum = max(2 // n, 1)
-    codes["fsdp"] = torchrun(n, [*par, "parallel=fsdp", f"trainer.grad_accum={accum}",
-                                 f"hydra.run.dir={run_dir('fsdp')}"], env, out / "fsdp.log")
-    if n >= 2:
-        codes["ep"] = torchrun(n, [*par, "parallel=ep", f"trainer.grad_accum={accum}",
-                                   f"hydra.run.dir={run_dir('ep')}"], env, out / "ep.log")
+    codes = {}
+    for k, overrides in parity_arms(base, n).items():
+        launch = train if k == "single" else functools.partial(torchrun, n)
+        codes[k] = launch([*overrides, f"hydra.run.dir={run_dir(k)}"], env, out / f"{k}.log")
     ref = history(run_dir("single"))
     for k, c in codes.items():
         rows = history(run_dir(k))
@@ -151,7 +160,7 @@ def main() -> int:
             report["runs"][k]["vs_single"] = compare(ref, rows)
 
     # 4-5: SIGTERM to the last rank + supervisor relaunch + resume vs uninterrupted (default precision)
-    stop = [*base, "parallel=fsdp", f"trainer.max_steps={STOP_STEPS}", f"trainer.grad_accum={accum}"]
+    stop = [*base, "parallel=fsdp", f"trainer.max_steps={STOP_STEPS}", f"trainer.grad_accum={max(2 // n, 1)}"]
     code = torchrun(n, [*stop, f"hydra.run.dir={run_dir('uninterrupted')}"], env, out / "uninterrupted.log")
     report["runs"]["uninterrupted"] = {"exit": code, "losses": [r["loss"] for r in history(run_dir("uninterrupted"))]}
     sup_dir = run_dir("supervised")

@@ -26,6 +26,8 @@ def test_dist_evidence_on_gpu(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads((out / "dist_evidence" / "dist_evidence.json").read_text())
     runs = r["runs"]
+    assert runs["single"]["exit"] == 0 and len(runs["single"]["losses"]) == 5, (
+        (out / "dist_evidence" / "single.log").read_text()[-3000:])  # the reference every layout is held to
     for k in ("fsdp", "ep") if r["ranks"] >= 2 else ("fsdp",):
         log = out / "dist_evidence" / f"{k}.log"
         assert runs[k]["exit"] == 0 and runs[k]["vs_single"]["steps"] == 5, log.read_text()[-3000:]

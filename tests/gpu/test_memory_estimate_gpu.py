@@ -8,6 +8,8 @@ autocast, an MoE model with activation checkpointing and a chunked loss, and Gem
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -31,6 +33,7 @@ def measure(tmp_path, *overrides: str) -> tuple[float, float, str]:
     """(estimate GiB, measured peak GiB above what was allocated before the build, the estimate's line)."""
     from align.plan.memory import GiB, estimate_memory
 
+    gc.collect()  # an earlier case's trainer, held by reference cycles, is freed now, not during this build
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
