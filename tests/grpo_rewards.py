@@ -12,7 +12,7 @@ class LengthParity(WeightedReward):
 
     weights = {"length_parity": 1.0}
     verifiers: dict = {}
-    function = None
+    functions: dict = {}
 
     def __init__(self) -> None:
         pass

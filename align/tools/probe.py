@@ -36,12 +36,12 @@ def run(cfg: DictConfig) -> int:
     if name not in PROBES:
         raise ConfigError("probe", f"no probe named {name!r}; available: {', '.join(sorted(PROBES)) or 'none'}")
     module = importlib.import_module(PROBES[name])
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    plan = {}
     if name in BUILDS_TRAINER:  # the build takes the plan its preflight made: one plan per probe job
         from align.run.preflight_checks import run_preflight
 
-        return module.run(typed, out_dir, plan=run_preflight(typed).plan)
-    return module.run(typed, out_dir)
+        plan = {"plan": run_preflight(typed).plan}
+    return module.run(typed, Path(HydraConfig.get().runtime.output_dir), **plan)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="probe", version_base="1.3")
