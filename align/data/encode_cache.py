@@ -35,7 +35,7 @@ from align.config import DataConfig, ModelConfig
 from align.core.caches import encode_location
 from align.data.encode import EncodedDataset, dataset_fingerprint, encode_records
 from align.data.masks import load_mask_files
-from align.data.sources import content_sha256, file_sha256, load_records, path_problem, source_specs
+from align.data.sources import content_sha256, load_records, path_problem, sha256_file, source_specs
 from align.data.tokenizer import tokenizer_dir
 from align.errors import ConfigError
 
@@ -102,7 +102,7 @@ def tokenizer_sha256(directory: Path) -> str:
                           f"no tokenizer files in {directory} (looked for {', '.join(TOKENIZER_FILES)})")
     h = hashlib.sha256()
     for p in files:
-        h.update(p.relative_to(directory).as_posix().encode() + b"\0" + file_sha256(p).encode() + b"\n")
+        h.update(p.relative_to(directory).as_posix().encode() + b"\0" + sha256_file(p).encode() + b"\n")
     return h.hexdigest()
 
 
@@ -148,7 +148,7 @@ def cache_key_parts(data_cfg: DataConfig, model_cfg: ModelConfig) -> dict[str, A
     for p in data_cfg.mask_files:
         if not Path(p).is_file():
             raise ConfigError("data.mask_files", f"no such file: {p}")
-        aux.append({"path": str(p), "sha256": file_sha256(Path(p))})
+        aux.append({"path": str(p), "sha256": sha256_file(Path(p))})
     tdir = tokenizer_dir(model_cfg)
     template = chat_template_from_files(tdir)
     parts: dict[str, Any] = {

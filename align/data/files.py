@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from align.core.hashing import sha256_file
 from align.errors import ConfigError
 
 JSONL, JSON, PARQUET, ARROW, DISK = "jsonl", "json", "parquet", "arrow", "save_to_disk"
@@ -54,22 +55,14 @@ def path_problem(path: Path) -> Optional[str]:
     return f"no such file: {path}"
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with Path(path).open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def content_sha256(path: Path) -> str:
     """sha256 of a file's content; of a directory, over every file's relative name and content hash."""
     path = Path(path)
     if not path.is_dir():
-        return file_sha256(path)
+        return sha256_file(path)
     h = hashlib.sha256()
     for p in sorted(q for q in path.rglob("*") if q.is_file()):
-        h.update(p.relative_to(path).as_posix().encode() + b"\0" + file_sha256(p).encode() + b"\n")
+        h.update(p.relative_to(path).as_posix().encode() + b"\0" + sha256_file(p).encode() + b"\n")
     return h.hexdigest()
 
 

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Optional
 
 from align.config import DataConfig, DataFormat, OnBadRecord, Source
 from align.data import files, formats
-from align.data.files import BadRecord, content_sha256, file_sha256  # noqa: F401 (the names callers import)
+from align.data.files import BadRecord, content_sha256, sha256_file  # noqa: F401 (the names callers import)
 from align.errors import ConfigError
 
 log = logging.getLogger("align")

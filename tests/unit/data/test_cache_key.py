@@ -123,8 +123,8 @@ def test_meta_carries_the_provenance_the_manifest_records(corpus, tmp_path, tok)
                 "chat_template_sha256", "sources", "aux_files", "truncation", "skipped_bad", "libraries"):
         assert key in m, key
     assert m["encode_version"] == ENCODE_VERSION
-    assert m["sources"][0]["sha256"] == cache_mod.file_sha256(corpus)
-    assert m["aux_files"] == [{"path": str(mask), "sha256": cache_mod.file_sha256(mask)}]
+    assert m["sources"][0]["sha256"] == cache_mod.sha256_file(corpus)
+    assert m["aux_files"] == [{"path": str(mask), "sha256": cache_mod.sha256_file(mask)}]
     assert m["truncation"]["truncated"] > 0 and m["truncation"]["truncation_policy"] == "truncate"
     assert m["truncation"]["truncated"] == data.stats["truncated"] and max(data.lengths) == 30
 
