@@ -1,7 +1,8 @@
 """The shape of the package, kept so: at most 7 top-level modules in align/, no file over 500 lines,
 no import cycle between align's modules (imports inside functions count: a cycle hidden in a
 function-local import is still a cycle), no component importing align.run, no two modules of one file
-name, and at most 8 imports pointing up the layer order docs/architecture.md declares."""
+name, at most 8 imports pointing up the layer order docs/architecture.md declares, and that page's
+Layout naming every module of align/ under its package (and nothing that is not there)."""
 
 from __future__ import annotations
 
@@ -200,3 +201,44 @@ def test_the_layer_check_finds_a_planted_up_import():
     g["align.core.hashing"].add("align.trainer")
     g["align.trainer"].add("align.core.hashing")  # down: not counted
     assert set(up_imports(g, order)) - before == {("align.core.hashing", "align.trainer")}
+
+
+# ---------------------------------------------------------------------------------- the layout names every module
+
+LAYOUT_NAME = re.compile(r"( *)((?:\w+\.py|\w+/)(?:, (?:\w+\.py|\w+/))*)(?: |$)")
+LAYOUT_COLUMN = 28  # where the description column starts; a line indented this far continues a description
+
+
+def layout_names(text: str) -> set[str]:
+    """The paths under align/ that docs/architecture.md's "## Layout" names: each line's name column
+    (one name, or sibling names joined by ", "), placed under the nearest less indented folder line."""
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    names, folders = set(), []  # folders: (indent, path) of the folder lines holding the current line
+    for line in section.splitlines():
+        m = LAYOUT_NAME.match(line)
+        if not m or not m.group(1) or len(m.group(1)) >= LAYOUT_COLUMN:
+            continue
+        indent = len(m.group(1))
+        folders = [(i, f) for i, f in folders if i < indent]
+        prefix = "".join(f for _, f in folders)
+        for name in m.group(2).split(", "):
+            if name.endswith("/"):
+                folders.append((indent, name))
+            names.add(prefix + name)
+    return {n.removeprefix("align/") for n in names if n.startswith("align/") and n != "align/"}
+
+
+def layout_mismatch(named: set[str]) -> tuple[list[str], list[str]]:
+    """(modules of align/ the layout does not name, names in the layout that are no file or folder of align/)."""
+    tree = {p.relative_to(ALIGN).as_posix() for p in ALIGN.rglob("*.py") if p.name != "__init__.py"}
+    missing = sorted(tree - named)
+    extra = sorted(n for n in named if not (ALIGN / n).is_file() and not (ALIGN / n.rstrip("/")).is_dir())
+    return missing, extra
+
+
+def test_the_layout_names_every_module():
+    named = layout_names(ARCHITECTURE.read_text())
+    assert {"trainer.py", "objectives/sft.py", "objectives/ce.py", "tools/preflight/__main__.py"} <= named
+    missing, extra = layout_mismatch(named)
+    assert (missing, extra) == ([], []), (
+        f"docs/architecture.md's Layout, against align/:\n  not named: {missing}\n  named but absent: {extra}")
