@@ -154,10 +154,9 @@ def test_the_export_loads_and_differs_from_the_starting_weights_the_manifest_nam
     from transformers import AutoModelForCausalLM
 
     from align.config import to_typed
-    from align.data.tokenizer import load_tokenizer
-    from align.models import build_model
     from align.objectives.reference import weights_sha256
     from align.run.cli import compose
+    from tests.conftest import build_tiny
 
     m = manifest(learned)
     assert_present_and_null(m)
@@ -171,8 +170,7 @@ def test_the_export_loads_and_differs_from_the_starting_weights_the_manifest_nam
     assert gate["ran"] and gate["batching_ok"] and gate["reference_ok"] and gate["pairs"] == rows(learned)[0]["pairs"]
 
     cfg = to_typed(compose(LEARN))
-    torch.manual_seed(cfg.trainer.seed)  # as Trainer.build does before building the model
-    start = build_model(cfg.model, cfg.attention, load_tokenizer(cfg.model), torch.device("cpu")).model
+    start = build_tiny(cfg.model, cfg.attention, seed=cfg.trainer.seed).model  # seeded as Trainer.build seeds it
     assert weights_sha256(start) == ref["weights_sha256"]  # the identity is the starting model's
     exported = AutoModelForCausalLM.from_pretrained(learned / "export", local_files_only=True)
     a, b = start.state_dict(), exported.state_dict()
