@@ -12,6 +12,12 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?= -m "not gpu and not multigpu"
+# `make test` runs test files in TEST_WORKERS pytest-xdist processes side by side (TEST_WORKERS=0: one process).
+# Each test process runs torch on one thread (tests/conftest.py), so on CI's 2 cores one process leaves a core
+# idle; whole files go to one worker (--dist loadfile), so a module's shared runs are made once. Files go out
+# in collection order (--no-loadscope-reorder): xdist's default sends files with the fewest tests last, and
+# those are the long end-to-end runs of tests/integration, which then finish alone.
+TEST_WORKERS ?= 2
 
 ifeq ($(strip $(TORCH_INDEX)),)
 TORCH_ARGS = $$($(PY) scripts/torch_args.py "$(TORCH_SPEC)" "$(TORCH_CPU_INDEX)")
@@ -41,7 +47,7 @@ lint: setup
 	$(PY) -m ruff check align tests bench scripts examples
 
 test: lint
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) tests
 
 # The GPU suite on the GPU machine, in one command (docs/NOTES.md#measuring-on-the-gpu-machine). That
 # machine has no venv (python3 with the carried wheels on PYTHONPATH); its image has pytest-xdist, and the

@@ -54,15 +54,14 @@ def test_a_pair_is_about_a_thousand_tokens_as_a_trainer_forwards_it(tmp_path):
     assert stats["longest_sequence"] <= experiment_config("bench/base_dpo").data.max_seq_len  # nothing truncated
 
 
-def test_pair_rows_are_the_sequences_the_dpo_pipeline_encodes(tmp_path):
+def test_pair_rows_are_the_sequences_the_dpo_pipeline_encodes(tmp_path, tokenizer):
     from align.data.preference import load_pairs
-    from align.data.tokenizer import load_tokenizer
     from bench.common import compose_typed
 
     bench_pairs.write_bench_data(tmp_path, 24)
     typed = compose_typed(["experiment=bench/dpo_ref_model", f"data.path={tmp_path / 'pairs.jsonl'}",
                            f"data.cache_dir={tmp_path / 'cache'}"])
-    encoded = load_pairs(typed, load_tokenizer(typed.model))
+    encoded = load_pairs(typed, tokenizer)
     rows = [json.loads(line) for line in (tmp_path / "pair_rows.jsonl").read_text().splitlines()]
     assert encoded.pairs == 24 and len(rows) == 48
     for i, row in enumerate(rows):
@@ -224,11 +223,11 @@ def test_tiny_trl_arm_runs_on_the_cpu_with_align_s_model_and_tokens(tmp_path):
     assert m["tokens_match_align"] is True
     assert m["trl"]["precompute_ref_log_probs"] is True and m["trl"]["trainer_padding_free"] is False
     # the policy is align's: the same weights as align's tiny DPO model at the same seed
-    from align.data.tokenizer import load_tokenizer
     from align.objectives.reference import weights_sha256
+    from tests.conftest import bundled_tokenizer
 
     typed = experiment_config(trl_arm.EXPERIMENT, tiny=True)
-    assert m["weights_sha256"] == weights_sha256(trl_arm.build_policy(typed, load_tokenizer(typed.model),
+    assert m["weights_sha256"] == weights_sha256(trl_arm.build_policy(typed, bundled_tokenizer(),
                                                                       trl_arm.device_of(typed)))
 
 

@@ -11,17 +11,13 @@ import pytest
 from bench import generation
 
 
-def test_prompts_are_exactly_as_long_as_asked_and_end_at_the_assistant_turn():
-    from align.config import ModelConfig
-    from align.data.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(ModelConfig())
-    prompts = generation.bench_prompts(tok, 64, 128)
+def test_prompts_are_exactly_as_long_as_asked_and_end_at_the_assistant_turn(tokenizer):
+    prompts = generation.bench_prompts(tokenizer, 64, 128)
     assert len(prompts) == 64 and {len(p) for p in prompts} == {128}
-    assistant = tok.convert_tokens_to_ids("<|assistant|>")
+    assistant = tokenizer.convert_tokens_to_ids("<|assistant|>")
     assert all(p[-1] == assistant for p in prompts)
     assert len({tuple(p) for p in prompts}) == 64
-    assert prompts == generation.bench_prompts(tok, 64, 128)
+    assert prompts == generation.bench_prompts(tokenizer, 64, 128)
 
 
 def test_tiny_run_rates_the_engine_against_plain_generate(tmp_path, monkeypatch):

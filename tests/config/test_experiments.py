@@ -31,14 +31,13 @@ def test_the_glob_found_the_bench_arms():
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_experiment_composes_validates_and_keeps_its_values(name, compose):
-    from align.data.tokenizer import load_tokenizer
+def test_experiment_composes_validates_and_keeps_its_values(name, compose, tokenizer):
     from align.models.build import model_config
 
     cfg = compose([f"experiment={name}"])
     typed = to_typed(cfg)
     assert isinstance(typed, TrainConfig)
-    model_config(typed.model, load_tokenizer(typed.model))  # checks model.overrides names against the config class
+    model_config(typed.model, tokenizer)  # checks model.overrides names against the config class
 
     own = OmegaConf.load(EXPERIMENT_DIR / f"{name}.yaml")
     own.pop("defaults", None)

@@ -152,18 +152,10 @@ def test_a_checkpoint_that_fails_only_at_load_is_one_error_and_leaves_no_cache_e
     encode made before the load is not cached (the cache is written once the build succeeds)."""
     import json
 
-    import torch
-
-    from align.config import AttentionConfig, ModelConfig
-    from align.data.tokenizer import load_tokenizer
     from align.errors import ConfigError
-    from align.models import build_model
-    from tests.conftest import build_trainer
+    from tests.conftest import build_trainer, tiny_checkpoint
 
-    tok = load_tokenizer(ModelConfig())
-    ckpt = tmp_path / "ckpt"
-    build_model(ModelConfig(), AttentionConfig(), tok, torch.device("cpu")).model.save_pretrained(ckpt)
-    tok.save_pretrained(ckpt)
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
     config = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps({**config, "intermediate_size": 2 * config["intermediate_size"]}))
     cache = tmp_path / "cache"
@@ -193,17 +185,11 @@ def test_a_checkpoint_whose_tensors_do_not_all_land_is_one_line_exit_2_before_tr
     refuses before step 1 (the in-process cases: tests/unit/models/test_checkpoint_fit.py)."""
     import json
 
-    import torch
     from safetensors.torch import load_file, save_file
 
-    from align.config import AttentionConfig, ModelConfig
-    from align.data.tokenizer import load_tokenizer
-    from align.models import build_model
+    from tests.conftest import tiny_checkpoint
 
-    tok = load_tokenizer(ModelConfig())
-    ckpt = tmp_path / "ckpt"
-    build_model(ModelConfig(), AttentionConfig(), tok, torch.device("cpu")).model.save_pretrained(ckpt)
-    tok.save_pretrained(ckpt)
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
     tensors = load_file(ckpt / "model.safetensors")
     tensors["model.layers.1.mlp.up.weight"] = tensors.pop("model.layers.1.mlp.up_proj.weight")
     save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})

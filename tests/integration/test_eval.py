@@ -16,22 +16,6 @@ import pytest
 from tests.conftest import REPO, run_cli
 
 
-@pytest.fixture(scope="module")
-def export(tmp_path_factory) -> Path:
-    """The embedded default model as `align.train` exports it, written by the project's export code."""
-    import torch
-
-    from align.config import AttentionConfig, ModelConfig
-    from align.data.tokenizer import load_tokenizer
-    from align.models import build_model
-    from align.models.export import export_hf
-
-    tok = load_tokenizer(ModelConfig())
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(), AttentionConfig(), tok, torch.device("cpu")).model
-    return export_hf(model, tok, tmp_path_factory.mktemp("run") / "export")
-
-
 def _eval(tmp_path: Path, *args: str, name: str = "eval") -> tuple[subprocess.CompletedProcess, dict, Path]:
     run_dir = tmp_path / name
     p = run_cli(
@@ -50,13 +34,13 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_the_default_model_evaluates_end_to_end_in_under_a_minute(export, tmp_path):
+def test_the_default_model_evaluates_end_to_end_in_under_a_minute(tiny_export, tmp_path):
     from align.core.hashing import sha256_files
     from align.data.sources import bundled_gsm8k
     from align.evaluation.eval_record import SCHEMA, missing_reasons
 
     t0 = time.perf_counter()
-    p, data, run_dir = _eval(tmp_path, f"model_dir={export}", "eval=gsm8k", "eval.limit=8")
+    p, data, run_dir = _eval(tmp_path, f"model_dir={tiny_export}", "eval=gsm8k", "eval.limit=8")
     wall = time.perf_counter() - t0
     assert wall < 60, f"took {wall:.0f}s"
     assert set(data) == set(SCHEMA) and missing_reasons(data) == []
@@ -65,9 +49,9 @@ def test_the_default_model_evaluates_end_to_end_in_under_a_minute(export, tmp_pa
     assert data["scorer"] == {"kind": "verifier", "identity": {"name": "gsm8k", "version": 1}}
     assert data["generation"]["spec"]["temperature"] == 0 and data["generation"]["spec"]["n"] == 1
     arm = data["arms"]["model"]
-    assert arm["model"]["weights_sha256"] == sha256_files([export / "model.safetensors"], export)
-    assert arm["model"]["config_sha256"] == _sha256(export / "config.json")
-    assert arm["model"]["path"] == str(export.resolve()) and arm["model"]["class"] == "MistralForCausalLM"
+    assert arm["model"]["weights_sha256"] == sha256_files([tiny_export / "model.safetensors"], tiny_export)
+    assert arm["model"]["config_sha256"] == _sha256(tiny_export / "config.json")
+    assert arm["model"]["path"] == str(tiny_export.resolve()) and arm["model"]["class"] == "MistralForCausalLM"
     assert (arm["engine"]["backend"], arm["engine"]["mode"], arm["engine"]["device"]) == ("hf", "dynamic", "cpu")
     assert arm["cache"]["hit"] is False and Path(arm["cache"]["path"]).is_file()
     assert 0.0 <= arm["metrics"]["pass@1"] <= 1.0 and arm["timing"]["samples"] == 8
@@ -167,15 +151,15 @@ def _bad_cases(tmp: Path) -> list:
 
 
 @pytest.mark.parametrize("case", range(6))
-def test_bad_input_is_one_line_exit_2_before_heavy_work(export, tmp_path, case):
+def test_bad_input_is_one_line_exit_2_before_heavy_work(tiny_export, tmp_path, case):
     import shutil
 
     args, says = _bad_cases(tmp_path)[case]
     truncated = tmp_path / "truncated"
     if any("TRUNCATED" in a for a in args):
-        shutil.copytree(export, truncated)
-        (truncated / "model.safetensors").write_bytes((export / "model.safetensors").read_bytes()[:-100])
-    args = [a.replace("EXPORT", str(export)).replace("TRUNCATED", str(truncated)) for a in args]
+        shutil.copytree(tiny_export, truncated)
+        (truncated / "model.safetensors").write_bytes((tiny_export / "model.safetensors").read_bytes()[:-100])
+    args = [a.replace("EXPORT", str(tiny_export)).replace("TRUNCATED", str(truncated)) for a in args]
     says = says.replace("TRUNCATED", str(truncated))
     run_dir = tmp_path / "run"
     p = subprocess.run(

@@ -127,11 +127,13 @@ def copy_stop_checkpoint(rank: int, world: int, src: str, dst: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
+def fsdp_runs(tmp_path_factory):
+    """Every 2-rank GRPO run of this file, in one spawn of 2 processes (imports and the process group paid
+    once): the exact-resume runs, then the lockstep and budget runs (their configs and hooks below)."""
     from tests.integration.distributed import fit_many, run
 
-    root = tmp_path_factory.mktemp("grpo_resume")
-    d = {k: str(root / k) for k in ("full", "stopped", "nobuffer")}
+    root = tmp_path_factory.mktemp("grpo_fsdp")
+    d = {k: str(root / k) for k in ("full", "stopped", "nobuffer", "lockstep", "budget")}
     keep = ["trainer.save_every=2"]
     jobs = [
         {"run_dir": d["full"], "overrides": RESUME, "hook": dense_reward},
@@ -139,8 +141,10 @@ def resumed(tmp_path_factory):
          "after": functools.partial(copy_stop_checkpoint, src=d["stopped"], dst=d["nobuffer"])},
         {"run_dir": d["stopped"], "overrides": RESUME + keep, "hook": dense_reward},
         {"run_dir": d["nobuffer"], "overrides": RESUME, "hook": functools.partial(dense_reward, forget_buffer=True)},
+        {"run_dir": d["lockstep"], "overrides": LOCKSTEP, "hook": stop_at_once_on_rank0},
+        {"run_dir": d["budget"], "overrides": BUDGET, "hook": record_cuts},
     ]
-    codes = run(fit_many, 2, jobs, str(root / "codes.json"), timeout=600)
+    codes = run(fit_many, 2, jobs, str(root / "codes.json"), timeout=1200)
     assert codes == [0, 0]
     return {k: Path(v) for k, v in d.items()}, json.loads((root / "codes.json").read_text())
 
@@ -160,10 +164,10 @@ def _differences(ref: Path, other: Path) -> list[str]:
     return out + [f"param {k}" for k in a if not torch.equal(a[k], b[k])]
 
 
-def test_fsdp_stop_mid_rollout_then_resume_is_bit_identical(resumed):
+def test_fsdp_stop_mid_rollout_then_resume_is_bit_identical(fsdp_runs):
     from tests.integration.distributed import history, result
 
-    dirs, codes = resumed
+    dirs, codes = fsdp_runs
     assert codes[:3] == [0, 143, 0]
     rows = history(dirs["stopped"])
     assert [r["step"] for r in rows] == list(range(1, 7))
@@ -177,8 +181,8 @@ def test_fsdp_stop_mid_rollout_then_resume_is_bit_identical(resumed):
     assert ckpt["objective"]["rollout"]["served"] == 1  # the stop fell between the rollout's two updates
 
 
-def test_negative_control_a_resume_without_the_rollout_buffer_is_detected(resumed):
-    dirs, codes = resumed
+def test_negative_control_a_resume_without_the_rollout_buffer_is_detected(fsdp_runs):
+    dirs, codes = fsdp_runs
     assert codes[3] == 0
     diff = _differences(dirs["full"], dirs["nobuffer"])
     assert any(x.startswith("loss") for x in diff) and any(x.startswith("param") for x in diff), diff
@@ -190,22 +194,18 @@ def stop_at_once_on_rank0(trainer, rank: int) -> None:
         trainer.objective.engine.eos_token_ids = tuple(range(vocab))
 
 
-def test_fsdp_ranks_whose_completions_end_at_different_lengths_decode_in_lockstep(tmp_path):
+LOCKSTEP = RESUME[:-1] + ["trainer.max_steps=2", "trainer.export=false", "parallel.pg_timeout_s=60"]
+
+
+def test_fsdp_ranks_whose_completions_end_at_different_lengths_decode_in_lockstep(fsdp_runs):
     """Each decode step is a collective forward of the sharded model: a rank that has finished keeps
     stepping until every rank has (else the other rank waits in an all-gather that never comes)."""
-    from tests.integration.distributed import history, run
+    from tests.integration.distributed import history, result
 
-    cfg = RESUME[:-1] + ["trainer.max_steps=2", "trainer.export=false", "parallel.pg_timeout_s=60"]
-    codes = run(fit_many_one, 2, str(tmp_path), cfg, timeout=240)
-    assert codes == [0, 0]
-    rows = history(tmp_path)
+    dirs, _ = fsdp_runs
+    assert [result(dirs["lockstep"], r)["code"] for r in (0, 1)] == [0, 0]
+    rows = history(dirs["lockstep"])
     assert len(rows) == 2 and 1 < rows[0]["rollout/completion_len_mean"] < 4  # rank 0: 1 token, rank 1: 4
-
-
-def fit_many_one(rank: int, world: int, run_dir: str, overrides: list[str]) -> int:
-    from tests.integration.distributed import fit
-
-    return fit(rank, world, run_dir, overrides, hook=stop_at_once_on_rank0)
 
 
 def test_non_finite_losses_halt_a_grpo_run_with_exit_81(tmp_path):
@@ -249,18 +249,13 @@ def record_cuts(trainer, rank: int) -> None:
     obj._agree_counts, obj.next_window = spy_agree, spy_window
 
 
-def fit_budget(rank: int, world: int, run_dir: str, overrides: list[str]) -> int:
-    from tests.integration.distributed import fit
+def test_fsdp_ranks_agree_on_the_budget_micro_batch_count(fsdp_runs):
+    from tests.integration.distributed import history, result
 
-    return fit(rank, world, run_dir, overrides, hook=record_cuts)
-
-
-def test_fsdp_ranks_agree_on_the_budget_micro_batch_count(tmp_path):
-    from tests.integration.distributed import history, run
-
-    codes = run(fit_budget, 2, str(tmp_path), BUDGET, timeout=300)
-    assert codes == [0, 0]
-    logs = [json.loads((tmp_path / f"rank{r}" / "cuts.json").read_text()) for r in range(2)]
+    dirs, _ = fsdp_runs
+    run_dir = dirs["budget"]
+    assert [result(run_dir, r)["code"] for r in (0, 1)] == [0, 0]
+    logs = [json.loads((run_dir / f"rank{r}" / "cuts.json").read_text()) for r in range(2)]
     cuts = [[e for e in log if "agreed" in e] for log in logs]
     windows = [[e for e in log if "window" in e] for log in logs]
     assert len(cuts[0]) == len(cuts[1]) == 2 and len(windows[0]) == len(windows[1]) == 2
@@ -270,4 +265,4 @@ def test_fsdp_ranks_agree_on_the_budget_micro_batch_count(tmp_path):
     for log_w, log_c in zip(windows, cuts):
         assert [w["window"] for w in log_w] == [c["agreed"][0] for c in log_c]
         assert all(min(w["sizes"]) >= 1 and sum(w["sizes"]) == 16 for w in log_w)
-    assert len(history(tmp_path)) == 2
+    assert len(history(run_dir)) == 2

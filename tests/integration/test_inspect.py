@@ -10,15 +10,14 @@ import pytest
 from align.config import to_typed
 from align.run.cli import compose
 from align.tools import inspect as align_inspect
-from tests.conftest import run_cli
+from tests.conftest import bundled_tokenizer, run_cli
 
 
 def _encoded(*overrides):
     from align.data.encode_cache import load_dataset
-    from align.data.tokenizer import load_tokenizer
 
     cfg = to_typed(compose(list(overrides)))
-    tok = load_tokenizer(cfg.model)
+    tok = bundled_tokenizer()
     return tok, load_dataset(cfg.data, cfg.model, tok)
 
 
@@ -72,12 +71,10 @@ def _sections(out: str) -> list[str]:
 
 def _inspected(tmp_path, capsys, objective: str, index: int):
     """(what inspect printed for item `index` with its token table, the run's typed config, its tokenizer)."""
-    from align.data.tokenizer import load_tokenizer
-
     ov = [f"objective={objective}", f"data.cache_dir={tmp_path / 'cache'}", "data.max_records=8"]
     assert align_inspect.main([*ov, f"index={index}", "tokens=true"]) == 0
     cfg = to_typed(compose(ov))
-    return capsys.readouterr().out, cfg, load_tokenizer(cfg.model)
+    return capsys.readouterr().out, cfg, bundled_tokenizer()
 
 
 def test_dpo_shows_both_sides_of_the_pair_with_the_loss_marks_over_their_completions(tmp_path, capsys):

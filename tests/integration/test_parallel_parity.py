@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from tests.conftest import bundled_tokenizer
 from tests.integration.distributed import TINY, fit, fit_many, history, result, run
 
 STEPS = 5
@@ -69,7 +70,6 @@ def test_lora_under_fsdp_trains_and_exports_an_adapter_equal_to_its_merged_model
     from peft import PeftModel
 
     from align.config import Family, to_typed
-    from align.data.tokenizer import load_tokenizer
     from align.models.adapter import base_model
     from align.models.roundtrip import compare, load_export, outputs
     from align.run.cli import compose
@@ -77,7 +77,7 @@ def test_lora_under_fsdp_trains_and_exports_an_adapter_equal_to_its_merged_model
     d = runs / "fsdp_lora"  # exit 0 (fixture): the gate at step 2 saw the adapters the optimizer moved
     cfg = to_typed(compose(_overrides(JOBS["fsdp_lora"], 1)))
     ids = torch.randint(3, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
-    base = base_model(cfg, load_tokenizer(cfg.model))
+    base = base_model(cfg, bundled_tokenizer())
     before = outputs(base, Family.mistral, ids)
     adapted = outputs(PeftModel.from_pretrained(base, d / "export" / "adapter"), Family.mistral, ids)
     rep = compare(outputs(load_export(d / "export", Family.mistral), Family.mistral, ids), adapted)

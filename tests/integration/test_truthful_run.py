@@ -158,16 +158,9 @@ def test_moe_run_records_the_resolved_experts_kernel_not_the_request(tmp_path):
 
 
 def test_a_checkpoint_run_records_what_the_load_put_into_the_model(tmp_path):
-    import torch
+    from tests.conftest import tiny_checkpoint
 
-    from align.config import AttentionConfig, ModelConfig
-    from align.data.tokenizer import load_tokenizer
-    from align.models import build_model
-
-    tok, ckpt = load_tokenizer(ModelConfig()), tmp_path / "ckpt"
-    tied = ModelConfig(overrides={"tie_word_embeddings": True})
-    build_model(tied, AttentionConfig(), tok, torch.device("cpu")).model.save_pretrained(ckpt)
-    tok.save_pretrained(ckpt)
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", overrides={"tie_word_embeddings": True})
     typed, record, run_dir, checks = _record(tmp_path, f"model.pretrained={ckpt}", "logger=none")
     with record:
         record.start(checks)

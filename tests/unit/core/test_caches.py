@@ -9,7 +9,7 @@ import pytest
 
 from align.config import ModelConfig
 from align.core import caches, signatures
-from tests.unit.data.conftest import chat, data_cfg, tok, write_jsonl  # noqa: F401  (tok: the fixture)
+from tests.unit.data.conftest import chat, data_cfg, write_jsonl
 
 
 @pytest.fixture
@@ -48,14 +48,14 @@ def test_align_cache_dir_beats_xdg_and_a_config_key_beats_both(tmp_path, monkeyp
 
 
 def test_the_encode_cache_is_written_under_the_user_cache_not_the_working_directory(tmp_path, monkeypatch, xdg,
-                                                                                   tok):  # noqa: F811
+                                                                                   tokenizer):
     from align.data.encode_cache import load_dataset
 
     corpus = write_jsonl(tmp_path / "c.jsonl", [chat("2+2?", "4"), chat("3+3?", "6")])
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    data = load_dataset(data_cfg(corpus, tmp_path, cache_dir=None), ModelConfig(), tok)
+    data = load_dataset(data_cfg(corpus, tmp_path, cache_dir=None), ModelConfig(), tokenizer)
     assert Path(data.meta["cache_entry"]) == xdg / "encode" / data.meta["encode_cache_key"]
     assert (Path(data.meta["cache_entry"]) / "meta.json").is_file()
     assert list(work.iterdir()) == []

@@ -1,4 +1,4 @@
-"""Helpers for the data tests: the bundled tokenizer (loaded once) and tiny corpora."""
+"""Helpers for the data tests: tiny corpora (the bundled tokenizer: tests/conftest.py `tokenizer`)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from align.config import DataConfig, ModelConfig
-
-
-@pytest.fixture(scope="session")
-def tok():
-    from align.data.tokenizer import load_tokenizer
-
-    return load_tokenizer(ModelConfig())
+from align.config import DataConfig
 
 
 def write_jsonl(path: Path, rows) -> Path:

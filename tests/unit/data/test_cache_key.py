@@ -96,28 +96,28 @@ def test_key_covers_the_tokenizer_files_and_chat_template(corpus, tmp_path):
     assert _parts(cfg, model) not in (k0, k1)
 
 
-def test_load_dataset_hits_on_resume_and_misses_on_an_in_place_mask_edit(corpus, tmp_path, tok):
+def test_load_dataset_hits_on_resume_and_misses_on_an_in_place_mask_edit(corpus, tmp_path, tokenizer):
     mask = write_jsonl(tmp_path / "m.jsonl", [{"id": "corpus:1", "turns": [1]}])
     cfg = data_cfg(corpus, tmp_path, mask_files=[str(mask)])
-    first = load_dataset(cfg, ModelConfig(), tok)
-    again = load_dataset(cfg, ModelConfig(), tok)
+    first = load_dataset(cfg, ModelConfig(), tokenizer)
+    again = load_dataset(cfg, ModelConfig(), tokenizer)
     assert (first.meta["cache_hit"], again.meta["cache_hit"]) == (False, True)
     assert np.array_equal(first.tokens, again.tokens) and np.array_equal(first.loss_mask, again.loss_mask)
     assert first.ids == again.ids and first.roots == again.roots
     assert first.meta["fingerprint"] == again.meta["fingerprint"]
 
     write_jsonl(mask, [{"id": "corpus:1", "turns": [3]}])  # edited in place: turn 3 instead of turn 1
-    edited = load_dataset(cfg, ModelConfig(), tok)
+    edited = load_dataset(cfg, ModelConfig(), tokenizer)
     assert edited.meta["cache_hit"] is False
     assert edited.meta["encode_cache_key"] != first.meta["encode_cache_key"]
     assert not np.array_equal(edited.loss_mask, first.loss_mask)
     assert edited.meta["fingerprint"] != first.meta["fingerprint"]
 
 
-def test_meta_carries_the_provenance_the_manifest_records(corpus, tmp_path, tok):
+def test_meta_carries_the_provenance_the_manifest_records(corpus, tmp_path, tokenizer):
     mask = write_jsonl(tmp_path / "m.jsonl", [{"id": "corpus:1", "turns": [1]}])
     data = load_dataset(data_cfg(corpus, tmp_path, mask_files=[str(mask)], max_seq_len=30, truncation="truncate"),
-                        ModelConfig(), tok)
+                        ModelConfig(), tokenizer)
     m = data.meta
     for key in ("encode_cache_key", "encode_version", "cache_hit", "fingerprint", "tokenizer_sha256",
                 "chat_template_sha256", "sources", "aux_files", "truncation", "skipped_bad", "libraries"):
@@ -129,21 +129,21 @@ def test_meta_carries_the_provenance_the_manifest_records(corpus, tmp_path, tok)
     assert m["truncation"]["truncated"] == data.stats["truncated"] and max(data.lengths) == 30
 
 
-def test_a_tokenizer_whose_template_differs_from_its_files_is_refused(corpus, tmp_path, tok):
+def test_a_tokenizer_whose_template_differs_from_its_files_is_refused(corpus, tmp_path, tokenizer):
     from align.errors import ConfigError
 
-    original = tok.chat_template
+    original = tokenizer.chat_template
     try:
-        tok.chat_template = original + " "
+        tokenizer.chat_template = original + " "
         with pytest.raises(ConfigError, match="chat template"):
-            load_dataset(data_cfg(corpus, tmp_path), ModelConfig(), tok)
+            load_dataset(data_cfg(corpus, tmp_path), ModelConfig(), tokenizer)
     finally:
-        tok.chat_template = original
+        tokenizer.chat_template = original
 
 
-def test_preflight_key_is_the_key_the_run_uses(corpus, tmp_path, tok):
+def test_preflight_key_is_the_key_the_run_uses(corpus, tmp_path, tokenizer):
     from align.config import TrainConfig
     from align.data.encode_cache import encode_cache_key_for
 
     cfg = TrainConfig(data=data_cfg(corpus, tmp_path))
-    assert encode_cache_key_for(cfg) == load_dataset(cfg.data, cfg.model, tok).meta["encode_cache_key"]
+    assert encode_cache_key_for(cfg) == load_dataset(cfg.data, cfg.model, tokenizer).meta["encode_cache_key"]

@@ -29,14 +29,14 @@ def _records(tmp_path, rows, name="d.jsonl", **kw):
     return recs, report
 
 
-def _encoded(tmp_path, tok, rows, name="d.jsonl", **kw):
-    return load_dataset(data_cfg(write_jsonl(tmp_path / name, rows), tmp_path, **kw), ModelConfig(), tok)
+def _encoded(tmp_path, tokenizer, rows, name="d.jsonl", **kw):
+    return load_dataset(data_cfg(write_jsonl(tmp_path / name, rows), tmp_path, **kw), ModelConfig(), tokenizer)
 
 
-def _split(tok, data, i) -> tuple[str, str]:
+def _split(tokenizer, data, i) -> tuple[str, str]:
     """(context, trained) text of encoded record i: its tokens without and with loss, decoded."""
     t, m = data.row(i)
-    return tok.decode(t[~m].tolist()), tok.decode(t[m].tolist())
+    return tokenizer.decode(t[~m].tolist()), tokenizer.decode(t[m].tolist())
 
 
 # ----------------------------------------------------------------------------------- each format
@@ -69,47 +69,47 @@ def test_the_question_answer_fields_of_the_bundled_data_are_prompt_completion(tm
     assert report["formats"]["d"]["format"] == "prompt_completion"
 
 
-def test_an_alpaca_input_reaches_the_encoded_tokens_as_context(tmp_path, tok):
-    data = _encoded(tmp_path, tok, ALPACA)
-    context, trained = _split(tok, data, 0)
+def test_an_alpaca_input_reaches_the_encoded_tokens_as_context(tmp_path, tokenizer):
+    data = _encoded(tmp_path, tokenizer, ALPACA)
+    context, trained = _split(tokenizer, data, 0)
     assert "2 and 3" in context and "Add the numbers." in context
-    assert trained == "5" + tok.eos_token
-    without = _encoded(tmp_path, tok, [{k: v for k, v in ALPACA[0].items() if k != "input"}], name="e.jsonl")
-    assert "2 and 3" not in _split(tok, without, 0)[0] and len(without.row(0)[0]) < len(data.row(0)[0])
+    assert trained == "5" + tokenizer.eos_token
+    without = _encoded(tmp_path, tokenizer, [{k: v for k, v in ALPACA[0].items() if k != "input"}], name="e.jsonl")
+    assert "2 and 3" not in _split(tokenizer, without, 0)[0] and len(without.row(0)[0]) < len(data.row(0)[0])
 
 
-def test_sharegpt_trains_the_gpt_turns_only(tmp_path, tok):
+def test_sharegpt_trains_the_gpt_turns_only(tmp_path, tokenizer):
     row = {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "q1"},
                              {"from": "gpt", "value": "alpha"}, {"from": "human", "value": "q2"},
                              {"from": "gpt", "value": "beta"}]}
-    context, trained = _split(tok, _encoded(tmp_path, tok, [row]), 0)
-    assert trained == "alpha" + tok.eos_token + "beta" + tok.eos_token
+    context, trained = _split(tokenizer, _encoded(tmp_path, tokenizer, [row]), 0)
+    assert trained == "alpha" + tokenizer.eos_token + "beta" + tokenizer.eos_token
     assert "be brief" in context and "q1" in context
 
 
-def test_a_prompt_completion_record_trains_only_its_completion(tmp_path, tok):
+def test_a_prompt_completion_record_trains_only_its_completion(tmp_path, tokenizer):
     # an assistant turn inside the prompt is context, as TRL's completion-only loss has it
     row = {"prompt": [U("q1"), A("earlier"), U("q2")], "completion": [A("later")]}
-    context, trained = _split(tok, _encoded(tmp_path, tok, [row]), 0)
-    assert trained == "later" + tok.eos_token and "earlier" in context
+    context, trained = _split(tokenizer, _encoded(tmp_path, tokenizer, [row]), 0)
+    assert trained == "later" + tokenizer.eos_token and "earlier" in context
 
 
-def test_a_text_record_trains_every_token_without_a_chat_template(tmp_path, tok):
-    data = _encoded(tmp_path, tok, [{"text": "hello world"}, {"text": "once more"}])
+def test_a_text_record_trains_every_token_without_a_chat_template(tmp_path, tokenizer):
+    data = _encoded(tmp_path, tokenizer, [{"text": "hello world"}, {"text": "once more"}])
     ids, mask = (a.tolist() for a in data.row(0))
-    assert ids == tok("hello world")["input_ids"] + [tok.eos_token_id]
+    assert ids == tokenizer("hello world")["input_ids"] + [tokenizer.eos_token_id]
     assert mask == [False] + [True] * (len(ids) - 1)  # position 0: nothing before it predicts it
     assert data.meta["formats"]["d"]["format"] == "text"
 
 
-def test_a_text_record_is_not_an_rl_prompt(compose, tok, tmp_path):
+def test_a_text_record_is_not_an_rl_prompt(compose, tokenizer, tmp_path):
     from align.data.prompts import load_prompts
     from align.rewards import WeightedReward
 
     f = write_jsonl(tmp_path / "t.jsonl", [{"text": "1+1=2"}])
     cfg = to_typed(compose(["objective=grpo", "logger=none", "data=jsonl_prompts", f"data.path={f}"]))
     with pytest.raises(ConfigError, match=f"^{f}:1: a text record has no prompt and no reference answer"):
-        load_prompts(cfg, tok, WeightedReward(cfg.reward.weights))
+        load_prompts(cfg, tokenizer, WeightedReward(cfg.reward.weights))
 
 
 # ------------------------------------------------------------------------------------ file kinds
@@ -154,14 +154,14 @@ def test_every_file_kind_reads_the_records_a_jsonl_file_holds(tmp_path, kind):
     assert report["formats"]["d"] == {"format": "alpaca", "chosen_by": "detected", "file": KINDS[kind]}
 
 
-def test_preference_pairs_load_from_a_save_to_disk_directory(tmp_path, tok):
+def test_preference_pairs_load_from_a_save_to_disk_directory(tmp_path, tokenizer):
     from align.data.preference import load_pairs
     from tests.unit.data.test_preference import train_cfg
 
     rows = [{"chosen": [U("2+2?"), A("4")], "rejected": [U("2+2?"), A("5")]},
             {"chosen": [U("3+3?"), A("6")], "rejected": [U("3+3?"), A("7")]}]
-    pairs = load_pairs(train_cfg(tmp_path, _write("save_to_disk", tmp_path, rows)), tok)
-    assert pairs.pairs == 2 and tok.decode(pairs.row(0)[0][pairs.row(0)[1]].tolist()) == "4" + tok.eos_token
+    pairs = load_pairs(train_cfg(tmp_path, _write("save_to_disk", tmp_path, rows)), tokenizer)
+    assert pairs.pairs == 2 and tokenizer.decode(pairs.row(0)[0][pairs.row(0)[1]].tolist()) == "4" + tokenizer.eos_token
     assert pairs.meta["formats"]["d"] == {"format": "preference", "chosen_by": "detected", "file": "save_to_disk"}
 
 
@@ -244,7 +244,7 @@ def test_a_record_that_fits_no_format_names_file_record_and_the_formats(tmp_path
     assert "\n" not in msg
 
 
-def test_pairs_where_chats_are_expected_and_chats_where_pairs_are_are_refused(tmp_path, tok):
+def test_pairs_where_chats_are_expected_and_chats_where_pairs_are_are_refused(tmp_path, tokenizer):
     from align.data.preference import load_pairs
     from tests.unit.data.test_preference import train_cfg
 
@@ -253,7 +253,7 @@ def test_pairs_where_chats_are_expected_and_chats_where_pairs_are_are_refused(tm
         load_records(data_cfg(pairs, tmp_path))
     chats = write_jsonl(tmp_path / "c.jsonl", [{"conversations": [{"from": "human", "value": "q"}]}])
     with pytest.raises(ConfigError, match=f"^data.path: {chats} holds sharegpt records .*not preference pairs"):
-        load_pairs(train_cfg(tmp_path, chats), tok)
+        load_pairs(train_cfg(tmp_path, chats), tokenizer)
 
 
 def test_a_format_of_the_other_family_is_refused_at_compose_time(tmp_path):
@@ -266,10 +266,10 @@ def test_a_format_of_the_other_family_is_refused_at_compose_time(tmp_path):
 # ------------------------------------------------------------------------- manifest and cache key
 
 
-def test_the_format_is_in_the_encodings_provenance_on_a_miss_and_a_hit(tmp_path, tok):
+def test_the_format_is_in_the_encodings_provenance_on_a_miss_and_a_hit(tmp_path, tokenizer):
     cfg = data_cfg(write_jsonl(tmp_path / "d.jsonl", ALPACA), tmp_path)
-    miss = load_dataset(cfg, ModelConfig(), tok)
-    hit = load_dataset(cfg, ModelConfig(), tok)
+    miss = load_dataset(cfg, ModelConfig(), tokenizer)
+    hit = load_dataset(cfg, ModelConfig(), tokenizer)
     assert (miss.meta["cache_hit"], hit.meta["cache_hit"]) == (False, True)
     want = {"d": {"format": "alpaca", "chosen_by": "detected", "file": "jsonl"}}
     assert miss.meta["formats"] == hit.meta["formats"] == want

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from align.config import AttentionConfig, AttnImpl, Family, ModelConfig
+from align.config import AttentionConfig, AttnImpl, Family
 from align.data.collate import collate
 from align.data.encode import EncodedDataset
-from align.models import build_model
 from align.models.family_table import FAMILIES
+from tests.conftest import build_tiny
 
 DOC_LENGTHS = [45, 13, 38]  # > gemma4 tiny's sliding window of 32, so the windowed layers are exercised
 
@@ -50,18 +50,17 @@ def check_parity(model, docs, batch, tol=1e-5, reference=None) -> None:
     assert not torch.allclose(leaked[later], packed[later], atol=1e-3), "the comparison could not have failed"
 
 
-def _model(tok, family: Family, impl: AttnImpl):
-    torch.manual_seed(0)
-    m = build_model(ModelConfig(family=family), AttentionConfig(implementation=impl), tok).model
+def _model(family: Family, impl: AttnImpl):
+    m = build_tiny(family, AttentionConfig(implementation=impl)).model
     assert m.config._attn_implementation == impl.hf_name
     return m.train()  # as the trainer runs it: train mode is where a cache would be created
 
 
 @pytest.mark.parametrize("impl", [AttnImpl.sdpa, AttnImpl.eager])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_packed_logits_equal_separate_logits(tok, family, impl):
-    model = _model(tok, family, impl)
-    docs, batch = packed_case(len(tok))
+def test_packed_logits_equal_separate_logits(tokenizer, family, impl):
+    model = _model(family, impl)
+    docs, batch = packed_case(len(tokenizer))
     assert batch.attention_mask is None and batch.position_ids is not None
     check_parity(model, docs, batch)
 
@@ -74,10 +73,10 @@ _GEMMA_FLEX = pytest.mark.skipif(os.environ.get("ALIGN_TEST_FLEX_CPU") != "1",
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", [Family.mistral, pytest.param(Family.gemma4, marks=_GEMMA_FLEX)])
-def test_packed_flex_forward_on_cpu(tok, family):
-    model = _model(tok, family, AttnImpl.flex)
-    ref = _model(tok, family, AttnImpl.eager)
+def test_packed_flex_forward_on_cpu(tokenizer, family):
+    model = _model(family, AttnImpl.flex)
+    ref = _model(family, AttnImpl.eager)
     ref.load_state_dict(model.state_dict())
-    docs, batch = packed_case(len(tok))
+    docs, batch = packed_case(len(tokenizer))
     with torch.no_grad():
         check_parity(model, docs, batch, tol=1e-4, reference=ref)

@@ -31,70 +31,70 @@ def train_cfg(tmp_path, path=None, objective="dpo", **data) -> TrainConfig:
                                                {"data": d, "objective": {"kind": objective}}))
 
 
-def pairs_of(tmp_path, tok, rows, **data) -> EncodedPairs:
+def pairs_of(tmp_path, tokenizer, rows, **data) -> EncodedPairs:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    return load_pairs(train_cfg(tmp_path, write_jsonl(tmp_path / "p.jsonl", rows), **data), tok)
+    return load_pairs(train_cfg(tmp_path, write_jsonl(tmp_path / "p.jsonl", rows), **data), tokenizer)
 
 
-def side_texts(tok, pairs: EncodedPairs, p: int) -> list[tuple[str, str]]:
+def side_texts(tokenizer, pairs: EncodedPairs, p: int) -> list[tuple[str, str]]:
     """(context, trained) text of pair p's two sides: the tokens without and with loss, decoded."""
     out = []
     for row in (2 * p, 2 * p + 1):
         t, m = pairs.row(row)
         first = int(np.flatnonzero(m)[0])
         assert m[first:].all(), "the loss tokens must be one contiguous tail"
-        out.append((tok.decode(t[:first].tolist()), tok.decode(t[first:].tolist())))
+        out.append((tokenizer.decode(t[:first].tolist()), tokenizer.decode(t[first:].tolist())))
     return out
 
 
-def render_prompt(tok, chat) -> str:
-    return tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+def render_prompt(tokenizer, chat) -> str:
+    return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
 
 
 # ------------------------------------------------------------------------------------ both forms
 
 
-def test_explicit_prompt_as_string_and_as_chat(tmp_path, tok):
+def test_explicit_prompt_as_string_and_as_chat(tmp_path, tokenizer):
     rows = [
         {"prompt": "what is 2+2?", "chosen": "4", "rejected": "5"},
         {"prompt": [{"role": "system", "content": "be brief"}, U("first"), A("one"), U("what is 3+3?")],
          "chosen": [A("6")], "rejected": [A("seven")]},
     ]
-    pairs = pairs_of(tmp_path, tok, rows)
+    pairs = pairs_of(tmp_path, tokenizer, rows)
     assert pairs.pairs == 2 and len(pairs) == 4
     assert pairs.pair_ids == ["p:1", "p:2"]
     assert pairs.ids == ["p:1/chosen", "p:1/rejected", "p:2/chosen", "p:2/rejected"]
-    (c_ctx, c), (r_ctx, r) = side_texts(tok, pairs, 0)
-    assert c_ctx == r_ctx == render_prompt(tok, [U("what is 2+2?")])
-    assert (c, r) == ("4" + tok.eos_token, "5" + tok.eos_token)
-    (c_ctx, c), (r_ctx, r) = side_texts(tok, pairs, 1)
+    (c_ctx, c), (r_ctx, r) = side_texts(tokenizer, pairs, 0)
+    assert c_ctx == r_ctx == render_prompt(tokenizer, [U("what is 2+2?")])
+    assert (c, r) == ("4" + tokenizer.eos_token, "5" + tokenizer.eos_token)
+    (c_ctx, c), (r_ctx, r) = side_texts(tokenizer, pairs, 1)
     # The prompt's own assistant turn ("one") is context: no loss on it.
-    assert c_ctx == r_ctx == render_prompt(tok, rows[1]["prompt"])
-    assert (c, r) == ("6" + tok.eos_token, "seven" + tok.eos_token)
+    assert c_ctx == r_ctx == render_prompt(tokenizer, rows[1]["prompt"])
+    assert (c, r) == ("6" + tokenizer.eos_token, "seven" + tokenizer.eos_token)
 
 
-def test_implicit_prompt_is_the_shared_prefix(tmp_path, tok):
+def test_implicit_prompt_is_the_shared_prefix(tmp_path, tokenizer):
     shared = [U("hi"), A("hello"), U("the capital of France?")]
     rows = [{"chosen": [*shared, A("Paris")], "rejected": [*shared, A("Lyon")]}]
-    pairs = pairs_of(tmp_path, tok, rows)
-    (c_ctx, c), (r_ctx, r) = side_texts(tok, pairs, 0)
-    assert c_ctx == r_ctx == render_prompt(tok, shared)
-    assert (c, r) == ("Paris" + tok.eos_token, "Lyon" + tok.eos_token)
+    pairs = pairs_of(tmp_path, tokenizer, rows)
+    (c_ctx, c), (r_ctx, r) = side_texts(tokenizer, pairs, 0)
+    assert c_ctx == r_ctx == render_prompt(tokenizer, shared)
+    assert (c, r) == ("Paris" + tokenizer.eos_token, "Lyon" + tokenizer.eos_token)
     # The same pair written with an explicit prompt encodes to the same tokens and masks.
-    explicit = pairs_of(tmp_path / "x", tok, [{"prompt": shared, "chosen": "Paris", "rejected": "Lyon"}])
+    explicit = pairs_of(tmp_path / "x", tokenizer, [{"prompt": shared, "chosen": "Paris", "rejected": "Lyon"}])
     assert np.array_equal(explicit.tokens, pairs.tokens) and np.array_equal(explicit.loss_mask, pairs.loss_mask)
 
 
-def test_bundled_pairs_train_only_on_the_solutions(tmp_path, tok):
+def test_bundled_pairs_train_only_on_the_solutions(tmp_path, tokenizer):
     from align.data.sources import bundled_gsm8k_pairs
 
     rows = [json.loads(line) for line in bundled_gsm8k_pairs().read_text().splitlines()[:16]]
-    pairs = load_pairs(train_cfg(tmp_path, max_records=16, root_field="steps"), tok)
+    pairs = load_pairs(train_cfg(tmp_path, max_records=16, root_field="steps"), tokenizer)
     assert pairs.pairs == 16 and pairs.roots[0] == f"gsm8k_pairs/steps={rows[0]['steps']}"
     for p, row in enumerate(rows):
-        (c_ctx, c), (r_ctx, r) = side_texts(tok, pairs, p)
-        assert c_ctx == r_ctx == render_prompt(tok, [U(row["prompt"])])
-        assert (c, r) == (row["chosen"] + tok.eos_token, row["rejected"] + tok.eos_token)
+        (c_ctx, c), (r_ctx, r) = side_texts(tokenizer, pairs, p)
+        assert c_ctx == r_ctx == render_prompt(tokenizer, [U(row["prompt"])])
+        assert (c, r) == (row["chosen"] + tokenizer.eos_token, row["rejected"] + tokenizer.eos_token)
     # The stream's loss tokens are exactly the completions' tokens (each one a target of its left neighbour).
     assert pairs.stats["loss_tokens"] == int(pairs.loss_mask.sum())
 
@@ -126,18 +126,18 @@ BAD = [
 
 
 @pytest.mark.parametrize("row,reason,match", BAD, ids=[f"{r}-{i}" for i, (_, r, _) in enumerate(BAD)])
-def test_a_bad_record_is_one_line_naming_file_and_line(tmp_path, tok, row, reason, match):
+def test_a_bad_record_is_one_line_naming_file_and_line(tmp_path, tokenizer, row, reason, match):
     f = write_jsonl(tmp_path / "p.jsonl", [GOOD, row, GOOD | {"chosen": "sure"}])
     with pytest.raises(ConfigError, match=match) as e:
-        load_pairs(train_cfg(tmp_path, f), tok)
+        load_pairs(train_cfg(tmp_path, f), tokenizer)
     assert e.value.key == f"{f}:2" and "\n" not in str(e.value)
     assert "data.on_bad_record=skip" in str(e.value)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir()), "nothing half-written"
 
 
-def test_bad_records_are_counted_per_reason_and_dropped_under_skip(tmp_path, tok):
+def test_bad_records_are_counted_per_reason_and_dropped_under_skip(tmp_path, tokenizer):
     rows = [GOOD, *[row for row, _, _ in BAD], GOOD | {"chosen": "sure"}]
-    pairs = pairs_of(tmp_path, tok, rows, on_bad_record="skip")
+    pairs = pairs_of(tmp_path, tokenizer, rows, on_bad_record="skip")
     assert pairs.pair_ids == ["p:1", f"p:{len(rows)}"]
     expected: dict[str, int] = {}
     for _, reason, _ in BAD:
@@ -148,30 +148,30 @@ def test_bad_records_are_counted_per_reason_and_dropped_under_skip(tmp_path, tok
     assert pairs.stats["skipped_where"][0].startswith(f"{tmp_path / 'p.jsonl'}:2: ")
 
 
-def test_duplicate_ids_are_bad_records(tmp_path, tok):
+def test_duplicate_ids_are_bad_records(tmp_path, tokenizer):
     rows = [GOOD | {"uid": "a"}, GOOD | {"uid": "a", "chosen": "sure"}]
     with pytest.raises(ConfigError, match="duplicate record id 'p:a'") as e:
-        pairs_of(tmp_path, tok, rows, id_field="uid")
+        pairs_of(tmp_path, tokenizer, rows, id_field="uid")
     assert e.value.key.endswith("p.jsonl:2")
 
 
-def test_a_file_with_no_usable_pair_is_refused(tmp_path, tok):
+def test_a_file_with_no_usable_pair_is_refused(tmp_path, tokenizer):
     with pytest.raises(ConfigError, match=r"no usable preference records in .* \(1 skipped as bad\)") as e:
-        pairs_of(tmp_path, tok, [{"prompt": "q", "chosen": "x"}], on_bad_record="skip")
+        pairs_of(tmp_path, tokenizer, [{"prompt": "q", "chosen": "x"}], on_bad_record="skip")
     assert e.value.key == "data"
 
 
-def test_chat_sources_and_mask_files_are_refused_for_pairs_and_pairs_for_sft(tmp_path, tok):
+def test_chat_sources_and_mask_files_are_refused_for_pairs_and_pairs_for_sft(tmp_path, tokenizer):
     with pytest.raises(ConfigError, match="objective=dpo trains on preference pairs") as e:
         train_cfg(tmp_path, source="gsm8k")  # refused when the config is typed, before any load
     assert e.value.key == "data"
     mask = write_jsonl(tmp_path / "m.jsonl", [{"id": "x", "turns": [1]}])
     with pytest.raises(ConfigError) as e:
-        load_pairs(train_cfg(tmp_path, mask_files=[str(mask)]), tok)
+        load_pairs(train_cfg(tmp_path, mask_files=[str(mask)]), tokenizer)
     assert e.value.key == "data.mask_files"
     cfg = train_cfg(tmp_path)
     with pytest.raises(ConfigError, match="holds preference pairs") as e:
-        load_dataset(cfg.data, cfg.model, tok)
+        load_dataset(cfg.data, cfg.model, tokenizer)
     assert e.value.key == "data.source"
 
 
@@ -184,23 +184,23 @@ def test_a_mixture_of_pairs_and_chat_records_is_refused_at_compose_time(tmp_path
 # ------------------------------------------------------------------------------------ truncation
 
 
-def test_truncation_applies_per_pair(tmp_path, tok):
+def test_truncation_applies_per_pair(tmp_path, tokenizer):
     rows = [GOOD, {"prompt": "q", "chosen": "long answer " * 40, "rejected": "no"}, GOOD | {"chosen": "sure"}]
-    whole = pairs_of(tmp_path / "w", tok, rows, max_seq_len=4096)
+    whole = pairs_of(tmp_path / "w", tokenizer, rows, max_seq_len=4096)
     n_long = int(whole.lengths[2])
     assert n_long > 40
 
-    dropped = pairs_of(tmp_path / "d", tok, rows, max_seq_len=40, truncation="drop")
+    dropped = pairs_of(tmp_path / "d", tokenizer, rows, max_seq_len=40, truncation="drop")
     assert dropped.pair_ids == ["p:1", "p:3"] and dropped.stats["dropped_too_long"] == 1
     assert dropped.stats["dropped_ids"] == ["p:2"] and not dropped.truncated.any()
 
-    cut = pairs_of(tmp_path / "t", tok, rows, max_seq_len=40, truncation="truncate")
+    cut = pairs_of(tmp_path / "t", tokenizer, rows, max_seq_len=40, truncation="truncate")
     assert cut.pair_ids == ["p:1", "p:2", "p:3"] and cut.truncated.tolist() == [False, True, False]
     assert cut.lengths[2] == 40 and cut.lengths[3] == whole.lengths[3] and cut.stats["truncated_ids"] == ["p:2"]
     assert np.array_equal(cut.row(2)[0], whole.row(2)[0][:40]) and cut.row(2)[1].any()
 
     with pytest.raises(ConfigError) as e:
-        pairs_of(tmp_path / "f", tok, rows, max_seq_len=40, truncation="fail")
+        pairs_of(tmp_path / "f", tokenizer, rows, max_seq_len=40, truncation="fail")
     assert e.value.key.endswith("p.jsonl:2")
     assert f"a side of pair p:2 has {n_long} tokens, more than data.max_seq_len=40" in e.value.message
 
@@ -209,52 +209,52 @@ SHARED = "the same long reasoning " * 12
 COLLAPSING = {"prompt": "q", "chosen": SHARED + "so yes", "rejected": SHARED + "so no"}  # differ past 40 tokens
 
 
-def test_a_pair_that_truncation_makes_identical_is_refused_with_file_and_line(tmp_path, tok):
+def test_a_pair_that_truncation_makes_identical_is_refused_with_file_and_line(tmp_path, tokenizer):
     """The text check passes (the sides differ), but cut at max_seq_len both are the same sequence:
     loss log 2 and no gradient, a pair that trains nothing while it counts as one."""
     rows = [GOOD, COLLAPSING, GOOD | {"chosen": "sure"}]
     with pytest.raises(ConfigError) as e:
-        pairs_of(tmp_path / "f", tok, rows, max_seq_len=40, truncation="truncate")
+        pairs_of(tmp_path / "f", tokenizer, rows, max_seq_len=40, truncation="truncate")
     assert e.value.key.endswith("p.jsonl:2") and "\n" not in str(e.value)
     assert "differ only past data.max_seq_len=40" in e.value.message and "accepted: a larger" in e.value.message
-    skipped = pairs_of(tmp_path / "s", tok, rows, max_seq_len=40, truncation="truncate", on_bad_record="skip")
+    skipped = pairs_of(tmp_path / "s", tokenizer, rows, max_seq_len=40, truncation="truncate", on_bad_record="skip")
     assert skipped.pair_ids == ["p:1", "p:3"]
     assert skipped.stats["skipped_by_reason"] == {"identical_after_truncation": 1}
     assert skipped.stats["skipped_where"][0].startswith(f"{tmp_path / 's' / 'p.jsonl'}:2: ")
-    whole = pairs_of(tmp_path / "w", tok, rows, max_seq_len=256, truncation="truncate")  # within the length: kept
+    whole = pairs_of(tmp_path / "w", tokenizer, rows, max_seq_len=256, truncation="truncate")  # within the length: kept
     assert whole.pair_ids == ["p:1", "p:2", "p:3"] and not np.array_equal(whole.row(2)[0], whole.row(3)[0])
 
 
-def test_a_file_where_every_pair_collapses_cannot_start(tmp_path, tok):
+def test_a_file_where_every_pair_collapses_cannot_start(tmp_path, tokenizer):
     rows = [COLLAPSING, COLLAPSING | {"rejected": SHARED + "maybe"}]
     with pytest.raises(ConfigError, match=r"no pair is left to train on: .* 2 skipped as bad \(2 of them identical "
                                           r"once encoded\)") as e:
-        pairs_of(tmp_path, tok, rows, max_seq_len=40, truncation="truncate", on_bad_record="skip")
+        pairs_of(tmp_path, tokenizer, rows, max_seq_len=40, truncation="truncate", on_bad_record="skip")
     assert e.value.key == "data.max_seq_len"
 
 
-def test_sides_the_template_renders_alike_are_a_bad_pair(tmp_path, tok):
+def test_sides_the_template_renders_alike_are_a_bad_pair(tmp_path, tokenizer):
     """A template that trims the content makes "yes" and "yes " one sequence: compared as tokens."""
     import copy
 
     from align.data.preference import BadRecords, encode_pairs, load_preference_records
 
-    trimming = copy.deepcopy(tok)
-    trimming.chat_template = tok.chat_template.replace("{{ m['content'] }}", "{{ m['content'] | trim }}")
+    trimming = copy.deepcopy(tokenizer)
+    trimming.chat_template = tokenizer.chat_template.replace("{{ m['content'] }}", "{{ m['content'] | trim }}")
     cfg = train_cfg(tmp_path, write_jsonl(tmp_path / "p.jsonl", [GOOD, GOOD | {"rejected": "yes "}]))
     bad = BadRecords(cfg.data.on_bad_record)
     records = load_preference_records(cfg.data, bad)
     assert len(records) == 2  # as text the sides differ
-    assert encode_pairs(records, tok, cfg.data, bad).pairs == 2
+    assert encode_pairs(records, tokenizer, cfg.data, bad).pairs == 2
     with pytest.raises(ConfigError, match="render to the same .* tokens through the chat template") as e:
         encode_pairs(records, trimming, cfg.data, bad)
     assert e.value.key.endswith("p.jsonl:2")
 
 
-def test_workers_encode_exactly_as_in_process(tmp_path, tok):
+def test_workers_encode_exactly_as_in_process(tmp_path, tokenizer):
     cfg0 = train_cfg(tmp_path / "a", max_records=48, encode_workers=0, on_bad_record="skip")
     cfg2 = train_cfg(tmp_path / "b", max_records=48, encode_workers=2, on_bad_record="skip")
-    a, b = load_pairs(cfg0, tok), load_pairs(cfg2, tok)
+    a, b = load_pairs(cfg0, tokenizer), load_pairs(cfg2, tokenizer)
     for name in ("tokens", "loss_mask", "offsets", "source_index", "truncated"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     assert a.ids == b.ids and a.meta["fingerprint"] == b.meta["fingerprint"]
@@ -263,10 +263,10 @@ def test_workers_encode_exactly_as_in_process(tmp_path, tok):
 # ----------------------------------------------------------------------------------------- cache
 
 
-def test_cache_hit_returns_the_same_pairs(tmp_path, tok):
+def test_cache_hit_returns_the_same_pairs(tmp_path, tokenizer):
     cfg = train_cfg(tmp_path, max_records=32)
-    miss = load_pairs(cfg, tok)
-    hit = load_pairs(cfg, tok)
+    miss = load_pairs(cfg, tokenizer)
+    hit = load_pairs(cfg, tokenizer)
     assert (miss.meta["cache_hit"], hit.meta["cache_hit"]) == (False, True)
     for name in ("tokens", "loss_mask", "offsets", "source_index", "truncated"):
         assert np.array_equal(getattr(miss, name), getattr(hit, name)), name

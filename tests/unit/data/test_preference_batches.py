@@ -38,12 +38,12 @@ def cfg_for(tmp_path, kind="bucket", packed=False, grad_accum=1, **sampler) -> T
 
 
 @pytest.fixture(scope="module")
-def pairs(tok, tmp_path_factory) -> EncodedPairs:
-    return load_pairs(cfg_for(tmp_path_factory.mktemp("pairs")), tok)
+def pairs(tokenizer, tmp_path_factory) -> EncodedPairs:
+    return load_pairs(cfg_for(tmp_path_factory.mktemp("pairs")), tokenizer)
 
 
-def stream_of(tmp_path, pairs, tok, rank=0, world=1, **kw):
-    return build_pair_stream(cfg_for(tmp_path, **kw), pairs, tok.pad_token_id, rank, world)
+def stream_of(tmp_path, pairs, tokenizer, rank=0, world=1, **kw):
+    return build_pair_stream(cfg_for(tmp_path, **kw), pairs, tokenizer.pad_token_id, rank, world)
 
 
 def assert_whole_pairs(b, pairs: EncodedPairs) -> None:
@@ -64,8 +64,8 @@ def assert_whole_pairs(b, pairs: EncodedPairs) -> None:
 
 
 @pytest.mark.parametrize("kind,packed,kw", SAMPLERS, ids=IDS)
-def test_both_sides_of_every_pair_share_a_micro_batch_across_epochs(tmp_path, tok, pairs, kind, packed, kw):
-    s = stream_of(tmp_path, pairs, tok, kind=kind, packed=packed, **kw)
+def test_both_sides_of_every_pair_share_a_micro_batch_across_epochs(tmp_path, tokenizer, pairs, kind, packed, kw):
+    s = stream_of(tmp_path, pairs, tokenizer, kind=kind, packed=packed, **kw)
     per_epoch = len(s.sampler.rank_batches(0))
     seen = []
     for b in itertools.islice(iter(s), per_epoch + 3):  # into the second epoch
@@ -80,14 +80,14 @@ def test_both_sides_of_every_pair_share_a_micro_batch_across_epochs(tmp_path, to
 
 @pytest.mark.parametrize("kind,packed,kw", SAMPLERS, ids=IDS)
 @pytest.mark.parametrize("k", [0, 5, 19])
-def test_a_resume_lands_on_the_next_micro_batch_with_whole_pairs(tmp_path, tok, pairs, kind, packed, kw, k):
-    ref = stream_of(tmp_path, pairs, tok, kind=kind, packed=packed, **kw)
+def test_a_resume_lands_on_the_next_micro_batch_with_whole_pairs(tmp_path, tokenizer, pairs, kind, packed, kw, k):
+    ref = stream_of(tmp_path, pairs, tokenizer, kind=kind, packed=packed, **kw)
     it = iter(ref)
     for _ in range(k):
         next(it)
     state = ref.state_dict()
     expected = list(itertools.islice(it, 6))
-    resumed = stream_of(tmp_path, pairs, tok, kind=kind, packed=packed, **kw)
+    resumed = stream_of(tmp_path, pairs, tokenizer, kind=kind, packed=packed, **kw)
     resumed.load_state_dict(state)
     got = list(itertools.islice(iter(resumed), 6))
     for a, b in zip(expected, got, strict=True):
@@ -96,28 +96,28 @@ def test_a_resume_lands_on_the_next_micro_batch_with_whole_pairs(tmp_path, tok, 
         assert torch.equal(a.seq_ids, b.seq_ids) and torch.equal(a.labels, b.labels)
 
 
-def test_ranks_draw_disjoint_whole_pairs(tmp_path, tok, pairs):
-    mine = [np.concatenate([b for b in stream_of(tmp_path, pairs, tok, rank=r, world=2).sampler.rank_batches(0)])
+def test_ranks_draw_disjoint_whole_pairs(tmp_path, tokenizer, pairs):
+    mine = [np.concatenate([b for b in stream_of(tmp_path, pairs, tokenizer, rank=r, world=2).sampler.rank_batches(0)])
             for r in range(2)]
     for rows in mine:
         assert np.array_equal(rows[0::2] + 1, rows[1::2])
     assert not set(mine[0].tolist()) & set(mine[1].tolist())
 
 
-def test_the_pair_fingerprint_refuses_a_resume_of_chat_order(tmp_path, tok, pairs):
+def test_the_pair_fingerprint_refuses_a_resume_of_chat_order(tmp_path, tokenizer, pairs):
     from align.data.loader import build_stream
     from align.errors import ConfigError
 
     cfg = cfg_for(tmp_path)
-    chat = build_stream(cfg, pairs, tok.pad_token_id)  # the same rows drawn one sequence at a time
+    chat = build_stream(cfg, pairs, tokenizer.pad_token_id)  # the same rows drawn one sequence at a time
     with pytest.raises(ConfigError, match="sampler settings"):
-        stream_of(tmp_path, pairs, tok).load_state_dict(chat.state_dict())
+        stream_of(tmp_path, pairs, tokenizer).load_state_dict(chat.state_dict())
 
 
-def test_padded_and_packed_pair_fields(tmp_path, tok, pairs):
+def test_padded_and_packed_pair_fields(tmp_path, tokenizer, pairs):
     rows = np.array([4, 5, 0, 1, 10, 11])
-    padded = collate_pairs(pairs, rows, tok.pad_token_id, 8)
-    packed = collate_pairs(pairs, rows, tok.pad_token_id, 8, packed=True)
+    padded = collate_pairs(pairs, rows, tokenizer.pad_token_id, 8)
+    packed = collate_pairs(pairs, rows, tokenizer.pad_token_id, 8, packed=True)
     assert padded.chosen_seq.tolist() == [0, 2, 4] and padded.rejected_seq.tolist() == [1, 3, 5]
     assert padded.pair_rows.tolist() == [2, 0, 5] and padded.pairs == 3
     lens = pairs.lengths[rows]
@@ -129,27 +129,27 @@ def test_padded_and_packed_pair_fields(tmp_path, tok, pairs):
         assert set(span[span >= 0].tolist()) == {s} and span[-1] == -1  # a document's last token predicts nothing
     assert (packed.seq_ids[0, starts[-1]:] == -1).all()
     # The same tokens and targets as chat collate: the pair fields are additions, nothing else changes.
-    plain = collate(pairs, rows, tok.pad_token_id, 8, packed=True)
+    plain = collate(pairs, rows, tokenizer.pad_token_id, 8, packed=True)
     assert torch.equal(plain.input_ids, packed.input_ids) and torch.equal(plain.labels, packed.labels)
     with pytest.raises(ValueError, match="whole pairs"):
-        collate_pairs(pairs, np.array([1, 0]), tok.pad_token_id)
+        collate_pairs(pairs, np.array([1, 0]), tokenizer.pad_token_id)
     with pytest.raises(ValueError, match="whole pairs"):
-        collate_pairs(pairs, np.array([0, 1, 2]), tok.pad_token_id)
+        collate_pairs(pairs, np.array([0, 1, 2]), tokenizer.pad_token_id)
 
 
-def test_batch_to_moves_the_pair_tensors(tok, pairs):
-    b = collate_pairs(pairs, np.array([0, 1, 2, 3]), tok.pad_token_id).to(torch.device("meta"))
+def test_batch_to_moves_the_pair_tensors(tokenizer, pairs):
+    b = collate_pairs(pairs, np.array([0, 1, 2, 3]), tokenizer.pad_token_id).to(torch.device("meta"))
     assert all(t.device.type == "meta" for t in (b.input_ids, b.seq_ids, b.chosen_seq, b.rejected_seq))
 
 
-def test_sft_batches_carry_no_pair_fields(tok, pairs):
-    b = collate(pairs, np.array([0, 1]), tok.pad_token_id)
+def test_sft_batches_carry_no_pair_fields(tokenizer, pairs):
+    b = collate(pairs, np.array([0, 1]), tokenizer.pad_token_id)
     assert (b.seq_ids, b.chosen_seq, b.rejected_seq, b.pairs, b.truncated_pairs, b.pair_rows) == (None,) * 6
 
 
 @pytest.mark.parametrize("kind,packed,kw", SAMPLERS, ids=IDS)
-def test_padding_waste_and_roots_describe_the_collated_micro_batches(tmp_path, tok, pairs, kind, packed, kw):
-    s = stream_of(tmp_path, pairs, tok, kind=kind, packed=packed, grad_accum=2, **kw)
+def test_padding_waste_and_roots_describe_the_collated_micro_batches(tmp_path, tokenizer, pairs, kind, packed, kw):
+    s = stream_of(tmp_path, pairs, tokenizer, kind=kind, packed=packed, grad_accum=2, **kw)
     batches = [s.collate_fn(pairs, rows, s.pad_id, s.mult, s.packed) for rows in s.sampler.rank_batches(0)]
     tokens, real = sum(b.tokens for b in batches), sum(b.real_tokens for b in batches)
     st = s.sampler.stats()
@@ -165,20 +165,20 @@ def test_padding_waste_and_roots_describe_the_collated_micro_batches(tmp_path, t
 
 
 @pytest.mark.parametrize("mult", [1, 8])
-def test_the_budget_sampler_sees_what_a_padded_pair_costs(tmp_path, tok, pairs, mult):
+def test_the_budget_sampler_sees_what_a_padded_pair_costs(tmp_path, tokenizer, pairs, mult):
     """A pair's unit is two rows of its longer side's padded width, so the budget sampler's rows x width
     is exactly the tokens of the padded micro-batch (the pair's total length would undercount a pair
     with one long side by up to half)."""
-    s = stream_of(tmp_path, pairs, tok, kind="budget", max_tokens=1600, pad_to_multiple_of=mult)
+    s = stream_of(tmp_path, pairs, tokenizer, kind="budget", max_tokens=1600, pad_to_multiple_of=mult)
     inner = s.sampler.inner
     for unit_batch, rows in zip(inner.global_batches(0), s.sampler.global_batches(0), strict=True):
-        b = collate_pairs(pairs, rows, tok.pad_token_id, mult)
+        b = collate_pairs(pairs, rows, tokenizer.pad_token_id, mult)
         assert len(unit_batch) * int(inner.lengths[unit_batch].max()) == b.tokens <= 1600
     chosen, rejected = pairs.side_lengths
     assert (np.abs(chosen - rejected) > 0).any(), "the data must hold pairs of unequal sides for this to show anything"
 
 
-def test_a_mixture_of_pair_sources_weighs_pairs_per_source(tmp_path, tok):
+def test_a_mixture_of_pair_sources_weighs_pairs_per_source(tmp_path, tokenizer):
     from omegaconf import OmegaConf
 
     from tests.unit.data.conftest import write_jsonl
@@ -189,9 +189,9 @@ def test_a_mixture_of_pair_sources_weighs_pairs_per_source(tmp_path, tok):
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), {
         "data": {"mixture": mix, "cache_dir": str(tmp_path / "c"), "encode_workers": 0},
         "sampler": {"micro_batch_size": 2}, "objective": {"kind": "dpo"}}))
-    pairs = load_pairs(cfg, tok)
+    pairs = load_pairs(cfg, tokenizer)
     assert pairs.pair_ids[:1] == ["a:1"] and pairs.meta["records_per_source"] == [6, 6]
-    s = build_pair_stream(cfg, pairs, tok.pad_token_id)
+    s = build_pair_stream(cfg, pairs, tokenizer.pad_token_id)
     served = np.concatenate(s.sampler.rank_batches(0))
     assert np.array_equal(served[0::2] + 1, served[1::2])
     by_source = Counter(pairs.pair_ids[int(r) // 2].split(":")[0] for r in served[0::2])

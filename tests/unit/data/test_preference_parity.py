@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from align.config import AttentionConfig, AttnImpl, Family, ModelConfig
+from align.config import AttentionConfig, AttnImpl, Family
 from align.data.collate import Batch
 from align.data.pairs import collate_pairs
 from align.data.preference import EncodedPairs, load_pairs
-from align.models import build_model
+from tests.conftest import build_tiny
 from tests.unit.data.test_preference import train_cfg
 
 ROWS = np.array([6, 7, 0, 1, 10, 11, 2, 3])  # four pairs, not in order
@@ -47,27 +47,26 @@ def alone_logps(model, pairs: EncodedPairs, rows) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def pairs(tok, tmp_path_factory) -> EncodedPairs:
-    return load_pairs(train_cfg(tmp_path_factory.mktemp("parity"), max_records=8), tok)
+def pairs(tokenizer, tmp_path_factory) -> EncodedPairs:
+    return load_pairs(train_cfg(tmp_path_factory.mktemp("parity"), max_records=8), tokenizer)
 
 
-def _model(tok, family: Family, impl: AttnImpl):
-    torch.manual_seed(0)
-    m = build_model(ModelConfig(family=family), AttentionConfig(implementation=impl), tok).model
+def _model(family: Family, impl: AttnImpl):
+    m = build_tiny(family, AttentionConfig(implementation=impl)).model
     return m.train()  # as the trainer runs it; the models have no dropout, so train mode is deterministic
 
 
 @pytest.mark.parametrize("family,impl", [(Family.mistral, AttnImpl.sdpa), (Family.mistral, AttnImpl.eager),
                                          (Family.gemma4, AttnImpl.sdpa)], ids=lambda v: v.value)
-def test_packed_and_padded_pairs_give_the_same_sequence_logps(tok, pairs, family, impl):
-    model = _model(tok, family, impl)
+def test_packed_and_padded_pairs_give_the_same_sequence_logps(tokenizer, pairs, family, impl):
+    model = _model(family, impl)
     lens = pairs.lengths[ROWS]
     assert len(set(lens.tolist())) > 2, "unequal lengths: padding and packing offsets must both be exercised"
     if family == Family.gemma4:
         assert lens.min() > model.config.sliding_window, "the sliding-window layers must bind"
-    padded = collate_pairs(pairs, ROWS, tok.pad_token_id, 8)
-    unmasked = collate_pairs(pairs, ROWS, tok.pad_token_id, 8, mask_padding=False)
-    packed = collate_pairs(pairs, ROWS, tok.pad_token_id, 8, packed=True)
+    padded = collate_pairs(pairs, ROWS, tokenizer.pad_token_id, 8)
+    unmasked = collate_pairs(pairs, ROWS, tokenizer.pad_token_id, 8, mask_padding=False)
+    packed = collate_pairs(pairs, ROWS, tokenizer.pad_token_id, 8, packed=True)
     assert padded.attention_mask is not None and unmasked.attention_mask is None and packed.attention_mask is None
 
     alone = alone_logps(model, pairs, ROWS)

@@ -11,7 +11,6 @@ import pytest
 from align.config import to_typed
 from align.data.collate import IGNORE, collate
 from align.data.encode_cache import cache_key_parts, load_dataset
-from align.data.tokenizer import load_tokenizer
 from align.errors import ConfigError
 from align.run.cli import compose
 
@@ -20,14 +19,14 @@ def _cfg(tmp_path, path, *extra):
     return to_typed(compose(["data=tokens", f"data.path={path}", f"data.cache_dir={tmp_path / 'cache'}", *extra]))
 
 
-def test_token_rows_are_encoded_as_given(tmp_path):
+def test_token_rows_are_encoded_as_given(tmp_path, tokenizer):
     f = tmp_path / "rows.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in [
         {"input_ids": [5, 6, 7, 8]},
         {"input_ids": [9, 10, 11], "loss_mask": [0, 0, 1]},
     ]) + "\n")
     cfg = _cfg(tmp_path, f)
-    data = load_dataset(cfg.data, cfg.model, load_tokenizer(cfg.model))
+    data = load_dataset(cfg.data, cfg.model, tokenizer)
     assert data.lengths.tolist() == [4, 3]
     t0, m0 = data.row(0)
     assert t0.tolist() == [5, 6, 7, 8] and m0.tolist() == [False, True, True, True]
@@ -44,12 +43,12 @@ def test_tokens_field_is_part_of_the_cache_key(tmp_path):
     assert a != b
 
 
-def test_a_row_without_token_ids_names_file_and_line(tmp_path):
+def test_a_row_without_token_ids_names_file_and_line(tmp_path, tokenizer):
     f = tmp_path / "rows.jsonl"
     f.write_text(json.dumps({"input_ids": [1, 2]}) + "\n" + json.dumps({"text": "hi"}) + "\n")
     cfg = _cfg(tmp_path, f)
     with pytest.raises(ConfigError, match=r"rows\.jsonl:2.*input_ids"):
-        load_dataset(cfg.data, cfg.model, load_tokenizer(cfg.model))
+        load_dataset(cfg.data, cfg.model, tokenizer)
 
 
 # bool is an int in Python: `true` was trained as id 1, and any truthy mask value as a target.

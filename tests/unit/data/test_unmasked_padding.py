@@ -29,9 +29,9 @@ def _padded_case(vocab: int, lengths=(29, 17, 8), seed: int = 0):
 
 @pytest.mark.parametrize("impl", [AttnImpl.sdpa, AttnImpl.eager])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_real_token_logits_do_not_need_the_padding_mask(tok, family, impl):
-    model = _model(tok, family, impl)
-    data, lengths = _padded_case(len(tok))
+def test_real_token_logits_do_not_need_the_padding_mask(tokenizer, family, impl):
+    model = _model(family, impl)
+    data, lengths = _padded_case(len(tokenizer))
     masked = collate(data, np.arange(3), pad_id=0, pad_to_multiple_of=8)
     bare = collate(data, np.arange(3), pad_id=0, pad_to_multiple_of=8, mask_padding=False)
     assert masked.attention_mask is not None and bare.attention_mask is None

@@ -85,17 +85,15 @@ def dcp_checkpoint(tmp_path):
     from omegaconf import OmegaConf
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from align.config import AttentionConfig, ModelConfig
-    from align.data.tokenizer import load_tokenizer
-    from align.models import build_model
     from align.run.cli import compose
+    from tests.conftest import build_tiny
 
     def make(edit=lambda tensors: None) -> Path:
         run = tmp_path / "train"
         step = run / "checkpoints" / "step_00000001"
         (run / ".hydra").mkdir(parents=True)
         OmegaConf.save(compose([]), run / ".hydra" / "config.yaml")
-        model = build_model(ModelConfig(), AttentionConfig(), load_tokenizer(ModelConfig())).model
+        model = build_tiny().model
         tensors = dict(get_model_state_dict(model))
         edit(tensors)
         with warnings.catch_warnings():

@@ -1,38 +1,11 @@
-"""Tiny random-init models from the project's presets (fp32, CPU) and helpers that recompute what the
-engine reports with plain forwards: the references the engine's outputs are held against."""
+"""Helpers that recompute what the engine reports with plain forwards: the references the engine's outputs
+are held against (the tiny random-init models themselves: tests/conftest.py `tiny_model`)."""
 
 from __future__ import annotations
 
 import contextlib
 
-import pytest
 import torch
-
-from align.config import AttentionConfig, Family, ModelConfig
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    from align.data.tokenizer import load_tokenizer
-
-    return load_tokenizer(ModelConfig())
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tokenizer):
-    """tiny_model(family) -> an fp32 random-init model of the family's tiny preset, built once."""
-    from align.models import build_model
-
-    built: dict[Family, torch.nn.Module] = {}
-
-    def _get(family: Family = Family.mistral) -> torch.nn.Module:
-        if family not in built:
-            torch.manual_seed(0)
-            built[family] = build_model(ModelConfig(family=family), AttentionConfig(), tokenizer,
-                                        torch.device("cpu")).model
-        return built[family]
-
-    return _get
 
 
 def prompts(n: int = 4, lo: int = 3, hi: int = 12, vocab: int = 4096, seed: int = 0) -> list[list[int]]:

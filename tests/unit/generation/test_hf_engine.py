@@ -165,13 +165,9 @@ def test_describe_records_what_resolved(tiny_model):
         engine(tiny_model(), mode=GenerateMode.compiled)
 
 
-def test_a_copy_engine_syncs_from_the_training_model_and_hashes_its_weights(tiny_model, tokenizer):
-    from align.config import AttentionConfig, ModelConfig
-    from align.models import build_model
-
+def test_a_copy_engine_syncs_from_the_training_model_and_hashes_its_weights(tiny_model, build):
     trained = tiny_model()
-    torch.manual_seed(1)
-    other = build_model(ModelConfig(), AttentionConfig(), tokenizer, torch.device("cpu")).model
+    other = build(seed=1).model
     shared = engine(trained)
     copy = HFEngine.copy_of(other, EngineConfig(), pad_token_id=0, eos_token_ids=(EOS,))
     assert copy.describe()["weights"].startswith("copy") and copy.model is not other

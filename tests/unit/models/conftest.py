@@ -1,37 +1,12 @@
-"""Shared fixtures for the model-family tests: the bundled tokenizer and tiny builds (no downloads)."""
+"""Helpers for the model-family tests (the tokenizer and the tiny builds: tests/conftest.py `tokenizer`, `build`)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from align.config import AttentionConfig, Family, LoraConfig, ModelConfig, MoEConfig
+from align.config import Family
 
 MOE_FAMILIES = [Family.olmoe, Family.gemma4_moe]
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    from align.data.tokenizer import load_tokenizer
-
-    return load_tokenizer(ModelConfig())
-
-
-def tiny(family: Family, **kw) -> ModelConfig:
-    moe = kw.pop("moe", None) or MoEConfig()
-    lora = kw.pop("lora", None) or LoraConfig()
-    return ModelConfig(family=family, moe=moe, lora=lora, **kw)
-
-
-@pytest.fixture
-def build(tokenizer):
-    from align.models import build_model
-
-    def _build(family: Family, attention: AttentionConfig | None = None, seed: int = 0, **kw):
-        torch.manual_seed(seed)
-        return build_model(tiny(family, **kw), attention or AttentionConfig(), tokenizer, torch.device("cpu"))
-
-    return _build
 
 
 def perturb_(model: torch.nn.Module, seed: int = 1, scale: float = 0.2) -> torch.nn.Module:

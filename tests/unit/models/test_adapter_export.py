@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 
 from align.config import Family, LoraConfig, LoraExport
 from align.errors import ConfigError
-from align.models import build_model
 from align.models.export import export_hf
 from align.models.lora import LoraGate
 from align.models.roundtrip import compare, load_export, outputs
@@ -49,15 +48,15 @@ def base_dir(build, tokenizer, tmp_path):
 
 
 @pytest.mark.parametrize("family", [Family.mistral, Family.olmoe])
-def test_the_adapter_on_its_base_and_the_merged_export_both_equal_the_trained_model(base_dir, tokenizer, tmp_path,
-                                                                                   family, compose):
+def test_the_adapter_on_its_base_and_the_merged_export_both_equal_the_trained_model(base_dir, build, tokenizer,
+                                                                                   tmp_path, family, compose):
     from align.config import to_typed
     from align.models.adapter import base_model
 
     base = base_dir(family)
     cfg = to_typed(compose([f"model={family.value}", f"model.pretrained={base}", "model.lora.enabled=true",
                             "model.lora.r=4", "model.lora.alpha=8"]))
-    b = build_model(cfg.model, cfg.attention, tokenizer, torch.device("cpu"))
+    b = build(cfg.model, cfg.attention)
     ref = outputs(_trained_(b.model), family, IDS)
     names = {m.rpartition(".")[0] for m, _ in b.model.named_modules() if m.endswith(".lora_A")}
     out = export_hf(b.model, tokenizer, tmp_path / "export")

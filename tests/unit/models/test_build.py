@@ -10,7 +10,7 @@ import torch
 
 from align.config import AttentionConfig, ExpertsImpl, Family, ModelConfig, MoEConfig
 from align.errors import ConfigError
-from align.models.build import build_model, describe_model
+from align.models.build import describe_model
 from align.models.family_table import FAMILIES
 from tests.unit.models.conftest import MOE_FAMILIES, batch, perturb_
 
@@ -67,10 +67,10 @@ def test_the_three_experts_kernels_compute_the_same_function_in_fp32(build, fami
         assert (logits[impl] - ref).abs().max() < 1e-5, impl
 
 
-def test_router_losses_on_a_dense_family_are_refused(tokenizer):
+def test_router_losses_on_a_dense_family_are_refused(build):
     for fam in (Family.mistral, Family.gemma4):
         with pytest.raises(ConfigError, match="model.moe.lb_weight.*dense"):
-            build_model(ModelConfig(family=fam, moe=MoEConfig(lb_weight=0.01)), AttentionConfig(), tokenizer)
+            build(fam, moe=MoEConfig(lb_weight=0.01))
 
 
 @pytest.mark.parametrize("family", [Family.mistral, Family.olmoe])
@@ -80,8 +80,7 @@ def test_fp32_checkpoint_in_shards_loads_locally_cast_to_bf16(build, family, tok
     tokenizer.save_pretrained(tmp_path)
     assert len(list(tmp_path.glob("*.safetensors"))) > 1
     assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "float32"
-    b = build_model(ModelConfig(family=family, pretrained=str(tmp_path), dtype="bfloat16"), AttentionConfig(),
-                    tokenizer)
+    b = build(family, pretrained=str(tmp_path), dtype="bfloat16")
     assert b.info["dtype"] == "bfloat16" and b.info["checkpoint_dtype"] == "float32" and b.info["preset"] is None
     got = dict(b.model.named_parameters())
     for name, p in src.named_parameters():

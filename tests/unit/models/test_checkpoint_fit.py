@@ -12,30 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from align.config import AttentionConfig, Family, ModelConfig
+from align.config import Family
 from align.errors import ConfigError
-from align.models import build_model
 from align.models.checkpoint_fit import family_problem
 from align.models.family_table import FAMILIES
-
-TINY = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, tie_word_embeddings=False)
-
-
-def _hf(kind: str, d: Path, weights: bool = True) -> Path:
-    """A tiny transformers checkpoint of `kind` at `d` (config.json, and the weights unless `weights=False`)."""
-    import transformers as T
-
-    config_cls, model_cls = {"llama": (T.LlamaConfig, T.LlamaForCausalLM),
-                             "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM)}[kind]
-    config = config_cls(**TINY)
-    if weights:
-        torch.manual_seed(0)
-        model_cls(config).save_pretrained(d)
-    else:
-        config.architectures = [model_cls.__name__]
-        config.save_pretrained(d)
-    return d
+from tests.conftest import tiny_checkpoint, tiny_hf_checkpoint
 
 
 def _edit_config(d: Path, **changes) -> None:
@@ -52,17 +33,12 @@ def _edit_tensors(d: Path, edit) -> None:
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
 
 
-def _own(build, family: Family, d: Path) -> Path:
-    build(family).model.save_pretrained(d)
-    return d
-
-
 # ----------------------------------------------------------------------------- before the load
 
 
-def test_each_familys_own_checkpoint_fits_and_another_familys_names_the_option_that_loads_it(build, tmp_path):
+def test_each_familys_own_checkpoint_fits_and_another_familys_names_the_option_that_loads_it(tmp_path):
     for family in FAMILIES:
-        own = _own(build, family, tmp_path / family.value)
+        own = tiny_checkpoint(tmp_path / family.value, family)
         assert family_problem(family, own) is None and family_problem(Family.hf, own) is None, family
     gemma_moe, gemma = tmp_path / "gemma4_moe", tmp_path / "gemma4"
     assert family_problem(Family.gemma4, gemma_moe).endswith(
@@ -76,7 +52,7 @@ def test_each_familys_own_checkpoint_fits_and_another_familys_names_the_option_t
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_a_model_type_no_family_loads_is_refused_and_pointed_at_model_hf_which_loads_it(kind, tmp_path):
-    d = _hf(kind, tmp_path / kind, weights=False)
+    d = tiny_hf_checkpoint(kind, tmp_path / kind, weights=False)
     why = family_problem(Family.mistral, d)
     assert why.startswith(f"{d / 'config.json'} gives model_type '{kind}' (") and why.endswith(
         "which is not one of align's families (mistral: model=mistral; olmoe: model=olmoe; gemma4_text: "
@@ -85,7 +61,7 @@ def test_a_model_type_no_family_loads_is_refused_and_pointed_at_model_hf_which_l
 
 
 def test_a_relabelled_or_unlabelled_config_is_refused(tmp_path):
-    d = _hf("llama", tmp_path / "relabelled", weights=False)
+    d = tiny_hf_checkpoint("llama", tmp_path / "relabelled", weights=False)
     _edit_config(d, model_type="mistral")  # architectures still LlamaForCausalLM
     assert family_problem(Family.mistral, d) == (
         f"{d / 'config.json'} lists architectures LlamaForCausalLM; model=mistral builds MistralForCausalLM, "
@@ -100,7 +76,7 @@ def test_a_relabelled_or_unlabelled_config_is_refused(tmp_path):
 
 
 def test_model_hf_refuses_what_transformers_maps_to_no_causal_lm_or_another_head(tmp_path):
-    d = _hf("qwen2", tmp_path / "qwen2", weights=False)
+    d = tiny_hf_checkpoint("qwen2", tmp_path / "qwen2", weights=False)
     _edit_config(d, architectures=["Qwen2ForSequenceClassification"])
     assert family_problem(Family.hf, d) == (
         f"{d / 'config.json'} lists architectures Qwen2ForSequenceClassification; model=hf builds "
@@ -111,13 +87,13 @@ def test_model_hf_refuses_what_transformers_maps_to_no_causal_lm_or_another_head
         "to no class: model=hf trains causal LMs only")
 
 
-def test_preflight_and_the_build_refuse_another_familys_checkpoint_before_any_weight(build, tokenizer, tmp_path,
+def test_preflight_and_the_build_refuse_another_familys_checkpoint_before_any_weight(build, tmp_path,
                                                                                      monkeypatch):
     from align.config import to_typed
     from align.run.cli import compose
     from align.run.preflight_checks import collect, run_preflight
 
-    d = _own(build, Family.mistral, tmp_path / "mistral")
+    d = tiny_checkpoint(tmp_path / "mistral", Family.mistral)
     typed = to_typed(compose(["model=olmoe", f"model.pretrained={d}", "allow_dirty=true"]))
     with pytest.raises(ConfigError, match=r"^model.pretrained: .* loads with model=mistral, not model=olmoe$"):
         run_preflight(typed)
@@ -129,7 +105,7 @@ def test_preflight_and_the_build_refuse_another_familys_checkpoint_before_any_we
     monkeypatch.setattr(transformers.OlmoeForCausalLM, "from_pretrained",
                         lambda *a, **k: pytest.fail("weights read for a refused checkpoint"))
     with pytest.raises(ConfigError, match="loads with model=mistral, not model=olmoe"):
-        build_model(ModelConfig(family=Family.olmoe, pretrained=str(d)), AttentionConfig(), tokenizer)
+        build(Family.olmoe, pretrained=str(d))
 
 
 # ------------------------------------------------------------------------------- the load
@@ -157,60 +133,60 @@ BROKEN = {
 
 
 @pytest.mark.parametrize("case", list(BROKEN))
-def test_a_checkpoint_whose_tensors_do_not_all_land_is_refused_in_one_line(case, build, tokenizer, tmp_path):
+def test_a_checkpoint_whose_tensors_do_not_all_land_is_refused_in_one_line(case, build, tmp_path):
     break_, says = BROKEN[case]
     if break_ is None:
-        d = _hf("qwen2", tmp_path / "ckpt")
+        d = tiny_hf_checkpoint("qwen2", tmp_path / "ckpt")
         _edit_config(d, model_type="mistral", architectures=["MistralForCausalLM"])
     else:
-        d = _own(build, Family.mistral, tmp_path / "ckpt")
+        d = tiny_checkpoint(tmp_path / "ckpt", Family.mistral)
         break_(d)
     with pytest.raises(ConfigError) as e:
-        build_model(ModelConfig(pretrained=str(d)), AttentionConfig(), tokenizer)
+        build(pretrained=str(d))
     line = str(e.value)
     assert line.startswith(f"model.pretrained: the checkpoint {d} does not fit MistralForCausalLM: ") and says in line
     assert "\n" not in line
 
 
-def test_a_shape_mismatch_is_named_with_both_shapes(build, tokenizer, tmp_path):
-    d = _own(build, Family.mistral, tmp_path / "ckpt")
+def test_a_shape_mismatch_is_named_with_both_shapes(build, tmp_path):
+    d = tiny_checkpoint(tmp_path / "ckpt", Family.mistral)
     _edit_tensors(d, lambda t: t.update({"model.norm.weight": torch.ones(7)}))
     with pytest.raises(ConfigError, match=r"1 of another shape \(model.norm.weight \[7\] vs the model's \[128\]\)"):
-        build_model(ModelConfig(pretrained=str(d)), AttentionConfig(), tokenizer)
+        build(pretrained=str(d))
 
 
-def test_a_tied_lm_head_may_be_absent_and_the_record_says_so(build, tokenizer, tmp_path):
+def test_a_tied_lm_head_may_be_absent_and_the_record_says_so(build, tmp_path):
     d = tmp_path / "tied"
     build(Family.mistral, overrides={"tie_word_embeddings": True}).model.save_pretrained(d)
     assert "lm_head.weight" not in load_file(d / "model.safetensors")
-    b = build_model(ModelConfig(pretrained=str(d)), AttentionConfig(), tokenizer)
+    b = build(pretrained=str(d))
     params = len(dict(b.model.named_parameters()))  # each tensor once: the tied head is the embedding
     assert b.info["weights"] == {
         "loaded": params, "missing": 0, "unexpected": 0, "mismatched": 0,
         "allowed_missing": {"tied": {"lm_head.weight": "model.embed_tokens.weight"},
                             "non_persistent_buffers": ["model.rotary_emb.inv_freq",
                                                        "model.rotary_emb.original_inv_freq"]}}
-    assert build_model(ModelConfig(), AttentionConfig(), tokenizer).info["weights"] is None  # random init
+    assert build().info["weights"] is None  # random init
 
 
 class Payload:
     """Not a tensor: a pickle holding it runs code on load unless the loader is weights-only."""
 
 
-def test_a_pickle_the_weights_only_loader_refuses_is_one_line_naming_the_file(build, tokenizer, tmp_path):
+def test_a_pickle_the_weights_only_loader_refuses_is_one_line_naming_the_file(build, tmp_path):
     from align.models.checkpoint_files import checkpoint_problem
 
-    d = _own(build, Family.mistral, tmp_path / "ckpt")
+    d = tiny_checkpoint(tmp_path / "ckpt", Family.mistral)
     tensors = load_file(d / "model.safetensors")
     (d / "model.safetensors").unlink()
     torch.save(tensors, d / "pytorch_model.bin")
     assert checkpoint_problem(d) is None  # plain tensors: the weights-only loader takes them
-    assert build_model(ModelConfig(pretrained=str(d)), AttentionConfig(), tokenizer).info["weights"]["missing"] == 0
+    assert build(pretrained=str(d)).info["weights"]["missing"] == 0
     torch.save({**tensors, "payload": Payload()}, d / "pytorch_model.bin")
     says = (f"{d / 'pytorch_model.bin'} is refused by torch's weights-only loader: its pickle names "
             f"{__name__}.Payload, not plain tensors; align never unpickles objects: save the weights as "
             "safetensors (accepted)")
     assert checkpoint_problem(d) == says  # preflight, from the pickle's globals
     with pytest.raises(ConfigError) as e:  # the load, where preflight did not run
-        build_model(ModelConfig(pretrained=str(d)), AttentionConfig(), tokenizer)
+        build(pretrained=str(d))
     assert str(e.value) == f"model.pretrained: {says}"

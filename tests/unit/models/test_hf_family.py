@@ -4,23 +4,13 @@ targets, the memory estimate, routers) found generically. Tiny checkpoints are b
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import torch
 
-from align.config import AttentionConfig, Family, LoraConfig, ModelConfig, MoEConfig, to_typed
+from align.config import Family, LoraConfig, ModelConfig, MoEConfig, to_typed
 from align.errors import ConfigError
-from align.models import build_model
 from align.models.family import family_spec
 from align.models.family_table import FAMILIES
-from tests.conftest import tiny_hf_checkpoint
-
-
-def _own(build, tokenizer, family: Family, d: Path) -> Path:
-    build(family).model.save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
+from tests.conftest import tiny_checkpoint, tiny_hf_checkpoint
 
 
 def test_model_hf_without_a_checkpoint_is_refused_naming_model_pretrained(compose):
@@ -29,7 +19,7 @@ def test_model_hf_without_a_checkpoint_is_refused_naming_model_pretrained(compos
 
 
 @pytest.mark.parametrize("family", [Family.mistral, Family.gemma4_moe])
-def test_an_align_familys_checkpoint_under_model_hf_is_that_familys_run(build, tokenizer, compose, tmp_path, family):
+def test_an_align_familys_checkpoint_under_model_hf_is_that_familys_run(build, compose, tmp_path, family):
     """Preflight's checklist, the compile rule and the built model (attention, routers) are those of
     `model=<family>` with the same checkpoint; only the requested family differs."""
     from align.plan.compile_auto import resolve_trainer_compile
@@ -37,7 +27,7 @@ def test_an_align_familys_checkpoint_under_model_hf_is_that_familys_run(build, t
     from align.run.preflight_checks import collect
     from align.run.record import RunRecord
 
-    d = _own(build, tokenizer, family, tmp_path / "ckpt")
+    d = tiny_checkpoint(tmp_path / "ckpt", family)
     typed = {f: to_typed(compose([f"model={f}", f"model.pretrained={d}", "allow_dirty=true"]))
              for f in (family.value, "hf")}
     checks = {f: {c.name: c.detail for c in collect(t)} for f, t in typed.items()}
@@ -46,13 +36,15 @@ def test_an_align_familys_checkpoint_under_model_hf_is_that_familys_run(build, t
     assert checks["hf"].pop("checkpoint family") == (f"model_type {spec.model_type!r}: model=hf runs as "
                                                      f"model={family.value} ({spec.architecture})")
     checks[family.value].pop("checkpoint family")
+    for c in checks.values():  # the host's free memory, read at each collect, moves under other processes
+        c["params and memory"] = c["params and memory"].rsplit(" vs cpu ", 1)[0]
     assert checks["hf"] == checks[family.value]
     assert resolve_trainer_compile(typed["hf"], "cuda") == resolve_trainer_compile(typed[family.value], "cuda")
     for f, t in typed.items():  # the manifest, from its start, names the family built
         RunRecord(t, {}, tmp_path / f, [], []).start([])
         assert load(tmp_path / f)["model"]["family"] == family.value
 
-    built = {f: build_model(t.model, t.attention, tokenizer, torch.device("cpu")) for f, t in typed.items()}
+    built = {f: build(t.model, t.attention) for f, t in typed.items()}
     assert built["hf"].info.pop("family_requested") == "hf"
     assert built[family.value].info.pop("family_requested") == family.value
     assert built["hf"].info == built[family.value].info and built["hf"].info["family"] == family.value
@@ -64,10 +56,10 @@ def test_an_align_familys_checkpoint_under_model_hf_is_that_familys_run(build, t
     ("qwen2", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}),
     ("phi3", {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}),  # fused projections
 ])
-def test_lora_targets_every_attention_and_mlp_linear_of_a_generic_class(tokenizer, tmp_path, kind, targets):
+def test_lora_targets_every_attention_and_mlp_linear_of_a_generic_class(build, tmp_path, kind, targets):
     cfg = ModelConfig(family=Family.hf, pretrained=str(tiny_hf_checkpoint(kind, tmp_path / kind)),
                       lora=LoraConfig(enabled=True, r=4))
-    b = build_model(cfg, AttentionConfig(), tokenizer)
+    b = build(cfg)
     info = b.info["lora"]
     assert {t.rsplit(".", 1)[-1] for t in info["targets"]} == targets
     assert info["target_modules"] == 2 * len(targets) and info["not_adapted_linears"] == ["lm_head"]
@@ -84,7 +76,7 @@ def test_the_kv_cache_estimate_reads_a_fused_qkv_layer_from_the_config(tmp_path)
     assert per["phi3"] == per["llama"] == 2 * 2 * (2 * 64 // 4)  # layers x (k, v) x kv_heads x head_dim
 
 
-def test_a_generic_moe_counts_its_experts_but_reads_no_router(tokenizer, tmp_path):
+def test_a_generic_moe_counts_its_experts_but_reads_no_router(build, tmp_path):
     """A model_type of no align family with experts (Qwen3-MoE): parameter counts know the experts, but
     align has no router taps for it: no telemetry, and router losses are refused, not dropped."""
     d = tiny_hf_checkpoint("qwen3_moe", tmp_path / "moe", num_experts=4, num_experts_per_tok=2,
@@ -92,13 +84,12 @@ def test_a_generic_moe_counts_its_experts_but_reads_no_router(tokenizer, tmp_pat
     cfg = ModelConfig(family=Family.hf, pretrained=str(d))
     spec = family_spec(cfg)
     assert spec.name == Family.hf and spec.is_moe and not spec.reads_routers
-    b = build_model(cfg, AttentionConfig(), tokenizer)
+    b = build(cfg)
     assert b.info["moe"]["num_experts"] == 4 and b.info["moe"]["telemetry"] is False and b.runtime.moe is None
     assert b.info["params_active"] < b.info["params_total"]
     with pytest.raises(ConfigError, match=r"model.moe.lb_weight: model=hf \(Qwen3MoeForCausalLM\) has routers align "
                                           r"does not read"):
-        build_model(ModelConfig(family=Family.hf, pretrained=str(d), moe=MoEConfig(lb_weight=0.01)),
-                    AttentionConfig(), tokenizer)
+        build(Family.hf, pretrained=str(d), moe=MoEConfig(lb_weight=0.01))
 
 
 def test_preflight_passes_a_generic_checkpoint_and_names_the_class_it_builds(compose, tmp_path):

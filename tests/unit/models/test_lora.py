@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from align.config import AttentionConfig, Family, LoraConfig, ModelConfig
+from align.config import Family, LoraConfig
 from align.errors import ConfigError
-from align.models import build_model
 from align.models.lora import InertAdapterError
 from tests.unit.models.conftest import batch
 
@@ -73,12 +72,12 @@ def test_inert_adapter_gate_passes_when_adapters_train_and_halts_when_they_do_no
         _train(no_lr, tokenizer, 1, lr=0.0)
 
 
-def test_qlora_is_refused_for_fused_expert_moe_families_and_needs_a_checkpoint(tokenizer):
+def test_qlora_is_refused_for_fused_expert_moe_families_and_needs_a_checkpoint(build):
     for fam in (Family.olmoe, Family.gemma4_moe):
         with pytest.raises(ConfigError, match=r"model.lora.qlora: QLoRA is refused .*fused 3-D"):
-            build_model(ModelConfig(family=fam, lora=_lora(qlora=True)), AttentionConfig(), tokenizer)
+            build(fam, lora=_lora(qlora=True))
     with pytest.raises(ConfigError, match="model.pretrained"):
-        build_model(ModelConfig(family=Family.mistral, lora=_lora(qlora=True)), AttentionConfig(), tokenizer)
+        build(Family.mistral, lora=_lora(qlora=True))
 
 
 def test_qlora_dense_trains_on_a_4bit_base_and_exports_merged_full_precision_weights(build, tokenizer, tmp_path):
@@ -91,8 +90,7 @@ def test_qlora_dense_trains_on_a_4bit_base_and_exports_merged_full_precision_wei
     base = build(Family.mistral).model
     base.save_pretrained(base_dir)
     tokenizer.save_pretrained(base_dir)
-    q = build_model(ModelConfig(family=Family.mistral, pretrained=str(base_dir), lora=_lora(qlora=True)),
-                    AttentionConfig(), tokenizer)
+    q = build(Family.mistral, pretrained=str(base_dir), lora=_lora(qlora=True))
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in q.model.modules())
     assert all("lora_" in n for n, p in q.model.named_parameters() if p.requires_grad)
     _train(q, tokenizer, 2)

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from align.config import Family, LoraConfig
 from align.models.family_table import FAMILIES
 from align.models.roundtrip import compare, load_export, outputs, verify_export
+from tests.conftest import build_tiny
 from tests.unit.models.conftest import MOE_FAMILIES, perturb_
 
 
@@ -23,13 +24,9 @@ def _ids(tokenizer=None, n=24):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tokenizer):
     """One clean export per family, with its reference outputs (built once for the module)."""
-    from align.config import AttentionConfig, ModelConfig
-    from align.models import build_model
-
     out = {}
     for fam in FAMILIES:
-        torch.manual_seed(0)
-        model = perturb_(build_model(ModelConfig(family=fam), AttentionConfig(), tokenizer, torch.device("cpu")).model)
+        model = perturb_(build_tiny(fam).model)
         d = tmp_path_factory.mktemp(fam.value) / "export"
         report = verify_export(model, tokenizer, d, fam, _ids(tokenizer))
         out[fam] = (d, report, outputs(model, fam, _ids(tokenizer)), model)

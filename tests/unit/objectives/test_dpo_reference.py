@@ -143,7 +143,7 @@ def test_adapters_off_holds_no_second_model_and_a_frozen_copy_does(lora, root):
 
 
 def test_adapters_off_is_the_base_model_before_and_after_training(lora):
-    from align.models import build_model
+    from tests.conftest import build_tiny
 
     obj = lora.objective
     assert obj.gate(first_batch(lora))["reference_ok"]
@@ -156,8 +156,7 @@ def test_adapters_off_is_the_base_model_before_and_after_training(lora):
     # the base, built afresh from the same config and seed without LoRA
     cfg = lora.cfg
     plain = dataclasses.replace(cfg.model, lora=dataclasses.replace(cfg.model.lora, enabled=False))
-    torch.manual_seed(cfg.trainer.seed)
-    base = build_model(plain, cfg.attention, lora.tokenizer, torch.device("cpu")).model.eval()
+    base = build_tiny(plain, cfg.attention, seed=cfg.trainer.seed).model.eval()
     with torch.no_grad():
         want = obj.sequence_logps(lora.forward, batch, module=base)
     assert torch.allclose(rc, want[batch.chosen_seq], atol=1e-5, rtol=0)

@@ -15,15 +15,7 @@ from align.config import OptimizerConfig, to_typed
 from align.errors import ConfigError
 from align.optim.step import CompiledStep, OverlappedStep, build_stepper, param_chunks, step_subset
 from align.parallel.fsdp import decoder_blocks
-
-
-def tiny_mistral(seed: int = 0) -> torch.nn.Module:
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    return MistralForCausalLM(cfg)
+from tests.conftest import build_tiny
 
 
 def adamw(model, weight_decay=0.1):
@@ -40,7 +32,7 @@ def set_grads(model, step: int) -> None:
 
 
 def test_chunks_cover_every_parameter_once_in_forward_order():
-    model = tiny_mistral()
+    model = build_tiny().model
     blocks = decoder_blocks(model)
     chunks = param_chunks(model, blocks, list(model.parameters()))
     assert len(chunks) == len(blocks) + 1
@@ -52,7 +44,7 @@ def test_chunks_cover_every_parameter_once_in_forward_order():
 
 
 def test_chunk_wise_steps_are_bit_identical_to_one_step_with_the_clip_scale_and_a_changing_lr():
-    a, b = tiny_mistral(), tiny_mistral()
+    a, b = build_tiny().model, build_tiny().model
     oa, ob = adamw(a), adamw(b)
     chunks = param_chunks(b, decoder_blocks(b), list(b.parameters()))
     for step in range(3):
@@ -136,7 +128,7 @@ def overlapped(model, compiled: bool):
 @pytest.mark.parametrize("compiled", [False, True], ids=["fused", "compiled"])
 def test_the_next_forward_waits_for_each_blocks_chunk_only_when_it_reaches_that_block(compiled):
     torch._dynamo.reset()
-    model = tiny_mistral()
+    model = build_tiny().model
     blocks = decoder_blocks(model)
     stepper, streams = overlapped(model, compiled)
     opt = stepper.optimizer
@@ -177,7 +169,7 @@ def test_the_next_forward_waits_for_each_blocks_chunk_only_when_it_reaches_that_
 
 def stepped_once():
     """An OverlappedStep on fake streams that has queued one step (no forward since)."""
-    model = tiny_mistral()
+    model = build_tiny().model
     opt = adamw(model)
     streams = FakeStreams(opt)
     stepper = OverlappedStep(opt, model, decoder_blocks(model), streams)
@@ -193,7 +185,7 @@ def test_sync_orders_every_queued_chunk_before_a_checkpoint_reads_parameters():
 
 
 def test_overlap_and_compile_resolve_off_on_a_cpu_and_say_why():
-    model = tiny_mistral()
+    model = build_tiny().model
     cpu = torch.device("cpu")
     s = build_stepper(OptimizerConfig(overlap=True, compile=False), adamw(model), model, cpu)
     assert s.info() == {"kind": "plain", "overlap": False, "compiled": False,
@@ -211,7 +203,7 @@ def test_overlap_and_compile_resolve_off_on_a_cpu_and_say_why():
 def test_an_unresolved_auto_never_reaches_the_stepper():
     """optimizer.compile=auto is the trainer's to resolve (align.parallel.compile): "auto" is truthy, and
     read as is it would build a compiled step over a fused optimizer."""
-    model = tiny_mistral()
+    model = build_tiny().model
     with pytest.raises(ValueError, match="unresolved"):
         build_stepper(OptimizerConfig(), adamw(model), model, torch.device("cpu"))
 
@@ -286,7 +278,7 @@ def test_the_compiled_step_equals_clip_then_step_and_a_changing_lr_recompiles_no
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
-    a, b = tiny_mistral(), tiny_mistral()
+    a, b = build_tiny().model, build_tiny().model
     kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1.0, weight_decay=0.1, foreach=True)
     # the reference runs uncompiled, where torch allows capturable only on accelerators
     oa, ob = torch.optim.AdamW(a.parameters(), **kw), torch.optim.AdamW(b.parameters(), capturable=True, **kw)
@@ -309,7 +301,7 @@ def test_the_compiled_step_equals_clip_then_step_and_a_changing_lr_recompiles_no
     assert graphs[-1] == graphs[1] and graphs[1] >= 2, graphs  # one graph per variant, nothing after
     for (n, p), q in zip(a.named_parameters(), b.parameters()):  # capturable computes bias corrections as tensors
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=n)
-    assert float((next(b.parameters()) - tiny_mistral().model.embed_tokens.weight).abs().max()) > 1e-3  # it trained
+    assert float((next(b.parameters()) - build_tiny().model.model.embed_tokens.weight).abs().max()) > 1e-3  # it trained
 
 
 def test_the_overlapped_compiled_step_is_bit_identical_to_clip_then_one_compiled_step():
@@ -317,7 +309,7 @@ def test_the_overlapped_compiled_step_is_bit_identical_to_clip_then_one_compiled
     scale divided out of its own gradients only) equals dividing every gradient by the scale and then
     one compiled step over all parameters, bit for bit, under a schedule, clipped or not."""
     torch._dynamo.reset()
-    a, b = tiny_mistral(), tiny_mistral()
+    a, b = build_tiny().model, build_tiny().model
     oa = capturable_adamw(a)
     whole = CompiledStep(oa, torch.device("cpu"), backend="eager")
     stepper, streams = overlapped(b, compiled=True)
@@ -343,7 +335,7 @@ def test_the_overlapped_compiled_step_is_bit_identical_to_clip_then_one_compiled
         assert torch.equal(pa, pb), n
         sa, sb = oa.state[pa], ob.state[pb]
         assert all(torch.equal(sa[k], sb[k]) for k in ("exp_avg", "exp_avg_sq", "step")), n
-    assert float((next(b.parameters()) - tiny_mistral().model.embed_tokens.weight).abs().max()) > 1e-3  # it trained
+    assert float((next(b.parameters()) - build_tiny().model.model.embed_tokens.weight).abs().max()) > 1e-3  # it trained
     assert stepper.norms_of is stepper.compiled.norms_of  # the clip takes the compiled fp64 norm
 
 
@@ -362,7 +354,7 @@ def _every_chunk_compiled():
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
-    model = tiny_mistral()
+    model = build_tiny(overrides={"num_hidden_layers": 3}).model  # four chunks: more than the limit of 3
     stepper, streams = overlapped(model, compiled=True)
     n = len(stepper.chunks)
     assert n == 4 and torch._dynamo.config.recompile_limit == 2 * n
@@ -389,7 +381,7 @@ def _every_chunk_compiled():
 def test_a_torch_without_recompile_limit_is_refused_in_one_line():
     from types import SimpleNamespace
 
-    model = tiny_mistral()
+    model = build_tiny().model
     comp = CompiledStep(capturable_adamw(model), torch.device("cpu"), backend="eager")
     with pytest.raises(ConfigError) as e:
         comp.allow_param_lists(17, SimpleNamespace(cache_size_limit=8))

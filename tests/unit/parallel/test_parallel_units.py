@@ -98,12 +98,10 @@ def test_only_rank_0_writes_hydra_files(monkeypatch):
 
 
 def _tiny(family: str, **over):
-    from align.config import AttentionConfig, Family, ModelConfig
-    from align.data.tokenizer import load_tokenizer
-    from align.models import build_model
+    from align.config import Family
+    from tests.conftest import build_tiny
 
-    cfg = ModelConfig(family=Family(family), overrides=over)
-    return build_model(cfg, AttentionConfig(), load_tokenizer(cfg)).model
+    return build_tiny(Family(family), overrides=over).model
 
 
 def test_the_expert_plan_keeps_only_expert_rules_that_name_something():

@@ -12,19 +12,18 @@ from align.config import to_typed
 from align.errors import EXIT_CONFIG, ConfigError
 from align.probes import mask as mask_probe
 from align.run.cli import compose
+from tests.conftest import build_tiny, bundled_tokenizer
 
 
 @pytest.fixture(scope="module")
 def gemma():
     from align.data.encode import encode_records
     from align.data.sources import load_records
-    from align.data.tokenizer import load_tokenizer
-    from align.models import build_model
 
     cfg = to_typed(compose(["model=gemma4", "attention=sdpa", "data.max_records=16"]))  # transformers' masks
-    tok = load_tokenizer(cfg.model)
+    tok = bundled_tokenizer()
     data = encode_records(load_records(cfg.data), tok, cfg.data)
-    model = build_model(cfg.model, cfg.attention, tok).model
+    model = build_tiny(cfg.model, cfg.attention).model
     return model, data, tok.pad_token_id
 
 
@@ -99,12 +98,10 @@ def test_right_padding_without_a_mask_is_still_causal_for_real_rows(gemma, monke
 def test_mistral_with_a_sliding_window_override_is_windowed_everywhere():
     from align.data.encode import encode_records
     from align.data.sources import load_records
-    from align.data.tokenizer import load_tokenizer
-    from align.models import build_model
 
     cfg = to_typed(compose(["+model.overrides.sliding_window=16", "data.max_records=8"]))
-    tok = load_tokenizer(cfg.model)
-    model = build_model(cfg.model, cfg.attention, tok).model
+    tok = bundled_tokenizer()
+    model = build_tiny(cfg.model, cfg.attention).model
     data = encode_records(load_records(cfg.data), tok, cfg.data)
     r = mask_probe.assert_masks(model, data, tok.pad_token_id)
     assert list(r["by_type"]) == ["sliding_attention"]
@@ -131,13 +128,11 @@ def test_the_mask_check_leaves_compiled_blocks_caches_empty():
 
     from align.data.encode import encode_records
     from align.data.sources import load_records
-    from align.data.tokenizer import load_tokenizer
-    from align.models import build_model
     from align.parallel.compile import compile_blocks
 
     cfg = to_typed(compose(["data.max_records=8"]))
-    tok = load_tokenizer(cfg.model)
-    model = build_model(cfg.model, cfg.attention, tok).model
+    tok = bundled_tokenizer()
+    model = build_tiny(cfg.model, cfg.attention).model
     compile_blocks(model, True, backend="eager")
     torch._dynamo.reset()
     counters.clear()

@@ -12,11 +12,10 @@ from align.telemetry.throughput import CONVENTION, Ceiling, ModelFlops, Throughp
 
 
 def _model(compose, *overrides):
-    from align.data.tokenizer import load_tokenizer
-    from align.models import build_model
+    from tests.conftest import build_tiny
 
     cfg = to_typed(compose(list(overrides)))
-    return build_model(cfg.model, cfg.attention, load_tokenizer(cfg.model)).model
+    return build_tiny(cfg.model, cfg.attention).model
 
 
 def test_dense_model_is_6N_plus_attention(compose):
