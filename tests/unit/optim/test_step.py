@@ -243,6 +243,7 @@ def test_a_step_first_orders_any_chunk_the_last_forward_never_waited_for():
 
 
 def test_the_trainer_syncs_the_side_stream_before_a_checkpoint_or_an_export_reads_parameters(tmp_path, monkeypatch):
+    import align.callbacks.checkpointing as ckpt
     import align.trainer as tr
     from tests.conftest import build_trainer
 
@@ -250,9 +251,9 @@ def test_the_trainer_syncs_the_side_stream_before_a_checkpoint_or_an_export_read
     synced = []
     trainer.stepper.sync = lambda: synced.append(True)
     seen = []
-    for name in ("save_checkpoint", "export_model"):
-        real = getattr(tr, name)
-        monkeypatch.setattr(tr, name,
+    for module, name in ((ckpt, "save_checkpoint"), (tr, "export_model")):  # where each is called from
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name,
                             lambda *a, real=real, name=name, **k: (seen.append((name, len(synced))), real(*a, **k))[1])
     assert trainer.fit() == 0
     assert [n for n, _ in seen] == ["save_checkpoint", "export_model"]
