@@ -43,7 +43,9 @@ def test_torchrun_launcher_gives_every_rank_one_run_dir(tmp_path):
     p = subprocess.run(cmd, env=_env(NPROC="2"), capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr[-3000:]
     refusals = [ln for ln in p.stderr.splitlines() if ln.startswith("align: error:")]
-    assert len(refusals) == 2 and all(f"{run_dir} holds a finished run" in ln for ln in refusals), refusals
+    # each rank refuses alone; torchrun stops the other worker once the first exits, so under load the
+    # second rank's line may never be printed (its refusal, or its stop, leaves the run dir as it was)
+    assert 1 <= len(refusals) <= 2 and all(f"{run_dir} holds a finished run" in ln for ln in refusals), refusals
     assert {f: f.read_bytes() for f in run_dir.rglob("*") if f.is_file()} == before
 
 
