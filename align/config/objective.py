@@ -7,17 +7,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from align.config.rules import AUTO, _choices, _require
+from align.config.rules import AUTO, _require
 from align.errors import ConfigError
 from align.objectives.advantages import Estimator as AdvantageKind  # defined beside its rules of no signal
 
 # ------------------------------------------------------------------------------------- objective
-
-
-class ObjectiveKind(StrEnum):
-    sft = "sft"
-    dpo = "dpo"
-    grpo = "grpo"
 
 
 class ReferenceKind(StrEnum):
@@ -69,29 +63,52 @@ class GenerationDtype(StrEnum):
     """The engine generates with a float32 copy, synced before every rollout."""
 
 
+OBJECTIVE_SCHEMAS: dict[str, type["ObjectiveConfig"]] = {}
+"""Each objective's schema by its kind, filled as each class is defined (`ObjectiveConfig.__init_subclass__`):
+conf/objective/<kind>.yaml composes it (ConfigStore `schema/objective/<kind>`, align/config/root.py). A new
+objective's schema is a subclass in a module of align/config/ (`align.config.discover` imports them all)."""
+
+
+def accepted_kinds() -> str:
+    """The registered kinds, as a refusal lists them."""
+    return ", ".join(OBJECTIVE_SCHEMAS)
+
+
 @dataclass
 class ObjectiveConfig:
     """What the run optimises (the `objective` group); align/objectives/interface.py is the seam. The keys
-    every objective reads; each objective's class below adds its own, and its option names that class
-    in its defaults list (conf/objective/<kind>.yaml: `/schema/objective/<kind>`, `OBJECTIVE_SCHEMAS`),
-    so a key the composed objective does not read is an unknown key of its schema."""
+    every objective reads; each objective's class adds its own and declares its kind as the default of
+    `kind`, which registers it (`OBJECTIVE_SCHEMAS`). Its option names that class in its defaults list
+    (conf/objective/<kind>.yaml: `/schema/objective/<kind>`), so a key the composed objective does not read
+    is an unknown key of its schema."""
 
-    kind: ObjectiveKind = ObjectiveKind.sft
-    """sft, dpo or grpo: the objective, chosen with `objective=<kind>` (each option composes its own schema)."""
+    kind: str = "sft"
+    """The objective, chosen with `objective=<kind>` (each option composes its own schema): one of the
+    registered kinds (sft, dpo, grpo)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kind = cls.__dict__.get("kind")
+        if isinstance(kind, str):  # a class that declares its kind is that objective's schema
+            if OBJECTIVE_SCHEMAS.get(kind, cls) is not cls:
+                raise TypeError(f"objective kind {kind!r} is declared by {OBJECTIVE_SCHEMAS[kind].__qualname__} "
+                                f"and {cls.__qualname__}")
+            OBJECTIVE_SCHEMAS[kind] = cls
 
     def __post_init__(self) -> None:
+        _require(self.kind in OBJECTIVE_SCHEMAS, "objective.kind", f"no objective is registered under this kind "
+                 f"(accepted: {accepted_kinds()})", self.kind)
         own = own_kind(type(self))
         if own is not None:  # a class of its own: `objective=sft objective.kind=dpo` would run neither
-            got = ObjectiveKind(self.kind)
-            _require(got == own, "objective.kind", f"objective={own.value} is kind {own.value}: choose the objective "
-                     f"as an option, objective={got.value} (accepted: {_choices(ObjectiveKind)})", got.value)
+            _require(self.kind == own, "objective.kind", f"objective={own} is kind {own}: choose the objective "
+                     f"as an option, objective={self.kind} (accepted: {accepted_kinds()})", self.kind)
 
 
 @dataclass
 class SFTConfig(ObjectiveConfig):
     """objective=sft: reads no key of its own."""
 
-    kind: ObjectiveKind = ObjectiveKind.sft
+    kind: str = "sft"
     """sft: cross-entropy on the loss-masked tokens (chat: the assistant turns), averaged per loss token
     over the accumulation window on all ranks (align/objectives/sft.py)."""
 
@@ -100,7 +117,7 @@ class SFTConfig(ObjectiveConfig):
 class DPOConfig(ObjectiveConfig):
     """objective=dpo: a preference loss on pairs (align/objectives/dpo.py)."""
 
-    kind: ObjectiveKind = ObjectiveKind.dpo
+    kind: str = "dpo"
     """dpo: a preference loss (`loss`) on pairs of a chosen and a rejected completion."""
     loss: str = "sigmoid"
     """sigmoid (DPO), ipo, hinge, robust, conservative (label-smoothed sigmoid), simpo and orpo (both
@@ -150,7 +167,7 @@ class DPOConfig(ObjectiveConfig):
 class GRPOConfig(ObjectiveConfig):
     """objective=grpo: RL with verifiable rewards on prompts (`reward.weights`), align/objectives/grpo.py."""
 
-    kind: ObjectiveKind = ObjectiveKind.grpo
+    kind: str = "grpo"
     """grpo: groups of sampled completions per prompt, scored by the reward, each weighted by its
     advantage in its group."""
     reference: ReferenceKind = ReferenceKind.auto
@@ -241,12 +258,7 @@ class GRPOConfig(ObjectiveConfig):
                      self.reference.value)
 
 
-OBJECTIVE_SCHEMAS: dict[ObjectiveKind, type[ObjectiveConfig]] = {
-    ObjectiveKind.sft: SFTConfig, ObjectiveKind.dpo: DPOConfig, ObjectiveKind.grpo: GRPOConfig}
-"""Each objective's schema: conf/objective/<kind>.yaml composes it (ConfigStore `schema/objective/<kind>`)."""
-
-
-def own_kind(cls: type) -> Optional[ObjectiveKind]:
+def own_kind(cls: type) -> Optional[str]:
     """The objective whose schema `cls` is; None for the shared base."""
     return next((k for k, c in OBJECTIVE_SCHEMAS.items() if c is cls), None)
 

@@ -14,7 +14,6 @@ from align.config.objective import (
     OBJECTIVE_SCHEMAS,
     GenerationDtype,
     ObjectiveConfig,
-    ObjectiveKind,
     RewardConfig,
 )
 from align.config.probe_config import ProbeConfig
@@ -61,7 +60,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if type(self.objective) is ObjectiveConfig:  # built without an option (TrainConfig()): only `kind` is set
-            self.objective = OBJECTIVE_SCHEMAS[ObjectiveKind(self.objective.kind)]()
+            self.objective = OBJECTIVE_SCHEMAS[self.objective.kind]()
         if self.optimizer.overlap:  # FSDP2 runs its own streams; a compiled block would trace the waits
             _require(
                 self.parallel.kind == ParallelKind.single,
@@ -85,11 +84,11 @@ class TrainConfig:
                 f"needs optimizer=adamw (got {self.optimizer.name.value})",
                 True,
             )
-        pairs = self.objective.kind == ObjectiveKind.dpo
+        pairs = self.objective.kind == "dpo"
         _require(
             self.data.holds_pairs == pairs,
             "data",
-            f"objective={self.objective.kind.value} trains on "
+            f"objective={self.objective.kind} trains on "
             + (
                 "preference pairs: use data=gsm8k_pairs or data=preference"
                 if pairs
@@ -98,19 +97,19 @@ class TrainConfig:
             self.data.source.value,
         )
 
-        if self.objective.kind == ObjectiveKind.grpo:
+        if self.objective.kind == "grpo":
             _require(self.trainer.epochs is None, "trainer.epochs", "is for objective=sft and dpo; objective=grpo "
                      "steps through prompts as rollouts ask: set trainer.max_steps", self.trainer.epochs)
             self._check_grpo()
         else:
             _require(self.reward.function is None, "reward.function", f"is read by objective=grpo only; "
-                     f"objective={self.objective.kind.value} ignores it", self.reward.function)
+                     f"objective={self.objective.kind} ignores it", self.reward.function)
             _require(not self.reward.functions, "reward.functions", f"is read by objective=grpo only; "
-                     f"objective={self.objective.kind.value} ignores it", dict(self.reward.functions))
+                     f"objective={self.objective.kind} ignores it", dict(self.reward.functions))
             _require(
                 not self.reward.weights,
                 "reward.weights",
-                f"is read by objective=grpo only; objective={self.objective.kind.value} ignores it "
+                f"is read by objective=grpo only; objective={self.objective.kind} ignores it "
                 "(leave the reward group at none)",
                 dict(self.reward.weights),
             )
@@ -203,12 +202,12 @@ class TrainConfig:
                 "ignored by sampler=budget (rows per micro-batch follow "
                 "sampler.max_tokens); it is read by sampler=shuffle, sampler=bucket"
             )
-        if self.objective.kind == ObjectiveKind.grpo and self.probe.name is None:
+        if self.objective.kind == "grpo" and self.probe.name is None:
             out["sampler.micro_batch_size"] = (
                 "ignored by objective=grpo (a step's completions are cut into trainer.grad_accum micro-batches, "
                 "or by sampler.max_tokens under sampler=budget; objective.prompts_per_rollout prompts per rollout)"
             )
-        if self.sampler.kind == SamplerKind.budget and self.objective.kind == ObjectiveKind.grpo:
+        if self.sampler.kind == SamplerKind.budget and self.objective.kind == "grpo":
             why = "ignored by objective=grpo with sampler=budget"
             out["trainer.grad_accum"] = (f"{why} (micro-batches per step follow sampler.max_tokens); "
                                          "it is read by sampler=shuffle")
@@ -244,7 +243,7 @@ GROUP_SCHEMAS: dict[str, type] = {
 }
 
 
-OPTION_SCHEMAS: dict[str, dict[str, type]] = {"objective": {k.value: c for k, c in OBJECTIVE_SCHEMAS.items()}}
+OPTION_SCHEMAS: dict[str, dict[str, type]] = {"objective": OBJECTIVE_SCHEMAS}
 """Groups whose options each have a schema of their own (a subclass of the group's): option -> schema. The
 option's yaml names it first in its defaults list, `- /schema/<group>/<option>@_here_` (`@<group>` from
 a `# @package _global_` file), so Hydra composes and types the option's keys against it; an option is

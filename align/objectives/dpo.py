@@ -28,8 +28,10 @@ import torch
 from align.config import DPOConfig, ReferenceKind, TrainConfig
 from align.data.collate import Batch
 from align.errors import ConfigError
+from align.objectives import register
 from align.objectives.gate import GateError, run_gate  # noqa: F401  (GateError: raised by the gate)
 from align.objectives.logps import sequence_sums, sequence_token_counts, token_logps
+from align.objectives.plan_terms import PlanTerms, frozen_copy
 from align.objectives.preference_losses import PairLogps, preference_loss
 from align.objectives.preference_spec import PreferenceLoss
 from align.objectives.reference import (
@@ -38,6 +40,7 @@ from align.objectives.reference import (
     cache_key,
     load_table,
     model_config_meaning,
+    preference_reference,
     preference_reference_why,
     prepare_reference,
     save_table,
@@ -50,8 +53,20 @@ log = logging.getLogger("align")
 
 
 
+class DPOTerms(PlanTerms):
+    """DPO: pairs through the sampler, two sequences each; a frozen copy where the reference is the model."""
+
+    sequences_per_row = 2
+
+    def reference_bytes(self, cfg: Any, params: int, wbytes: int) -> int:
+        """DPO's `auto` is counted as the copy: whether it precomputes depends on the planned pair stream."""
+        return frozen_copy(cfg, params, wbytes) if preference_reference(cfg) == ReferenceKind.model else 0
+
+
+@register
 class DPO:
     name = "dpo"
+    terms = DPOTerms
     console_metrics = (("loss", "loss"), ("reward acc", "rewards/accuracy"), ("margin", "rewards/margin"))
     view = staticmethod(pair_view)
 

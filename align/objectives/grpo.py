@@ -34,15 +34,13 @@ import torch
 from align.config import GenerationDtype, GRPOConfig, ISCorrection, ReferenceKind, SamplerKind, TrainConfig
 from align.data.collate import Batch
 from align.errors import AlignError
+from align.objectives import register
 from align.objectives.advantages import advantages as group_advantages
 from align.objectives.advantages import zero_variance
+from align.objectives.grpo_terms import GRPOTerms
 from align.objectives.logps import token_logps
 from align.objectives.policy_loss import Aggregation, LossSpec, RatioLevel, k3, policy_loss
-from align.objectives.reference import (
-    AdaptersOff,
-    kl_reference,
-    prepare_reference,
-)
+from align.objectives.reference import AdaptersOff, kl_reference, prepare_reference
 from align.objectives.rollout import Rollout, RolloutBatch
 from align.objectives.rollout_rewards import score_rollout
 from align.objectives.rollout_stats import Sums, state_sha256
@@ -59,8 +57,10 @@ class StaleWeights(AlignError):
     """The generation copy does not hold the training weights after a sync: its rollout would be off-policy."""
 
 
+@register
 class GRPO:
     name = "grpo"
+    terms = GRPOTerms
     # the clipped surrogate's value says little (about 0 with group-normalised advantages): the reward does
     console_metrics = (("reward", "reward/mean"), ("kl", "kl/ref_mean"), ("logp mismatch", "mismatch/logp_abs_mean"))
     view = staticmethod(prompt_view)

@@ -18,8 +18,10 @@ An objective decides
 - what one item of its data trains on, as `python -m align.tools.inspect` prints it (`view`, a static
   method: it needs the config and the tokenizer, not a built objective).
 - what it adds to the job's plan, read from the config before any objective is built: its terms of
-  the memory estimate and the auto rules that hold only for it (align/objectives/plan_terms.py, a
-  companion class beside it).
+  the memory estimate and the auto rules that hold only for it (`terms`: a subclass of
+  align/objectives/plan_terms.py's `PlanTerms` beside it).
+An objective's module registers its class with `align.objectives.register`, under its `name`: the
+`kind` its schema declares in align/config/.
 
 The loop owns everything else: devices, autocast and the SDPA kernel choice (`Forward`), the
 backward, router losses, clipping, the optimizer boundary, logging, checkpoints and stops.

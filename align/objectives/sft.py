@@ -14,13 +14,21 @@ from align.data.collate import Batch
 from align.data.encode import EncodedDataset
 from align.data.encode_cache import load_dataset, save_dataset
 from align.data.loader import BatchStream, build_stream
+from align.objectives import register
 from align.objectives.ce import ChunkedCE, ce_sum
+from align.objectives.plan_terms import PlanTerms
 from align.objectives.views import chat_view
 from align.parallel.env import DistEnv, autocast_dtype
 
 
+class SFTTerms(PlanTerms):
+    """SFT: chat rows through the sampler, nothing beside the policy."""
+
+
+@register
 class SFT:
     name = "sft"
+    terms = SFTTerms
     console_metrics = (("loss", "loss"),)
     view = staticmethod(chat_view)
 

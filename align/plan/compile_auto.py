@@ -17,7 +17,7 @@ COMPILED_ATTENTION = ("sdpa", "layered")
 def resolve_trainer_compile(cfg: Any, device_type: str) -> tuple[bool, str]:
     """What `trainer.compile=auto` means on `device_type` for the TrainConfig `cfg`: on where the
     device is CUDA and the configuration is one the tests cover, with why; and only where the objective
-    rules nothing out (align/objectives/plan_terms.py `compile_off`: grpo's policy compiles only where
+    rules nothing out (align/objectives/grpo_terms.py `compile_off`: grpo's policy compiles only where
     the engine generates with a copy, so its blocks never see decode shapes). Pure: no torch."""
     t, why = cfg.trainer, []
     if device_type != "cuda":

@@ -15,7 +15,7 @@ to the device (align.plan.budget_auto.resolve_generation_batch_size); on a CPU i
 `CPU_ROWS`.
 
 The widths and rows a rollout's memory is counted at live here too (`rollout_width`, `kv_cache_tokens`,
-`generation_rows`): grpo's terms of the memory estimate (align/objectives/plan_terms.py) read them.
+`generation_rows`): grpo's terms of the memory estimate (align/objectives/grpo_terms.py) read them.
 
 This module imports nothing but the config (and the engine's padding multiple, where it is asked for):
 the memory estimate and the compile switch read the dtype's resolution from here.

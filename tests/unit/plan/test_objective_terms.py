@@ -8,7 +8,7 @@ from pathlib import Path
 
 ALIGN = Path(__file__).resolve().parents[3] / "align"
 KIND = re.compile(r"\bobjective\.kind\b|\bObjectiveKind\b")
-"""A use of the objective's kind: `cfg.objective.kind` (or `o.kind` compared with `ObjectiveKind`)."""
+"""A use of the objective's kind: `cfg.objective.kind` (or `o.kind` compared with an `ObjectiveKind` enum)."""
 
 
 def kind_branches(root: Path = ALIGN) -> list[str]:
@@ -38,8 +38,9 @@ def test_the_search_finds_a_planted_branch(tmp_path):
 
 
 def test_every_objective_has_its_class_and_its_plan_terms():
-    from align.config import ObjectiveKind
-    from align.objectives.plan_terms import TERMS, PlanTerms
+    from align.config import OBJECTIVE_SCHEMAS
+    from align.objectives import objective_classes
+    from align.objectives.plan_terms import PlanTerms
 
-    assert set(TERMS) == set(ObjectiveKind)
-    assert all(issubclass(t, PlanTerms) for t in TERMS.values())
+    assert set(objective_classes()) == set(OBJECTIVE_SCHEMAS)
+    assert all(issubclass(c.terms, PlanTerms) for c in objective_classes().values())
