@@ -17,7 +17,8 @@ from align.control.signals import StopSignals
 from align.errors import AlignError
 from align.parallel.launch import ATTEMPT, rank_overrides, record_exit
 from align.run.cli import CONF_DIR, absolute_config_path, die, job_preflight, preflight_command_line, wants_hydra_only
-from align.run.record import STAGED_HYDRA, RunRecord, staging_overrides
+from align.run.hydra_files import STAGED_HYDRA, staging_overrides
+from align.run.record import RunRecord
 from align.run.run_dir import run_dir_held
 
 

@@ -21,7 +21,7 @@ from bench.common import grpo_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLLOUT_PHASES = ("time/generation_s", "time/sync_s", "time/scoring_s", "time/old_logps_s", "time/reference_s")
-"""The rollout phases of align's GRPO step row (align/objectives/grpo.py); the update is the rest."""
+"""The rollout phases of align's GRPO step row (align/objectives/grpo_metrics.py `PHASES`); the update is the rest."""
 
 
 def is_grpo(typed) -> bool:

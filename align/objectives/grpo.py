@@ -20,45 +20,38 @@ weights' hash checked against the training weights' (cast alike): a stale sync s
 Where the step goes: generation, weight sync, scoring, the old-log-prob pass, the reference forwards
 are timed; the update is the rest of the step; the row reports the generation share and the rollout's
 generated tokens/s beside the update's tokens/s.
+
+This module is the objective's seam and the loss; the rollouts are made in align/objectives/grpo_rollouts.py,
+the step's row in align/objectives/grpo_metrics.py, and its terms of the plan are align/objectives/grpo_terms.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any, Callable, Iterator, Optional
 
-import numpy as np
 import torch
 
-from align.config import GenerationDtype, GRPOConfig, ISCorrection, ReferenceKind, SamplerKind, TrainConfig
+from align.config import GenerationDtype, GRPOConfig, ISCorrection, ReferenceKind, TrainConfig
 from align.data.collate import Batch
 from align.errors import AlignError
 from align.objectives import register
-from align.objectives.advantages import advantages as group_advantages
-from align.objectives.advantages import zero_variance
+from align.objectives.grpo_metrics import add_mismatch, time_row, window_row
+from align.objectives.grpo_rollouts import GEN_DTYPES, RolloutMaker
 from align.objectives.grpo_terms import GRPOTerms
 from align.objectives.logps import token_logps
-from align.objectives.policy_loss import Aggregation, LossSpec, RatioLevel, k3, policy_loss
+from align.objectives.policy_loss import Aggregation, LossSpec, RatioLevel, policy_loss
 from align.objectives.reference import AdaptersOff, kl_reference, prepare_reference
 from align.objectives.rollout import Rollout, RolloutBatch
-from align.objectives.rollout_rewards import score_rollout
-from align.objectives.rollout_stats import Sums, state_sha256
-from align.objectives.router_flips import RouterRecorder, flips, generation_topk
+from align.objectives.rollout_stats import Sums
+from align.objectives.router_flips import RouterRecorder, flips
 from align.objectives.views import prompt_view
 from align.parallel.env import DistEnv, autocast_context
 from align.rewards import WeightedReward
-from align.telemetry.progress import Phase
-
-_GEN_DTYPES = {GenerationDtype.bf16: torch.bfloat16, GenerationDtype.fp32: torch.float32}
-
-
-class StaleWeights(AlignError):
-    """The generation copy does not hold the training weights after a sync: its rollout would be off-policy."""
 
 
 @register
-class GRPO:
+class GRPO(RolloutMaker):
     name = "grpo"
     terms = GRPOTerms
     # the clipped surrogate's value says little (about 0 with group-normalised advantages): the reward does
@@ -121,218 +114,17 @@ class GRPO:
         if self.cfg.generation_dtype == GenerationDtype.same:
             self.engine = build_engine(ecfg, model, **kw)
         else:
-            self.engine = HFEngine.copy_of(model, ecfg, dtype=_GEN_DTYPES[self.cfg.generation_dtype], **kw)
+            self.engine = HFEngine.copy_of(model, ecfg, dtype=GEN_DTYPES[self.cfg.generation_dtype], **kw)
         from align.models.family import family_spec
 
         taps = family_spec(self.train_cfg.model).router_taps
         self.router_train = RouterRecorder(model, taps(model)) if taps(model) else None
         self.router_gen = RouterRecorder(self.engine.model, taps(self.engine.model)) if self.router_train else None
 
-    # ------------------------------------------------------------------------------ rollouts
-
-    def _seed(self, index: int, round_: int) -> int:
-        from align.generation import derive_seed
-
-        rank = self.env.rank if self.env is not None else 0
-        return derive_seed(self.train_cfg.trainer.seed, index, rank, round_)
-
-    def _timed(self, key: str, t0: float) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        self._timers[key] = self._timers.get(key, 0.0) + now - t0
-        return now
-
-    def _sync_engine(self) -> Optional[str]:
-        """Bring a generation copy up to date and check it; None when the engine shares the weights."""
-        if self.cfg.generation_dtype == GenerationDtype.same:
-            return None
-        t0 = time.perf_counter()
-        self.engine.sync_from(self.model)
-        got = self.engine.weights_hash()
-        want = state_sha256(self.model, _GEN_DTYPES[self.cfg.generation_dtype])
-        self._timed("sync_s", t0)
-        if got != want:
-            raise StaleWeights(f"rollout {self.rollouts}: the generation copy's weights (sha256 {got[:16]}) are not "
-                               f"the training weights cast to {self.cfg.generation_dtype.value} ({want[:16]}): "
-                               "the sync did not take; refusing to train on a stale rollout")
-        return got
-
-    def _generate(self, rows: np.ndarray, round_: int):
-        from align.generation import SamplingSpec
-
-        prompts = [self.prompts.prompt(int(i)) for i in rows]
-        spec = SamplingSpec(max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
-                            top_p=self.cfg.top_p, n=self.cfg.group_size, seed=self._seed(self.rollouts, round_))
-        t0 = time.perf_counter()
-        rec = self.router_gen.record() if self.router_gen is not None else contextlib.nullcontext()
-        with torch.no_grad(), self.autocast(), rec:
-            out = self.engine.generate(prompts, spec)
-        self._timed("generation_s", t0)
-        topk = None
-        if self.router_gen is not None:
-            topk = generation_topk(self.router_gen, [len(p) for p in prompts], spec.n, self.cfg.generation_batch_size,
-                                   [c.num_tokens for c in out])
-        return prompts, out, topk
-
-    def _score(self, rows: np.ndarray, completions: list) -> tuple[np.ndarray, dict[str, float]]:
-        t0 = time.perf_counter()
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        out = score_rollout(self.reward, self.prompts, rows, completions, decode, self._any_rank)
-        self._timed("scoring_s", t0)
-        return out
-
-    def _round(self, batches: Iterator[Batch], round_: int) -> dict[str, Any]:
-        """One generation round: the next prompt batch, its groups, scored."""
-        rows = np.asarray(next(batches).rows, dtype=np.int64)
-        prompts, out, topk = self._generate(rows, round_)
-        rewards, parts = self._score(rows, out)
-        g = self.cfg.group_size
-        if topk is not None:  # per completion: [layers, its tokens, k]
-            ends = np.cumsum([0] + [c.num_tokens for c in out])
-            topk = [torch.stack([t[a:b] for t in topk]) for a, b in zip(ends[:-1], ends[1:])]
-        return {"rows": rows, "prompts": prompts, "out": out, "rewards": rewards.reshape(len(rows), g), "parts": parts,
-                "topk": topk}
-
-    def _any_rank(self, flag: bool) -> bool:
-        if self.env is None or not self.env.distributed:
-            return flag
-        return bool(self.env.all_reduce_sum(torch.tensor([float(flag)], device=self.device)).item() > 0)
-
-    def _agree_counts(self, counts: list[int]) -> list[int]:
-        """Micro-batches per part that every rank runs: the max over ranks."""
-        if self.env is None or not self.env.distributed:
-            return counts
-        return [int(c) for c in self.env.all_reduce_max(torch.tensor(counts, device=self.device)).tolist()]
-
-    def _groups(self, batches: Iterator[Batch]) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        """The rollout's groups (one dict per prompt), replacing zero-variance ones by later rounds' groups
-        when `dynamic_sampling` (every rank runs the same number of rounds: generation is collective under FSDP)."""
-        first = self._round(batches, 0)
-        stats = {"groups_generated": len(first["rows"]), "rounds": 1.0}
-        groups = [self._group(first, i) for i in range(len(first["rows"]))]
-        parts = dict(first["parts"])
-        stats["zero_variance_first_round"] = float(sum(g["flat"] for g in groups))
-        rounds = self.cfg.dynamic_sampling_rounds if self.cfg.dynamic_sampling else 0
-        for round_ in range(1, rounds + 1):
-            if not self._any_rank(any(g["flat"] for g in groups)):
-                break
-            more = self._round(batches, round_)
-            stats["rounds"] += 1
-            stats["groups_generated"] += len(more["rows"])
-            fresh = [self._group(more, i) for i in range(len(more["rows"]))]
-            useful = iter([g for g in fresh if not g["flat"]])
-            groups = [next(useful, g) if g["flat"] else g for g in groups]
-            for k, v in more["parts"].items():
-                parts[k] = parts.get(k, 0.0) + v
-        return groups, {**stats, **{f"parts/{k}": v for k, v in parts.items()}}
-
-    def _group(self, rnd: dict[str, Any], i: int) -> dict[str, Any]:
-        g = self.cfg.group_size
-        outs = rnd["out"][i * g:(i + 1) * g]
-        r = rnd["rewards"][i]
-        topk = None if rnd["topk"] is None else rnd["topk"][i * g:(i + 1) * g]
-        return {"row": int(rnd["rows"][i]), "prompt": rnd["prompts"][i], "outs": outs, "rewards": r, "topk": topk,
-                "flat": bool(zero_variance(torch.from_numpy(r[None]))[0])}
-
-    def _new_rollout(self, batches: Iterator[Batch], micro: int) -> None:
-        weights = self._sync_engine()
-        with Phase(f"rollout {self.rollouts}", enabled=self.env is None or self.env.is_main, quiet=True):
-            groups, stats = self._groups(batches)  # a rollout that lasts long says so
-        rewards = torch.from_numpy(np.stack([g["rewards"] for g in groups]))
-        adv = group_advantages(rewards, self.cfg.advantage.value).reshape(-1).numpy()
-        seqs = [(g["row"], gi, g["prompt"], o) for gi, g in enumerate(groups) for o in g["outs"]]
-        lens = [len(p) + o.num_tokens for _, _, p, o in seqs]
-        r = Rollout(
-            index=self.rollouts,
-            rows=np.array([s[0] for s in seqs], dtype=np.int64), group=np.array([s[1] for s in seqs], dtype=np.int64),
-            prompt_lens=np.array([len(s[2]) for s in seqs], dtype=np.int64),
-            tokens=np.concatenate([np.asarray(list(p) + list(o.token_ids), dtype=np.int32) for _, _, p, o in seqs]),
-            offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
-            engine_logps=np.concatenate([np.asarray(o.logprobs, dtype=np.float32) for *_, o in seqs]),
-            sampler_logps=np.concatenate([np.asarray(o.sampler_logprobs, dtype=np.float32) for *_, o in seqs]),
-            rewards=rewards.reshape(-1).numpy(), advantages=adv,
-            stopped=np.array([o.finish_reason.value == "stop" for *_, o in seqs]))
-        if self.router_gen is not None and all(g["topk"] is not None for g in groups):
-            r.router_topk = torch.cat([t for g in groups for t in g["topk"]], dim=1)
-        if self.train_cfg.sampler.kind == SamplerKind.budget:
-            r.cut_budget(self.cfg.updates_per_rollout, self.train_cfg.sampler, self._agree_counts)
-        else:
-            r.cut(self.cfg.updates_per_rollout, micro)
-        r.meta = {"weights_sha256": weights, "groups": len(groups),
-                  "zero_variance_groups": int(zero_variance(rewards).sum()), **stats}
-        self.rollout, self.rollouts = r, self.rollouts + 1
-        self._data = r.dataset()
-        if self.cfg.updates_per_rollout > 1:
-            self._recompute_old()
-        self._rollout_metrics(r)
-
-    def _recompute_old(self) -> None:
-        """The trainer's log-probs of every completion token before the rollout's first update, in the
-        micro-batches the updates will use (every rank the same number of forwards)."""
-        t0 = time.perf_counter()
-        r = self.rollout
-        old = np.zeros_like(r.engine_logps)
-        coff = r.completion_offsets()
-        with torch.no_grad():
-            for step in r.parts:
-                for seqs in step:
-                    b = self._batch(seqs, with_old=False).to(self.device)
-                    lp = self._first_forward(self.forward, b).detach().float().cpu().numpy()
-                    old[np.concatenate([np.arange(coff[s], coff[s + 1]) for s in seqs])] = lp
-                    self._mismatch(torch.from_numpy(lp), b.engine_logps.cpu(), b.sampler_logps.cpu())
-        r.old_logps = old
-        self._timed("old_logps_s", t0)
-
-    def _batch(self, seqs: np.ndarray, with_old: bool) -> RolloutBatch:
-        s = self.train_cfg.sampler
-        return self.rollout.batch(seqs, self.tokenizer.pad_token_id, s.pad_to_multiple_of, s.packed, s.mask_padding,
-                                  with_old=with_old, data=self._data)
-
-    def _rollout_metrics(self, r: Rollout) -> None:
-        """This rank's rollout statistics as sums: the step's row reduces them over ranks."""
-        m, s = r.meta, self._sums
-        lens = r.completion_lens
-        for key, v in (("seqs", r.size), ("reward", r.rewards.sum()), ("reward_sq", (r.rewards ** 2).sum()),
-                       ("groups", m["groups"]), ("zero_var", m["zero_variance_groups"]),
-                       ("zero_var_first", m["zero_variance_first_round"]), ("abs_adv", np.abs(r.advantages).sum()),
-                       ("tokens", lens.sum()), ("stopped", r.stopped.sum()),
-                       ("generated", m["groups_generated"] * self.cfg.group_size)):
-            s.add(f"ro_{key}", float(v))
-        for k, v in m.items():
-            if k.startswith("parts/"):
-                s.add(f"ro_part/{k.removeprefix('parts/')}", v)
-        # Every rank runs the same rollouts and rounds; the hash is of this rank's copy (rank 0's row).
-        self._row.update({"rollout/index": r.index, "rollout/rounds": m["rounds"],
-                          "rollout/weights_sha256": m["weights_sha256"]})
-
-    @staticmethod
-    def _rollout_row(sums: dict[str, float]) -> dict[str, Any]:
-        n, groups = sums["ro_seqs"], sums["ro_groups"]
-        mean = sums["ro_reward"] / n
-        row = {"reward/mean": mean, "reward/std": max(sums["ro_reward_sq"] / n - mean ** 2, 0.0) ** 0.5,
-               "reward/zero_variance_frac": sums["ro_zero_var"] / groups,
-               "reward/zero_variance_first_round": sums["ro_zero_var_first"] / groups,
-               "advantage/abs_mean": sums["ro_abs_adv"] / n, "rollout/sequences": int(n),
-               "rollout/tokens": int(sums["ro_tokens"]), "rollout/completion_len_mean": sums["ro_tokens"] / n,
-               "rollout/stop_frac": sums["ro_stopped"] / n}
-        row.update({f"reward/{k.removeprefix('ro_part/')}": v / sums["ro_generated"]
-                    for k, v in sums.items() if k.startswith("ro_part/")})
-        return row
+    # ---------------------------------------------- rollouts: align/objectives/grpo_rollouts.py
 
     def _mismatch(self, trainer: torch.Tensor, engine: torch.Tensor, sampler: torch.Tensor) -> None:
-        """Accumulate the trainer-vs-engine comparison of one micro-batch's completion tokens."""
-        d = (trainer.detach().double() - engine.double())
-        ratio = torch.exp(trainer.detach().double() - sampler.double())
-        s = self._sums
-        s.add("mm_tokens", d.numel())
-        s.add("mm_abs", d.abs().sum())
-        s.add("mm_kl", k3(trainer.detach().double(), engine.double()).sum())
-        s.add("is_sum", ratio.sum())
-        s.add("is_sq", (ratio ** 2).sum())
-        s.add("is_over_cap", (ratio > self.cfg.is_cap).sum())
-        s.extreme("mm_abs", d.abs())
-        s.extreme("is_ratio", ratio)
+        add_mismatch(self._sums, trainer, engine, sampler, self.cfg.is_cap)
 
     # ---------------------------------------------------------------------------------- seam
 
@@ -405,40 +197,11 @@ class GRPO:
     def window_metrics(self) -> dict[str, Any]:
         sums, hi, lo = self._sums.reduce(self.env, self.device)
         row = dict(self._row)
-        if sums.get("ro_seqs"):
-            row.update(self._rollout_row(sums))
-        t = sums.get("policy_tokens", 0.0)
-        if t:
-            row.update({"policy/clip_frac": sums["policy_clipped"] / t, "policy/ratio_mean": sums["policy_ratio"] / t})
-            if "policy_kl" in sums:
-                row["kl/ref_mean"] = sums["policy_kl"] / t
-        if sums.get("mm_tokens"):
-            n = sums["mm_tokens"]
-            mean = sums["is_sum"] / n
-            row.update({"mismatch/logp_abs_mean": sums["mm_abs"] / n, "mismatch/logp_abs_max": hi["mm_abs"],
-                        "mismatch/kl": sums["mm_kl"] / n, "mismatch/is_ratio_mean": mean,
-                        "mismatch/is_ratio_std": max(sums["is_sq"] / n - mean ** 2, 0.0) ** 0.5,
-                        "mismatch/is_ratio_min": lo["is_ratio"], "mismatch/is_ratio_max": hi["is_ratio"],
-                        "mismatch/is_over_cap_frac": sums["is_over_cap"] / n})
-        if sums.get("rf_tokens"):
-            layers = {k: v / sums["rf_tokens"] for k, v in sums.items() if k.startswith("rf/")}
-            row.update({f"router_flip/l{k.removeprefix('rf/')}": v for k, v in layers.items()})
-            row["router_flip/mean"] = sum(layers.values()) / len(layers)
-        row.update(self._time_metrics(sums))
+        row.update(window_row(sums, hi, lo))
+        total = time.perf_counter() - self._t_window if self._t_window is not None else 0.0
+        row.update(time_row(sums, self._timers, total))
         self._sums, self._row = Sums(), {}
         return row
-
-    def _time_metrics(self, sums: dict[str, float]) -> dict[str, Any]:
-        total = time.perf_counter() - self._t_window if self._t_window is not None else 0.0
-        phases = ("generation_s", "sync_s", "scoring_s", "old_logps_s", "reference_s")
-        tm = {k: self._timers.get(k, 0.0) for k in phases}
-        update = max(total - sum(tm.values()), 0.0)
-        out = {f"time/{k}": v for k, v in tm.items()}
-        out.update({"time/update_s": update, "time/generation_share": tm["generation_s"] / total if total else None,
-                    "time/update_tokens_per_s": sums.get("update_tokens", 0.0) / update if update else None,
-                    "rollout/tokens_per_s": (sums["ro_tokens"] / tm["generation_s"]
-                                             if sums.get("ro_tokens") and tm["generation_s"] else None)})
-        return out
 
     # ------------------------------------------------------------------------ checkpoints
 

@@ -18,53 +18,28 @@ deletes `.hydra.pending/`; any other early exit completes the attempt's manifest
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from align.config import TrainConfig
-from align.core.hashing import tokenizer_hashes
 from align.core.provenance import git_state
 from align.core.redaction import REDACTED, recorded_env, redact, redact_argv, redact_logs
 from align.errors import EXIT_CONFIG, EXIT_NONFINITE, EXIT_OK, EXIT_SIGNAL, AlignError
 from align.parallel.compile import frames_over
 from align.parallel.launch import ATTEMPT, adopt_rank_log, adopt_staged_log
+from align.run.built_entries import record_compile, record_data, record_model
+from align.run.hydra_files import STAGED_HYDRA, launch_rank, scrub_hydra_dir, scrub_sweep_record
 from align.run.manifest import Manifest, dynamo_counters, flat
-from align.run.run_dir import holds_run
+from align.run.start_entries import record_files, record_request, record_reward
 
 if TYPE_CHECKING:
     from align.trainer import Trainer
 
 log = logging.getLogger("align")
-
-
-STAGED_HYDRA = ".hydra.pending"
-
-
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
-def staging_overrides(argv: Sequence[str], run_dir: Optional[Path]) -> list[str]:
-    """Hydra writes `.hydra/` and opens its log before any align code runs: when the run dir (as
-    align.run.run_dir planned it) already holds a run, have it write both to `.hydra.pending/` instead
-    (rank 0 of a single run, unless the command sets `hydra.output_subdir` itself; the log unless the
-    command picks its own job logging). The caller creates `.hydra.pending/`: the log opens before
-    Hydra writes the config there."""
-    if _rank() != 0 or any(a in ("-m", "--multirun") for a in argv) or run_dir is None:
-        return []
-    keys = [a.lstrip("+~") for a in argv]
-    if any(k.startswith("hydra.output_subdir=") for k in keys) or not holds_run(run_dir):
-        return []
-    out = [f"hydra.output_subdir={STAGED_HYDRA}"]
-    if not any(k.startswith(("hydra/job_logging", "hydra.job_logging")) for k in keys):
-        out.append(f"hydra.job_logging.handlers.file.filename=${{hydra.runtime.output_dir}}/{STAGED_HYDRA}/"
-                   "${hydra.job.name}.log")
-    return out
 
 
 class RunRecord:
@@ -90,7 +65,7 @@ class RunRecord:
         self.redacted += [f"override:{o.split('=', 1)[0]}" for o in self.overrides if o.endswith(f"={REDACTED}")]
         self.env, env_redacted = recorded_env()
         self.redacted += [f"env:{n}" for n in env_redacted]
-        self.manifest = Manifest(self.run_dir, enabled=_rank() == 0, staging=self.staging)
+        self.manifest = Manifest(self.run_dir, enabled=launch_rank() == 0, staging=self.staging)
         self.trainer: Optional["Trainer"] = None
         self._code: Optional[int] = None
         self._reason = "completed"
@@ -112,7 +87,6 @@ class RunRecord:
     def start(self, preflight: Any) -> None:
         """Written before any heavy work: every key present, what is known from config and disk."""
         from align.core.provenance import versions
-        from align.models.family import family_of
 
         cfg, m = self.cfg, self.manifest
         m.start(
@@ -128,78 +102,14 @@ class RunRecord:
         )
         v, reasons = versions()
         m.update({f"versions.{k}": val for k, val in v.items()}, reasons)
-        m.update(
-            {
-                "seed": cfg.trainer.seed,
-                "parallel.kind": cfg.parallel.kind.value,
-                "parallel.world_size": int(os.environ.get("WORLD_SIZE", "1")),
-                "model.family": family_of(cfg.model).value,
-                "model.attn_implementation_requested": cfg.attention.implementation.hf_name,
-                "model.experts_implementation_requested": cfg.model.moe.experts.value
-                if cfg.model.moe.experts
-                else None,
-                "sampler.kind": cfg.sampler.kind.value,
-            },
-            {
-                "model.experts_implementation_requested": "not requested: the library default applies "
-                "(resolved value recorded)"
-                if is_moe(cfg)
-                else f"{family_of(cfg.model).value} is a dense family: no experts kernel"
-            },
-        )
-        if cfg.model.pretrained:
-            m.update({"model.pretrained": cfg.model.pretrained})
-            m.null("model.preset", "built from a checkpoint, not a preset")
-        else:
-            m.update({"model.preset": cfg.model.preset.value})
-            m.null("model.pretrained", "random init from a preset: no checkpoint")
+        record_request(m, cfg)
         from align.run.serving import serving_path
 
         m.set("serving", serving_path(cfg, getattr(preflight, "plan", None)))  # the job's plan, from its report
-        self._record_reward()
+        record_reward(m, cfg)
         m.null("logger", "pending: the tracker starts when the run is built")
-        self._record_files()
+        record_files(m, cfg)
         m.write("started")
-
-    def _record_files(self) -> None:
-        from align.data.sources import content_sha256, source_path
-        from align.data.tokenizer import tokenizer_dir
-
-        m, cfg = self.manifest, self.cfg
-        path = source_path(cfg.data)
-        m.update({"data.source": cfg.data.source.value, "data.path": str(path), "data.sha256": content_sha256(path)})
-        tok_sha, tmpl_sha, files = tokenizer_hashes(tokenizer_dir(cfg.model))
-        m.set("data.tokenizer_sha256", tok_sha, "no tokenizer files found")
-        m.set("data.chat_template_sha256", tmpl_sha, "the tokenizer has no chat template file or field")
-        m.set("data.aux_files", {str(path): m.data["data"]["sha256"], **files})
-        from align.run.preflight_checks import encode_cache_key
-
-        m.set(
-            "data.encode_cache_key",
-            encode_cache_key(cfg),
-            "this build has no encode cache: every run encodes from scratch",
-        )
-        from align.core.caches import encode_location
-
-        m.set("data.encode_cache_dir", encode_location(cfg.data.cache_dir) if cfg.data.cache else None,
-              "data.cache=false: nothing read or written")
-        m.null("data.encode_meta", "pending: read from the encoded dataset after build")
-        m.null("data.format", "pending: detected from the records when they are read")
-
-    def _record_reward(self) -> None:
-        from align.objectives import objective_class
-
-        cfg = self.cfg
-        if cfg.reward.function is None and not cfg.reward.functions:
-            weights = dict(cfg.reward.weights)
-            self.manifest.null("reward", f"no python reward: reward.weights is {weights}" if weights
-                               else f"objective={objective_class(cfg).name} reads no reward")
-            return
-        from align.rewards.combine import function_specs
-        from align.rewards.function import function_key, load_function
-
-        specs = function_specs(cfg.reward.function, cfg.reward.functions)  # preflight's imports, reused
-        self.manifest.set("reward", {n: load_function(s, function_key(n)).identity() for n, s in specs.items()})
 
     def accept(self) -> None:
         """This attempt now owns the run dir: its `.hydra/` and manifest replace the earlier attempt's,
@@ -220,45 +130,14 @@ class RunRecord:
         """After Trainer.build: what the run RESOLVED to (align/run/resolved.py), then the gates before
         step 1: the mask gate and the objective's own (each report, or its failure, recorded)."""
         from align.core.provenance import device_info
-        from align.models.family import family_of
         from align.run import resolved
 
         self.accept()  # Trainer.build wrote nothing before its resume decision; from here the attempt counts
         self.trainer = trainer
         m, d = self.manifest, resolved.describe(trainer)
         info = d["model"]
-        keys = {
-            "model_class": "model.class",
-            "attn_implementation_resolved": "model.attn_implementation_resolved",
-            "experts_implementation_resolved": "model.experts_implementation_resolved",
-            "dtype": "model.dtype",
-            "params_total": "model.params_total",
-        }
-        for src, dst in keys.items():
-            if src in info:
-                m.set(dst, info[src], f"{src} is null in BuiltModel.info")
-            else:
-                m.null(dst, f"BuiltModel.info has no {src}")
-        if m.data["model"]["experts_implementation_resolved"] is None and not is_moe(self.cfg):
-            m.null(
-                "model.experts_implementation_resolved",
-                f"{family_of(self.cfg.model).value} is a dense family: no experts kernel",
-            )
-        known = set(keys) | {
-            "family",
-            "preset",
-            "pretrained",
-            "attn_implementation_requested",
-            "experts_implementation_requested",
-            "compile_choice",
-            "sampler_budget",
-            "run_length",
-            "loss_chunk",
-            "memory_budget",
-        }
-        m.set("model.extra", {k: v for k, v in info.items() if k not in known | {"weights"}})
-        m.set("model.weights", info.get("weights"), "random init from a preset: no checkpoint loaded")
-        self._record_compile(info.get("compile_choice") or {})
+        record_model(m, self.cfg, info)
+        record_compile(m, info.get("compile_choice") or {})
         kind = self.cfg.sampler.kind.value
         m.set("sampler_budget", info.get("sampler_budget"), f"sampler={kind} takes no token budget")
         m.set("loss_chunk", info.get("loss_chunk"))
@@ -268,7 +147,7 @@ class RunRecord:
         m.update({f"device.{k}": v for k, v in dev.items()}, reasons)
         m.set("parallel.world_size", d["world_size"])
         m.set("model.autocast_dtype", d["autocast_dtype"], "no autocast: compute runs in the parameter dtype")
-        self._record_data(d["data"], d["sampler_stats"])
+        record_data(m, d["data"], d["sampler_stats"])
         family, kernels, why = resolved.sdpa_kernel_record(trainer)
         m.set("model.sdpa_kernel_family", family, why)
         m.set("model.sdpa_kernels", kernels, why)
@@ -293,41 +172,6 @@ class RunRecord:
             else:
                 self.manifest.set(key, {**failed, "gate": {**failed["gate"], "error": str(e)}})
             raise
-
-    def _record_compile(self, choice: dict[str, Any]) -> None:
-        m = self.manifest
-        for key in ("trainer", "optimizer", "loss", "expected_compiles_per_frame"):
-            m.set(f"compile.{key}", choice.get(key), "dynamic=false compiles a graph per shape: no count to expect")
-        m.set("compile.recompile_limit", choice.get("recompile_limit"),
-              "the blocks do not compile and the optimizer step sets no limit")
-        m.set("compile.inductor_cache", choice.get("inductor_cache"), "nothing compiles in this run")
-        off = "nothing compiles in this run" if choice.get("inductor_cache") is None else \
-            "trainer.compile_artifacts is null"
-        m.set("compile.artifacts", choice.get("artifacts"), off)
-        m.set("compile.memory_budget", choice.get("memory_budget"), "trainer.compile is off: no partitioner runs")
-        m.null("compile.frames_over_expected", "pending: read at the end of the run")
-
-    def _record_data(self, data: dict[str, Any], sampler: dict[str, Any]) -> None:
-        m = self.manifest
-        m.set("data.encode_stats", data["stats"] or {}, "the encoded dataset reports no stats")
-        # The encoded dataset's own provenance (align.data.encode_cache: `.meta`) is what the run actually
-        # used, cache hit or miss: prefer it to what start() computed from the files.
-        meta = data["meta"] or {}
-        m.set("data.encode_meta", meta or None, "the encoded dataset carries no .meta (no encode cache in this build)")
-        m.set("data.format", meta.get("formats"), "the encoded dataset does not say which record format it read")
-        for src, key in (
-            ("encode_cache_key", "data.encode_cache_key"),
-            ("tokenizer_sha256", "data.tokenizer_sha256"),
-            ("chat_template_sha256", "data.chat_template_sha256"),
-        ):
-            if meta.get(src) is not None:
-                m.set(key, meta[src])
-        aux = dict(m.data["data"]["aux_files"] or {})
-        for f in [*meta.get("sources", []), *meta.get("aux_files", [])]:
-            if isinstance(f, dict) and f.get("path") and f.get("sha256"):
-                aux[str(f["path"])] = f["sha256"]
-        m.set("data.aux_files", aux)
-        m.set("sampler.stats", sampler)
 
     def finished(self, trainer: "Trainer", code: int) -> int:
         self.trainer = trainer
@@ -392,12 +236,6 @@ class RunRecord:
                         "TORCH_LOGS=recompiles says which (provenance.json compile)", len(over), expected, over)
 
 
-def is_moe(cfg: TrainConfig) -> bool:
-    from align.models.family import family_spec
-
-    return family_spec(cfg.model).is_moe
-
-
 def exit_of(exc: BaseException) -> tuple[int, str]:
     """The exit code and one-line reason a propagating exception will end the process with."""
     if isinstance(exc, AlignError):
@@ -411,70 +249,3 @@ def exit_of(exc: BaseException) -> tuple[int, str]:
     return 1, f"{type(exc).__name__}: {first}"[:500]
 
 
-def scrub_hydra_dir(hydra_dir: Path) -> None:
-    """Hydra writes the composed config and the command-line overrides to .hydra/ before any align
-    code runs: rewrite them with credentials redacted, and config.yaml as a config that replays the run."""
-    if not hydra_dir.is_dir():
-        return
-    from omegaconf import OmegaConf
-
-    for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):
-        path = hydra_dir / name
-        if not path.is_file():
-            continue
-        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        if name == "config.yaml":
-            write_replay_config(path, redact(node))
-            continue
-        clean = redact_argv(node) if name == "overrides.yaml" else redact_hydra_record(copy.deepcopy(node))
-        if clean != node:
-            OmegaConf.save(OmegaConf.create(clean), path)
-
-
-def redact_hydra_record(node: dict[str, Any]) -> dict[str, Any]:
-    """hydra.yaml or a sweep's multirun.yaml under the rule of every written value: the override lists
-    key by key (`name=<redacted>` keeps its key), then every value (align.core.redaction)."""
-    hydra = node.get("hydra") or {}
-    for kind, overrides in (hydra.get("overrides") or {}).items():
-        if isinstance(overrides, list):
-            hydra["overrides"][kind] = redact_argv(overrides)
-    job = hydra.get("job") or {}
-    if job.get("override_dirname"):
-        job["override_dirname"] = ",".join(redact_argv(job["override_dirname"].split(",")))
-    return redact(node)
-
-
-def scrub_sweep_record(sweep_dir: Path) -> None:
-    """Hydra writes the sweep's whole command to multirun.yaml before any job runs: redact it as hydra.yaml."""
-    from omegaconf import OmegaConf
-
-    path = Path(sweep_dir) / "multirun.yaml"
-    if path.is_file():
-        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        clean = redact_hydra_record(copy.deepcopy(node))
-        if clean != node:
-            OmegaConf.save(OmegaConf.create(clean), path)
-
-
-REPLAY_HEADER = """\
-# The composed config of this run, replayable into a new run dir (docs/provenance.md, "Replay"):
-#   python -m align.train --config-path {dir} --config-name config [overrides]
-# `defaults` puts the schemas back under the values (Hydra saved them without), so they are
-# typed and validated as in the original run; `hydra` is conf/hydra/default.yaml, so the replay
-# gets a fresh run dir instead of writing into this one. Redacted credentials must be passed again.
-"""
-
-
-def write_replay_config(path: Path, values: dict[str, Any]) -> None:
-    """config.yaml = the schema default, the conf/hydra run-dir settings, then the run's values."""
-    from omegaconf import OmegaConf
-
-    from align.config import schema_defaults
-    from align.run.cli import CONF_DIR
-
-    body = {k: v for k, v in values.items() if k not in ("defaults", "hydra")}
-    hydra = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "hydra" / "default.yaml"), resolve=False)
-    text = OmegaConf.to_yaml(OmegaConf.create({"defaults": schema_defaults(body), "hydra": hydra, **body}))
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(REPLAY_HEADER.format(dir=path.parent.resolve()) + text)
-    os.replace(tmp, path)

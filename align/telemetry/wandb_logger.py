@@ -57,7 +57,7 @@ def sweep_job_name(task_overrides: list[str], sweep_overrides: Optional[list[str
     if sweep_overrides:
         parser, swept = OverridesParser.create(), set()
         for text in sweep_overrides:
-            try:  # multirun.yaml is redacted (align.run.record.scrub_sweep_record): `key=<redacted>` parses no more
+            try:  # multirun.yaml is redacted (align/run/hydra_files.py): `key=<redacted>` parses no more
                 swept |= {o.key_or_group for o in parser.parse_overrides([text]) if o.is_sweep_override()}
             except OverrideParseException:
                 continue

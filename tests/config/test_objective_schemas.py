@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from align.config import OBJECTIVE_SCHEMAS, ObjectiveConfig, TrainConfig, schema_fields, to_typed
 from align.run import cli
-from align.run.record import write_replay_config
+from align.run.hydra_files import write_replay_config
 
 
 def _refused(capsys, *argv: str) -> str:

@@ -109,7 +109,7 @@ def test_a_planted_dtype_mismatch_is_reported_and_the_copy_is_hash_checked(tmp_p
 
 
 def test_a_stale_weight_sync_stops_the_run(tmp_path):
-    from align.objectives.grpo import StaleWeights
+    from align.objectives.grpo_rollouts import StaleWeights
 
     trainer = build_trainer(tmp_path, *SMALL, "objective.generation_dtype=fp32")
     engine = trainer.objective.engine

@@ -207,12 +207,12 @@ def test_preflight_imports_each_function_and_names_the_key_of_one_that_cannot_be
 
 def test_row_statistics_are_the_reward_keys_the_step_row_writes_itself():
     """A function named as one of these would overwrite the row's own statistic with its part."""
-    from align.objectives.grpo import GRPO
+    from align.objectives.grpo_metrics import rollout_row
     from align.rewards.function import ROW_STATISTICS
 
     sums = {f"ro_{k}": 1.0 for k in ("seqs", "groups", "reward", "reward_sq", "zero_var", "zero_var_first", "abs_adv",
                                       "tokens", "stopped", "generated")}
-    row = GRPO._rollout_row(sums)
+    row = rollout_row(sums)
     assert {k.removeprefix("reward/") for k in row if k.startswith("reward/")} == set(ROW_STATISTICS)
 
 

@@ -108,7 +108,7 @@ def test_an_interrupted_run_dir_is_the_trainings_to_resume_and_no_other_commands
 
 
 def test_a_held_run_dir_stages_the_attempts_config_and_log(tmp_path, monkeypatch):
-    from align.run.record import STAGED_HYDRA, staging_overrides
+    from align.run.hydra_files import STAGED_HYDRA, staging_overrides
 
     monkeypatch.delenv("RANK", raising=False)
     assert staging_overrides([], tmp_path / "new") == []

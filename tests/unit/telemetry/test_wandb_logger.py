@@ -83,7 +83,7 @@ def test_an_adapter_only_export_is_an_export_to_log(tmp_path):
 def test_a_redacted_sweep_record_still_names_the_job_by_its_swept_values(tmp_path):
     from omegaconf import OmegaConf
 
-    from align.run.record import scrub_sweep_record
+    from align.run.hydra_files import scrub_sweep_record
 
     token = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cD1eF3g"
     (tmp_path / "multirun.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({
