@@ -35,7 +35,7 @@ from align.errors import ConfigError
 NAME = "python"
 """The name `reward.function` (the one-function shorthand) is weighted by in `reward.weights`."""
 ROW_STATISTICS = ("mean", "std", "zero_variance_frac", "zero_variance_first_round")
-"""The step row's own `reward/<name>` statistics (align/objectives/grpo.py `_rollout_row`): a function of
+"""The step row's own `reward/<name>` statistics (align/objectives/grpo_metrics.py `rollout_row`): a function of
 one of these names would overwrite them with its part."""
 OWN_ARGUMENTS = ("prompts", "completions", "completion_ids")
 """The keywords the call itself passes: a data field of one of these names would collide with them."""
