@@ -107,6 +107,9 @@ class Completion:
 class Backend(StrEnum):
     hf = "hf"
     """transformers' `model.generate` on the model object itself (align.generation.hf)."""
+    align = "align"
+    """align's own decode loop over transformers' model classes: a slot KV cache, live-length attention,
+    continuous batching, sampling on the device, CUDA graphs (align.generation.align_engine)."""
 
 
 class GenerateMode(StrEnum):
@@ -129,11 +132,16 @@ class EngineConfig:
     mode: GenerateMode = GenerateMode.auto
     """KV cache and compilation of the decode step (`GenerateMode`)."""
     batch_size: int = 64
-    """Rows (prompt x completion) per `generate` call of the backend; bounds memory. Part of a sampled
-    stream's identity: each batch draws from its own seed."""
+    """hf: rows (prompt x completion) per `generate` call of the backend; bounds memory, and is part of a
+    sampled stream's identity (each batch draws from its own seed). align: rows decoding at once (the
+    KV cache's slots); a row's draws do not depend on it."""
     pad_to_multiple_of: int = 8
     """Left-pad each batch's prompts to a multiple of this, so a static cache and the compiled decode
     see a bounded set of shapes."""
+    sync_every: int = 8
+    """align backend: decode steps between two looks from the host at which rows have finished (each
+    look is one device sync; a finished row idles until the next look, then its slot takes a waiting
+    prompt)."""
     lockstep: bool = False
     """Every rank of the process group keeps decoding until all ranks' batches have finished
     (transformers' `synced_gpus`): needed when the weights are sharded (FSDP), where every forward is
@@ -142,6 +150,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ConfigError("generation.batch_size", "must be >= 1", self.batch_size)
+        if self.sync_every < 1:
+            raise ConfigError("generation.sync_every", "must be >= 1", self.sync_every)
         if self.pad_to_multiple_of < 1:
             raise ConfigError("generation.pad_to_multiple_of", "must be >= 1", self.pad_to_multiple_of)
 
