@@ -30,11 +30,21 @@ import transformers
 from align.errors import ConfigError
 from align.generation import device_sampling
 from align.generation.device_sampling import Law
-from align.generation.engine import Backend, Completion, EngineConfig, FinishReason, GenerateMode, SamplingSpec, \
-    derive_seed, resolve_mode
+from align.generation.engine import (
+    Backend,
+    Completion,
+    EngineConfig,
+    FinishReason,
+    GenerateMode,
+    SamplingSpec,
+    derive_seed,
+    resolve_mode,
+)
 from align.generation.slot_attention import ALIGN_SLOTS, reading, register
 from align.generation.slots import SlotCache, StepRows, layer_geometry
 from align.generation.weights import ModelWeights
+
+_DIRECT = {"backend_requested": "align", "backend_reason": "built directly"}
 
 
 class AlignEngine(ModelWeights):
@@ -73,7 +83,8 @@ class AlignEngine(ModelWeights):
         out: dict[tuple[int, int], Completion] = {}
         waiting, free, live = deque(range(len(prompts))), list(range(self.num_slots - 1, -1, -1)), {}
         steps = syncs = 0
-        with _decoding(self.model), reading(state.cache), torch.no_grad():
+        # The loop never wants dynamo: blocks compiled for training would recompile for the decode shapes.
+        with _decoding(self.model), reading(state.cache), torch.no_grad(), torch.compiler.set_stance("force_eager"):
             while waiting or live:
                 admitted = []
                 while waiting and len(free) >= spec.n:
@@ -184,6 +195,7 @@ class AlignEngine(ModelWeights):
             kernel = kernel if _triton_ok(probe, next(iter(state.cache.keys.values()))) else "sdpa over gathered rows"
         return {
             "backend": self.backend.value,
+            **getattr(self, "resolution", _DIRECT),
             "entry": "align decode loop (align.generation.align_engine) on the model's own modules",
             "mode_requested": self.cfg.mode.value,
             "mode": self.mode.value,
@@ -293,6 +305,16 @@ class _State:
                           tuple(self.sampler[slot, :n].tolist()), reason)
 
 
+def unsupported(model: torch.nn.Module) -> Optional[str]:
+    """Why align's engine cannot run `model` (None: it can): its cache addresses each attention layer
+    through the layer's `k_proj` and `layer_idx`."""
+    try:
+        _kv_shapes(model)
+    except ConfigError:
+        return f"{type(model).__name__} has no attention layers with a k_proj and a layer_idx"
+    return None
+
+
 def _kv_shapes(model) -> dict[int, tuple[int, int]]:
     """(kv_heads, head_dim) of every decoder layer that writes keys (has a k_proj), by its layer index."""
     shapes = {}
@@ -324,7 +346,8 @@ def _round_up(n: int, multiple: int) -> int:
 @contextlib.contextmanager
 def _decoding(model: torch.nn.Module) -> Iterator[None]:
     """Eval mode and align's attention function on every config the model's modules read; both restored."""
-    configs = {id(m.config): m.config for m in model.modules() if hasattr(getattr(m, "config", None), "_attn_implementation")}
+    configs = {id(m.config): m.config for m in model.modules()
+               if hasattr(getattr(m, "config", None), "_attn_implementation")}
     saved = {k: c._attn_implementation for k, c in configs.items()}
     was_training = model.training
     model.eval()

@@ -105,6 +105,8 @@ class Completion:
 
 
 class Backend(StrEnum):
+    auto = "auto"
+    """align where it runs (`resolve_backend`), else hf; the manifest records which and why."""
     hf = "hf"
     """transformers' `model.generate` on the model object itself (align.generation.hf)."""
     align = "align"
@@ -127,8 +129,8 @@ class GenerateMode(StrEnum):
 class EngineConfig:
     """How the engine runs; none of it changes what a greedy call returns."""
 
-    backend: Backend = Backend.hf
-    """Which engine implementation runs the calls."""
+    backend: Backend = Backend.auto
+    """Which engine implementation runs the calls: auto, align or hf (`resolve_backend`)."""
     mode: GenerateMode = GenerateMode.auto
     """KV cache and compilation of the decode step (`GenerateMode`)."""
     batch_size: int = 64
@@ -166,6 +168,21 @@ def resolve_mode(mode: GenerateMode, device_type: str) -> GenerateMode:
         raise ConfigError("generation.mode", f"compiled needs a CUDA device (the model is on {device_type}); "
                           f"choose dynamic or static", mode.value)
     return mode
+
+
+def resolve_backend(cfg: EngineConfig) -> tuple[Backend, str]:
+    """The backend `cfg` resolves to before a model is seen, and why. auto is align's own engine unless
+    the weights are sharded (lockstep: every decode step is a collective that all ranks must enter
+    together, which align's loop does not do). `build_engine` may still fall back from auto to hf for a
+    model whose layers align's cache cannot address (align/generation/__init__.py)."""
+    if cfg.backend is Backend.align and cfg.lockstep:
+        raise ConfigError("generation.backend", "align's engine does not decode in lockstep (sharded weights, "
+                          "several ranks); use hf or auto", cfg.backend.value)
+    if cfg.backend is not Backend.auto:
+        return cfg.backend, "requested"
+    if cfg.lockstep:
+        return Backend.hf, "auto: sharded weights decode in lockstep, which only transformers' generate does"
+    return Backend.align, "auto: align's own engine"
 
 
 def derive_seed(seed: int, *path: int) -> int:

@@ -210,6 +210,7 @@ class HFEngine(ModelWeights):
         compiled = self.mode is GenerateMode.compiled
         return {
             "backend": self.backend.value,
+            **getattr(self, "resolution", {"backend_requested": "hf", "backend_reason": "built directly"}),
             "entry": "transformers generate (GenerationMixin.generate)",
             "mode_requested": self.cfg.mode.value,
             "mode": self.mode.value,

@@ -44,15 +44,14 @@ from align.objectives.reference import (
     prepare_reference,
 )
 from align.objectives.rollout import Rollout, RolloutBatch
+from align.objectives.rollout_engine import GEN_DTYPES
 from align.objectives.rollout_rewards import score_rollout
 from align.objectives.rollout_stats import Sums, state_sha256
-from align.objectives.router_flips import RouterRecorder, flips, generation_topk
+from align.objectives.router_flips import flips, generation_topk
 from align.objectives.views import prompt_view
 from align.parallel.env import DistEnv, autocast_context
 from align.rewards import WeightedReward
 from align.telemetry.progress import Phase
-
-_GEN_DTYPES = {GenerationDtype.bf16: torch.bfloat16, GenerationDtype.fp32: torch.float32}
 
 
 class StaleWeights(AlignError):
@@ -104,7 +103,6 @@ class GRPO:
         return [frozen.module]
 
     def bind(self, model: torch.nn.Module, forward: Callable[..., torch.Tensor], resuming: bool = False) -> None:
-        from align.generation import EngineConfig, HFEngine, build_engine
         from align.plan.generation_auto import require_generation_resolved
 
         require_generation_resolved(self.train_cfg, "the GRPO engine")
@@ -115,18 +113,10 @@ class GRPO:
         self.autocast: Callable[[], Any] = autocast_context(self.train_cfg.trainer.precision, self.device.type)
         if self.reference_kind == ReferenceKind.adapters_off:
             self.reference = AdaptersOff(model)
-        # Sharded weights make every decode step collective: ranks decode until all have finished.
-        ecfg = EngineConfig(batch_size=self.cfg.generation_batch_size, lockstep=bool(self.env and self.env.distributed))
-        kw = dict(pad_token_id=self.tokenizer.pad_token_id, eos_token_ids=[self.tokenizer.eos_token_id])
-        if self.cfg.generation_dtype == GenerationDtype.same:
-            self.engine = build_engine(ecfg, model, **kw)
-        else:
-            self.engine = HFEngine.copy_of(model, ecfg, dtype=_GEN_DTYPES[self.cfg.generation_dtype], **kw)
-        from align.models.family import family_spec
+        from align.objectives.rollout_engine import build_rollout_engine
 
-        taps = family_spec(self.train_cfg.model).router_taps
-        self.router_train = RouterRecorder(model, taps(model)) if taps(model) else None
-        self.router_gen = RouterRecorder(self.engine.model, taps(self.engine.model)) if self.router_train else None
+        self.engine, self.router_train, self.router_gen = build_rollout_engine(self.cfg, self.train_cfg, model,
+                                                                               self.tokenizer, self.env)
 
     # ------------------------------------------------------------------------------ rollouts
 
@@ -150,7 +140,7 @@ class GRPO:
         t0 = time.perf_counter()
         self.engine.sync_from(self.model)
         got = self.engine.weights_hash()
-        want = state_sha256(self.model, _GEN_DTYPES[self.cfg.generation_dtype])
+        want = state_sha256(self.model, GEN_DTYPES[self.cfg.generation_dtype])
         self._timed("sync_s", t0)
         if got != want:
             raise StaleWeights(f"rollout {self.rollouts}: the generation copy's weights (sha256 {got[:16]}) are not "
