@@ -5,6 +5,11 @@ prompts, the dense bench model (bench/base_dense: Mistral shape, 0.89 B) with bf
   engine_dynamic   align's engine, mode=dynamic (dynamic cache, eager)
   engine_static    align's engine, mode=static (static cache, eager)
   engine_compiled  align's engine, mode=compiled (static cache, decode step under torch.compile; CUDA only)
+  align_eager      align's own decode loop (backend=align), eager steps
+  align_graphs     align's own decode loop, each decode step a CUDA graph replay (CUDA only)
+
+Beside each arm: the floor of bench/decode_bound.py (weights and live keys/values read once per step, over
+the copy bandwidth measured in the same process) and the arm's share of it.
 
 Every arm samples at temperature 1 from the whole vocabulary (top-k and top-p off) with EOS as the stop
 token, as an evaluation does; prompts: 64 GSM8K test questions through the bundled chat template, each
@@ -37,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import compose_typed, tiny_overrides  # noqa: E402
 
 EXPERIMENT = "bench/base_dense"
-ARMS = ("plain_dynamic", "engine_dynamic", "engine_static", "engine_compiled")
+ARMS = ("plain_dynamic", "engine_dynamic", "engine_static", "engine_compiled", "align_eager", "align_graphs")
+CUDA_ONLY = ("engine_compiled", "align_graphs")
 BASELINE = "plain_dynamic"
 GSM8K_TEST = ROOT / "align" / "data" / "assets" / "gsm8k" / "test.jsonl"
 
@@ -95,16 +101,21 @@ def completion_length(tokens: list[int], stops: set[int]) -> int:
     return len(tokens)
 
 
-def engine_generate(model, mode: str, pad_id: int, eos_ids: Sequence[int], max_new: int, batch: int) -> Callable:
-    from align.generation import EngineConfig, GenerateMode, SamplingSpec, build_engine
+def engine_generate(model, arm: str, pad_id: int, eos_ids: Sequence[int], max_new: int, batch: int) -> Callable:
+    from align.generation import Backend, EngineConfig, GenerateMode, SamplingSpec, build_engine
 
-    engine = build_engine(EngineConfig(mode=GenerateMode(mode), batch_size=batch), model, pad_token_id=pad_id,
-                          eos_token_ids=eos_ids)
+    backend, mode = arm.split("_")
+    mode = {"eager": "static", "graphs": "compiled"}.get(mode, mode)
+    cfg = EngineConfig(backend=Backend.hf if backend == "engine" else Backend.align, mode=GenerateMode(mode),
+                       batch_size=batch)
+    engine = build_engine(cfg, model, pad_token_id=pad_id, eos_token_ids=eos_ids)
     spec = SamplingSpec(max_new_tokens=max_new, temperature=1.0)
 
     def call(prompts: list[list[int]]) -> list[int]:
         with torch.no_grad():
             return [c.num_tokens for c in engine.generate(prompts, spec)]
+
+    call.rows = batch  # type: ignore[attr-defined]
 
     call.describe = engine.describe  # type: ignore[attr-defined]
     return call
@@ -127,18 +138,31 @@ def run_arm(name: str, call: Callable, prompts: list[list[int]], warmup: int, ca
         call(prompts)
         sync(device)
         first = first if first is not None else time.perf_counter() - t
-    generated, t0 = 0, time.perf_counter()
+    generated, lengths, t0 = 0, [], time.perf_counter()
     for _ in range(calls):
-        generated += sum(call(prompts))
+        lengths = call(prompts)
+        generated += sum(lengths)
     sync(device)
     seconds = time.perf_counter() - t0
     cuda = device.type == "cuda"
-    return {"arm": name, "calls": calls, "seconds": seconds, "first_call_s": first,
+    return {"arm": name, "completion_lengths": lengths, "calls": calls, "seconds": seconds, "first_call_s": first,
             "samples_per_s": len(prompts) * calls / seconds, "generated_tokens_per_s": generated / seconds,
             "generated_tokens_per_call": generated / calls,
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
             "reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
             "engine": call.describe() if hasattr(call, "describe") else None}
+
+
+def add_bounds(results: list[dict[str, Any]], model, prompts, rows: int, bandwidth: float) -> None:
+    """Each arm's floor (bench/decode_bound.py) at its own last call's completion lengths, and its share."""
+    from bench.decode_bound import bound
+
+    for r in results:
+        if "error" in r:
+            continue
+        b = bound(model, [len(p) for p in prompts], r["completion_lengths"], rows, bandwidth)
+        r["bound"] = b
+        r["bound_share"] = r["generated_tokens_per_s"] / b["tokens_per_s"]
 
 
 def add_ratios(results: list[dict[str, Any]]) -> None:
@@ -156,16 +180,19 @@ def table(results: list[dict[str, Any]], setup: dict[str, Any]) -> str:
     lines = [f"{setup['prompts']} prompts x {setup['prompt_tokens']} tokens, {setup['max_new_tokens']} new tokens, "
              f"temperature 1, {setup['device']}, {setup['dtype']}; {setup['calls']} timed calls after "
              f"{setup['warmup']} warm-up", "",
-             f"| arm | samples/s | generated tok/s | first call s | peak GiB | vs {BASELINE} | notes |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             f"| arm | samples/s | generated tok/s | first call s | peak GiB | vs {BASELINE} | bound tok/s | "
+             "share of bound | notes |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in results:
         g = r.get
         vs = g(f"vs_{BASELINE}")
-        note = r.get("error") or ", ".join(f"{k}={(r['engine'] or {}).get(k)}" for k in ("mode", "cache_implementation",
-                                                                                          "compile") if r.get("engine"))
+        keys = ("backend", "mode", "cache_implementation", "compile", "cuda_graphs", "decode_attention")
+        note = r.get("error") or ", ".join(f"{k}={r['engine'][k]}" for k in keys if k in (r.get("engine") or {}))
+        b = (r.get("bound") or {}).get("tokens_per_s")
         lines.append(f"| {r['arm']} | {_fmt(g('samples_per_s'), ',.1f')} | {_fmt(g('generated_tokens_per_s'), ',.0f')} "
                      f"| {_fmt(g('first_call_s'), '.1f')} | {_fmt(g('peak_mem_gib'), '.1f')} | "
-                     f"{_fmt(vs, '.2f') + ('x' if vs is not None else '')} | {note} |")
+                     f"{_fmt(vs, '.2f') + ('x' if vs is not None else '')} | {_fmt(b, ',.0f')} | "
+                     f"{_fmt(g('bound_share'), '.0%')} | {note} |")
     return "\n".join(lines)
 
 
@@ -216,13 +243,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              "experiment": EXPERIMENT, "torch": torch.__version__}
     results = []
     for name in a.arms:
-        if name == "engine_compiled" and device.type != "cuda":
-            results.append({"arm": name, "error": "not run: mode=compiled needs CUDA"})
+        if name in CUDA_ONLY and device.type != "cuda":
+            results.append({"arm": name, "error": "not run: needs CUDA"})
             continue
         call = plain_generate(model, pad, eos, a.new_tokens) if name == BASELINE else \
-            engine_generate(model, name.removeprefix("engine_"), pad, eos, a.new_tokens, a.batch_size or a.prompts)
+            engine_generate(model, name, pad, eos, a.new_tokens, a.batch_size or a.prompts)
         results.append(run_arm(name, call, prompts, a.warmup, a.calls, device))
         print(json.dumps({k: v for k, v in results[-1].items() if k != "engine"}), flush=True)
+    from bench.decode_bound import copy_bandwidth
+
+    setup["copy_bandwidth_bytes_per_s"] = copy_bandwidth(device)
+    add_bounds(results, model, prompts, a.batch_size or a.prompts, setup["copy_bandwidth_bytes_per_s"])
     add_ratios(results)
     md = table(results, setup)
     print(md)

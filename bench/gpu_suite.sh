@@ -5,7 +5,7 @@
 #      reference log-probs, align's best arm (precomputed, compiled blocks), its best with a live
 #      reference, align at TRL's batch shape (the memory comparison), and SFT (dense_best's levers) on
 #      the pairs' own sequences (the tokens/s ratio);
-#   2. generation (bench/generation.py): plain generate against align's engine, dynamic/static/compiled;
+#   2. generation (bench/generation.py): plain generate against align's engines (hf modes, align eager/graphs);
 #   3. if time is left: align's eager arms, one per reference strategy (dpo_ref_model, dpo_precomputed).
 # Each command gets a deadline inside the budget (no arm starts after it, a running one is killed at
 # it, both recorded), so the suite ends in time and always writes its summary. Everything the arms

@@ -77,13 +77,14 @@ def engine_shapes(arms: Sequence[Any]) -> dict[str, tuple[int, int, int]]:
 
 def engine_eval(shape: tuple[int, int, int], out: Path, tiny: bool, env: dict,
                 timeout: Optional[float], run: Callable) -> dict[str, Any]:
-    """The engine's eval throughput at `shape` (bench/generation.py, the arm `mode=auto` resolves to:
-    compiled on CUDA, dynamic on the CPU), bf16 weights, 128-token prompts; its result row or why not."""
+    """The engine's eval throughput at `shape` (bench/generation.py, the arm `backend=auto` resolves to:
+    align's engine with CUDA graphs on CUDA, eager on the CPU), bf16 weights, 128-token prompts, and its
+    bound (bench/decode_bound.py); its result row or why not."""
     rows, batch, new = shape
     tag = f"engine_{rows}x{new}_b{batch}"
     work = out / tag
     work.mkdir(parents=True, exist_ok=True)
-    arm = "engine_dynamic" if tiny else "engine_compiled"
+    arm = "align_eager" if tiny else "align_graphs"
     cmd = [sys.executable, str(ROOT / "bench" / "generation.py"), "--arms", arm, "--prompts", str(rows),
            "--batch-size", str(batch), "--new-tokens", str(new), "--warmup", "1", "--calls", "2",
            *(["--tiny"] if tiny else [])]
@@ -91,8 +92,8 @@ def engine_eval(shape: tuple[int, int, int], out: Path, tiny: bool, env: dict,
     if rc != 0:
         return {"tag": tag, "error": f"exit {rc} (log: {out / f'{tag}.log'})", "command": cmd}
     r = json.loads((work / "generation.json").read_text())["results"][0]
-    return {"tag": tag, "arm": arm, "command": cmd, **{k: r.get(k) for k in ("generated_tokens_per_s", "samples_per_s",
-                                                                               "peak_mem_gib", "error")}}
+    keys = ("generated_tokens_per_s", "samples_per_s", "peak_mem_gib", "error", "bound")
+    return {"tag": tag, "arm": arm, "command": cmd, **{k: r.get(k) for k in keys}}
 
 
 def add_engine_ratios(results: list[dict[str, Any]], evals: dict[str, dict[str, Any]]) -> None:
@@ -104,6 +105,8 @@ def add_engine_ratios(results: list[dict[str, Any]], evals: dict[str, dict[str, 
         r["engine_eval"] = e
         eng, mine = e.get("generated_tokens_per_s"), r.get("rollout_tokens_per_s")
         r["vs_engine_eval"] = mine / eng if mine is not None and eng else None
+        floor = (e.get("bound") or {}).get("tokens_per_s")
+        r["bound_share"] = mine / floor if mine is not None and floor and floor == floor else None
 
 
 def _fmt(v: Optional[float], spec: str) -> str:
@@ -112,7 +115,7 @@ def _fmt(v: Optional[float], spec: str) -> str:
 
 def table(results: list[dict[str, Any]], baselines: Sequence[str], notes: Callable) -> str:
     head = ["arm", "samples/s", "generation share", "rollout tok/s", "update tok/s", "completion len",
-            "stop frac", "peak GiB", *[f"vs {b}" for b in baselines], "vs engine eval", "notes"]
+            "stop frac", "peak GiB", *[f"vs {b}" for b in baselines], "vs engine eval", "share of bound", "notes"]
     lines = ["| " + " | ".join(head) + " |", "| --- " + "| ---: " * (len(head) - 2) + "| --- |"]
     for i, r in enumerate(results, 1):
         g = r.get
@@ -121,9 +124,11 @@ def table(results: list[dict[str, Any]], baselines: Sequence[str], notes: Callab
         cells = [f"({i}) {r['arm']}", _fmt(g("samples_per_s"), ",.1f"), _fmt(g("generation_share"), ".1%"),
                  _fmt(g("rollout_tokens_per_s"), ",.0f"), _fmt(g("update_tokens_per_s"), ",.0f"),
                  _fmt(g("completion_len_mean"), ".1f"), _fmt(g("stop_frac"), ".2f"), _fmt(g("peak_mem_gib"), ".1f"),
-                 *ratio, _fmt(eng, ".2f") + ("x" if eng is not None else ""), notes(r)]
+                 *ratio, _fmt(eng, ".2f") + ("x" if eng is not None else ""), _fmt(g("bound_share"), ".0%"), notes(r)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "GRPO arms: samples/s = completions per second of the whole step (one rollout per step); ratios "
                   "between GRPO arms are of samples/s; vs engine eval = rollout tok/s over bench/generation.py's "
-                  "engine (bf16 weights, 128-token prompts) at the same rows, batch and new tokens."]
+                  "engine (bf16 weights, 128-token prompts) at the same rows, batch and new tokens; share of bound = "
+                  "rollout tok/s over that shape's floor (bench/decode_bound.py: weights and live keys/values read "
+                  "once per decode step at the copy bandwidth measured in the same process)."]
     return "\n".join(lines)

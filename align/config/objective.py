@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from align.config.rules import AUTO, _require
 from align.errors import ConfigError
+from align.generation.engine import Backend
 from align.objectives.advantages import Estimator as AdvantageKind  # defined beside its rules of no signal
 
 # ------------------------------------------------------------------------------------- objective
@@ -219,6 +220,11 @@ class GRPOConfig(ObjectiveConfig):
     and LoRA is off (the copy then decodes with the numbers the policy's matmuls use anyway, and the
     policy's decoder blocks never see decode shapes, so `trainer.compile=auto` can compile them); else
     same. The manifest's `model.extra.generation.dtype` says what it resolved to and why."""
+    generation_backend: Backend = Backend.auto
+    """The rollout engine (align/generation): auto, align or hf. auto: align's own decode loop, except
+    under sharded weights (lockstep decoding, hf) and for MoE models (hf, whose batching the router flip
+    record reads; asked for align, a MoE run records no flip rate). The manifest's generation record
+    (`describe()`: backend, backend_requested, backend_reason) says what ran and why."""
     generation_batch_size: Any = AUTO
     """Rows (prompt x completion) per call of the engine's backend: an int >= 1, or auto. auto: the
     whole rollout (prompts_per_rollout x group_size rows) in one call, capped on CUDA where the KV

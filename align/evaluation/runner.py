@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 from align.evaluation.config import EvalConfig
 from align.evaluation.datasets import EvalData, Item, load_data
 from align.evaluation.scoring import Scorer, build_scorer
-from align.generation import EngineConfig, SamplingSpec, build_engine, derive_seed, resolve_mode
+from align.generation import EngineConfig, SamplingSpec, build_engine, derive_seed, resolve_backend, resolve_mode
 
 
 def sampling_spec(cfg: EvalConfig) -> SamplingSpec:
@@ -36,7 +36,8 @@ def generation_meaning(cfg: EvalConfig, engine: EngineConfig, device_type: str, 
     """The generation part of the cache key: the spec and the engine settings a describe() reports
     that shape the completions (resolved mode, batching, numerics)."""
     spec = asdict(sampling_spec(cfg))
-    return {"spec": spec, "backend": engine.backend.value, "mode": resolve_mode(engine.mode, device_type).value,
+    return {"spec": spec, "backend": resolve_backend(engine)[0].value,
+            "mode": resolve_mode(engine.mode, device_type).value,
             "batch_size": engine.batch_size, "pad_to_multiple_of": engine.pad_to_multiple_of, "dtype": dtype,
             "device_type": device_type, "prompts_per_call": prompts_per_call(engine, cfg.samples)}
 

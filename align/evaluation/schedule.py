@@ -33,7 +33,7 @@ from align.errors import AlignError
 from align.evaluation.datasets import load_data
 from align.evaluation.runner import finish_arm, generate_shard, prompts_per_call, stop_ids
 from align.evaluation.scoring import build_scorer
-from align.generation import GenerateMode, HFEngine, build_engine
+from align.generation import Engine, GenerateMode, build_engine
 from align.generation.fingerprint import fingerprint
 from align.parallel.env import DistEnv
 from align.telemetry.progress import Phase
@@ -53,7 +53,7 @@ class TrainingEval:
         self.data = load_data(self.cfg, getattr(self.scorer, "verifier", None))
         self.seconds, self.count = 0.0, 0
         self.described: Optional[dict[str, Any]] = None
-        self.copy: Optional[HFEngine] = None
+        self.copy: Optional[Engine] = None
         """The eval's own copy of a compiled model (one process), kept across evals."""
 
     @classmethod
@@ -78,7 +78,7 @@ class TrainingEval:
                 cfg = replace(cfg, mode=GenerateMode.static)
             return build_engine(cfg, model, **kw), functools.partial(torch.compiler.set_stance, "force_eager")
         if self.copy is None:
-            self.copy = HFEngine.copy_of(model, self.engine_cfg, **kw)
+            self.copy = build_engine(self.engine_cfg, model, copy=True, **kw)
         else:
             self.copy.sync_from(model)
         if self.copy.weights_hash() != fingerprint(model.state_dict().items()):

@@ -105,8 +105,13 @@ class Completion:
 
 
 class Backend(StrEnum):
+    auto = "auto"
+    """align where it runs (`resolve_backend`), else hf; the manifest records which and why."""
     hf = "hf"
     """transformers' `model.generate` on the model object itself (align.generation.hf)."""
+    align = "align"
+    """align's own decode loop over transformers' model classes: a slot KV cache, live-length attention,
+    continuous batching, sampling on the device, CUDA graphs (align.generation.align_engine)."""
 
 
 class GenerateMode(StrEnum):
@@ -124,16 +129,21 @@ class GenerateMode(StrEnum):
 class EngineConfig:
     """How the engine runs; none of it changes what a greedy call returns."""
 
-    backend: Backend = Backend.hf
-    """Which engine implementation runs the calls."""
+    backend: Backend = Backend.auto
+    """Which engine implementation runs the calls: auto, align or hf (`resolve_backend`)."""
     mode: GenerateMode = GenerateMode.auto
     """KV cache and compilation of the decode step (`GenerateMode`)."""
     batch_size: int = 64
-    """Rows (prompt x completion) per `generate` call of the backend; bounds memory. Part of a sampled
-    stream's identity: each batch draws from its own seed."""
+    """hf: rows (prompt x completion) per `generate` call of the backend; bounds memory, and is part of a
+    sampled stream's identity (each batch draws from its own seed). align: rows decoding at once (the
+    KV cache's slots); a row's draws do not depend on it."""
     pad_to_multiple_of: int = 8
     """Left-pad each batch's prompts to a multiple of this, so a static cache and the compiled decode
     see a bounded set of shapes."""
+    sync_every: int = 8
+    """align backend: decode steps between two looks from the host at which rows have finished (each
+    look is one device sync; a finished row idles until the next look, then its slot takes a waiting
+    prompt)."""
     lockstep: bool = False
     """Every rank of the process group keeps decoding until all ranks' batches have finished
     (transformers' `synced_gpus`): needed when the weights are sharded (FSDP), where every forward is
@@ -142,6 +152,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ConfigError("generation.batch_size", "must be >= 1", self.batch_size)
+        if self.sync_every < 1:
+            raise ConfigError("generation.sync_every", "must be >= 1", self.sync_every)
         if self.pad_to_multiple_of < 1:
             raise ConfigError("generation.pad_to_multiple_of", "must be >= 1", self.pad_to_multiple_of)
 
@@ -156,6 +168,21 @@ def resolve_mode(mode: GenerateMode, device_type: str) -> GenerateMode:
         raise ConfigError("generation.mode", f"compiled needs a CUDA device (the model is on {device_type}); "
                           f"choose dynamic or static", mode.value)
     return mode
+
+
+def resolve_backend(cfg: EngineConfig) -> tuple[Backend, str]:
+    """The backend `cfg` resolves to before a model is seen, and why. auto is align's own engine unless
+    the weights are sharded (lockstep: every decode step is a collective that all ranks must enter
+    together, which align's loop does not do). `build_engine` may still fall back from auto to hf for a
+    model whose layers align's cache cannot address (align/generation/__init__.py)."""
+    if cfg.backend is Backend.align and cfg.lockstep:
+        raise ConfigError("generation.backend", "align's engine does not decode in lockstep (sharded weights, "
+                          "several ranks); use hf or auto", cfg.backend.value)
+    if cfg.backend is not Backend.auto:
+        return cfg.backend, "requested"
+    if cfg.lockstep:
+        return Backend.hf, "auto: sharded weights decode in lockstep, which only transformers' generate does"
+    return Backend.align, "auto: align's own engine"
 
 
 def derive_seed(seed: int, *path: int) -> int:

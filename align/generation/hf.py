@@ -17,7 +17,6 @@ leaves unset from it, and a rollout must be exactly what its `SamplingSpec` says
 from __future__ import annotations
 
 import contextlib
-import copy
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
@@ -43,6 +42,7 @@ from align.generation.engine import (
     derive_seed,
     resolve_mode,
 )
+from align.generation.weights import ModelWeights
 
 
 class _SampleRecorder(LogitsProcessor):
@@ -136,7 +136,7 @@ def _cut(tokens: list[int], logprobs: list[float], sampler: list[float], stops: 
     return tokens, logprobs, sampler, FinishReason.length
 
 
-class HFEngine:
+class HFEngine(ModelWeights):
     """`Engine` on transformers' `generate`. Built on the training model itself it shares its weights
     (`sync_from` that model does nothing); `HFEngine.copy_of` builds one on a separate copy."""
 
@@ -153,14 +153,6 @@ class HFEngine:
         self.pad_token_id = int(pad_token_id)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.shares_weights = shares_weights
-
-    @classmethod
-    def copy_of(cls, model: torch.nn.Module, cfg: EngineConfig, *, dtype: Optional[torch.dtype] = None,
-                device: Optional[torch.device] = None, **kw) -> "HFEngine":
-        """An engine on its own copy of `model` (optionally cast/moved), kept current by `sync_from`."""
-        twin = copy.deepcopy(model)
-        twin.to(device=device, dtype=dtype)
-        return cls(twin, cfg, shares_weights=False, **kw)
 
     # ---------------------------------------------------------------------------------------- calls
 
@@ -212,24 +204,13 @@ class HFEngine:
         rows = zip(new.tolist(), lps.tolist(), sps.tolist())
         return [_cut(t, lp, sp, set(stops), spec.max_new_tokens) for t, lp, sp in rows]
 
-    # ----------------------------------------------------------------------------------- weights
-
-    def sync_from(self, model: torch.nn.Module) -> None:
-        if model is self.model:
-            return
-        self.model.load_state_dict(model.state_dict())
-
-    def weights_hash(self) -> str:
-        from align.generation.fingerprint import fingerprint
-
-        return fingerprint(self.model.state_dict().items())
-
     # -------------------------------------------------------------------------------- provenance
 
     def describe(self) -> dict[str, Any]:
         compiled = self.mode is GenerateMode.compiled
         return {
             "backend": self.backend.value,
+            **getattr(self, "resolution", {"backend_requested": "hf", "backend_reason": "built directly"}),
             "entry": "transformers generate (GenerationMixin.generate)",
             "mode_requested": self.cfg.mode.value,
             "mode": self.mode.value,

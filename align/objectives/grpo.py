@@ -32,19 +32,19 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from align.config import GenerationDtype, GRPOConfig, ISCorrection, ReferenceKind, TrainConfig
+from align.config import GRPOConfig, ISCorrection, ReferenceKind, TrainConfig
 from align.data.collate import Batch
 from align.errors import AlignError
 from align.objectives import register
 from align.objectives.grpo_metrics import add_mismatch, time_row, window_row
-from align.objectives.grpo_rollouts import GEN_DTYPES, RolloutMaker
+from align.objectives.grpo_rollouts import RolloutMaker
 from align.objectives.grpo_terms import GRPOTerms
 from align.objectives.logps import token_logps
 from align.objectives.policy_loss import Aggregation, LossSpec, RatioLevel, policy_loss
 from align.objectives.reference import AdaptersOff, kl_reference, prepare_reference
 from align.objectives.rollout import Rollout, RolloutBatch
 from align.objectives.rollout_stats import Sums
-from align.objectives.router_flips import RouterRecorder, flips
+from align.objectives.router_flips import flips
 from align.objectives.views import prompt_view
 from align.parallel.env import DistEnv, autocast_context
 from align.rewards import WeightedReward
@@ -97,7 +97,6 @@ class GRPO(RolloutMaker):
         return [frozen.module]
 
     def bind(self, model: torch.nn.Module, forward: Callable[..., torch.Tensor], resuming: bool = False) -> None:
-        from align.generation import EngineConfig, HFEngine, build_engine
         from align.plan.generation_auto import require_generation_resolved
 
         require_generation_resolved(self.train_cfg, "the GRPO engine")
@@ -108,18 +107,10 @@ class GRPO(RolloutMaker):
         self.autocast: Callable[[], Any] = autocast_context(self.train_cfg.trainer.precision, self.device.type)
         if self.reference_kind == ReferenceKind.adapters_off:
             self.reference = AdaptersOff(model)
-        # Sharded weights make every decode step collective: ranks decode until all have finished.
-        ecfg = EngineConfig(batch_size=self.cfg.generation_batch_size, lockstep=bool(self.env and self.env.distributed))
-        kw = dict(pad_token_id=self.tokenizer.pad_token_id, eos_token_ids=[self.tokenizer.eos_token_id])
-        if self.cfg.generation_dtype == GenerationDtype.same:
-            self.engine = build_engine(ecfg, model, **kw)
-        else:
-            self.engine = HFEngine.copy_of(model, ecfg, dtype=GEN_DTYPES[self.cfg.generation_dtype], **kw)
-        from align.models.family import family_spec
+        from align.objectives.rollout_engine import build_rollout_engine
 
-        taps = family_spec(self.train_cfg.model).router_taps
-        self.router_train = RouterRecorder(model, taps(model)) if taps(model) else None
-        self.router_gen = RouterRecorder(self.engine.model, taps(self.engine.model)) if self.router_train else None
+        self.engine, self.router_train, self.router_gen = build_rollout_engine(self.cfg, self.train_cfg, model,
+                                                                               self.tokenizer, self.env)
 
     # ---------------------------------------------- rollouts: align/objectives/grpo_rollouts.py
 

@@ -251,8 +251,8 @@ def test_the_suite_validates_every_arm_it_runs(tmp_path):
     for arm in ("trl_dpo_ref", "trl_dpo_precomputed", "dpo_best", "dpo_best_ref", "dpo_trl_shape", "sft_pairs_best",
                 "dpo_ref_model", "dpo_precomputed"):
         assert f"\n{arm}: " in proc.stdout, arm
-    assert "generation: arms plain_dynamic, engine_dynamic, engine_static, engine_compiled; 64 prompts x 128" \
-           in proc.stdout
+    arms = "plain_dynamic, engine_dynamic, engine_static, engine_compiled, align_eager, align_graphs"
+    assert f"generation: arms {arms}; 64 prompts x 128" in proc.stdout
     assert not (tmp_path / "dest" / "summary.md").exists()
 
 

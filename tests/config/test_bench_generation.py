@@ -32,7 +32,7 @@ def test_tiny_run_rates_the_engine_against_plain_generate(tmp_path, monkeypatch)
     assert plain["vs_plain_dynamic"] == 1.0
     assert engine["vs_plain_dynamic"] == pytest.approx(engine["samples_per_s"] / plain["samples_per_s"])
     assert engine["engine"]["mode"] == "dynamic"
-    assert compiled["error"] == "not run: mode=compiled needs CUDA" and compiled["vs_plain_dynamic"] is None
+    assert compiled["error"] == "not run: needs CUDA" and compiled["vs_plain_dynamic"] is None
     assert "| engine_dynamic |" in (tmp_path / "generation.md").read_text()
 
 

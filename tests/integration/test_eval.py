@@ -52,7 +52,7 @@ def test_the_default_model_evaluates_end_to_end_in_under_a_minute(tiny_export, t
     assert arm["model"]["weights_sha256"] == sha256_files([tiny_export / "model.safetensors"], tiny_export)
     assert arm["model"]["config_sha256"] == _sha256(tiny_export / "config.json")
     assert arm["model"]["path"] == str(tiny_export.resolve()) and arm["model"]["class"] == "MistralForCausalLM"
-    assert (arm["engine"]["backend"], arm["engine"]["mode"], arm["engine"]["device"]) == ("hf", "dynamic", "cpu")
+    assert (arm["engine"]["backend"], arm["engine"]["mode"], arm["engine"]["device"]) == ("align", "dynamic", "cpu")
     assert arm["cache"]["hit"] is False and Path(arm["cache"]["path"]).is_file()
     assert 0.0 <= arm["metrics"]["pass@1"] <= 1.0 and arm["timing"]["samples"] == 8
     assert arm["timing"]["samples_per_s"] > 0

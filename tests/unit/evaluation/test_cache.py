@@ -132,10 +132,10 @@ def test_by_default_the_eval_cache_is_in_the_user_cache_directory(tiny_export, t
 
 def test_an_engine_that_resolved_other_settings_than_the_key_says_stops_the_arm(tiny_export, tmp_path, monkeypatch):
     from align.evaluation.job import EvalJob
-    from align.generation.hf import HFEngine
+    from align.generation.align_engine import AlignEngine
 
-    real = HFEngine.describe
-    monkeypatch.setattr(HFEngine, "describe", lambda self: {**real(self), "batch_size": self.cfg.batch_size + 1})
+    real = AlignEngine.describe
+    monkeypatch.setattr(AlignEngine, "describe", lambda self: {**real(self), "batch_size": self.cfg.batch_size + 1})
     with pytest.raises(RuntimeError, match="the eval cache key says"):
         EvalJob(run_config(tiny_export, tmp_path), tmp_path / "run", [], [], {}).run()
     assert not list((tmp_path / "cache").glob("*.json"))  # nothing filed under the wrong settings

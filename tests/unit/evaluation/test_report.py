@@ -48,7 +48,8 @@ def test_a_gsm8k_job_records_what_it_resolved_to(tiny_export, tmp_path):
     assert set(data) == set(SCHEMA) and missing_reasons(data) == []
     assert [p for p, why in data["null_reasons"].items() if why.startswith(("pending", "not reached"))] == []
     arm = data["arms"]["model"]
-    assert arm["engine"]["backend"] == "hf" and arm["model"]["kind"] == "export" and arm["model"]["class"]
+    assert arm["engine"]["backend"] == "align" and arm["engine"]["backend_requested"] == "auto"
+    assert arm["model"]["kind"] == "export" and arm["model"]["class"]
     assert data["scorer"]["identity"] == {"name": "gsm8k", "version": 1}
     assert data["generation"]["spec"]["temperature"] == 0 and data["generation"]["spec"]["n"] == 1
     assert data["dataset"]["records"] == 3 and data["discriminator"] is None

@@ -51,7 +51,7 @@ def test_greedy_completions_are_the_engines_and_the_mode_is_restored(loaded):
     texts = [tok.decode(list(c.token_ids), skip_special_tokens=True) for c in ref]
     assert [per[0]["text"] for per in out["samples"]] == texts
     assert set(out["metrics"]) == {"pass@1", "accuracy", "extraction_failed", "finished_at_length", "mean_new_tokens"}
-    assert out["engine"]["backend"] == "hf" and out["data"]["records"] == 3
+    assert out["engine"]["backend"] == "align" and out["data"]["records"] == 3
 
 
 def test_sampled_runs_report_pass_and_maj_at_k_and_repeat_by_seed(loaded):

@@ -10,7 +10,16 @@ from transformers import TopKLogitsWarper, TopPLogitsWarper
 
 from align.config import Family
 from align.errors import ConfigError
-from align.generation import Engine, EngineConfig, FinishReason, GenerateMode, HFEngine, SamplingSpec, build_engine
+from align.generation import (
+    Backend,
+    Engine,
+    EngineConfig,
+    FinishReason,
+    GenerateMode,
+    HFEngine,
+    SamplingSpec,
+    build_engine,
+)
 from align.models.family_table import FAMILIES
 from tests.unit.generation.conftest import argmax_loop, prompts, teacher_forced_logits
 
@@ -18,7 +27,7 @@ EOS = 2
 
 
 def engine(model, pad: int = 0, eos=(EOS,), **kw) -> HFEngine:
-    return build_engine(EngineConfig(**kw), model, pad_token_id=pad, eos_token_ids=eos)
+    return build_engine(EngineConfig(**{"backend": Backend.hf, **kw}), model, pad_token_id=pad, eos_token_ids=eos)
 
 
 def test_greedy_equals_a_hand_written_argmax_loop(tiny_model):
@@ -169,7 +178,7 @@ def test_a_copy_engine_syncs_from_the_training_model_and_hashes_its_weights(tiny
     trained = tiny_model()
     other = build(seed=1).model
     shared = engine(trained)
-    copy = HFEngine.copy_of(other, EngineConfig(), pad_token_id=0, eos_token_ids=(EOS,))
+    copy = HFEngine.copy_of(other, EngineConfig(backend=Backend.hf), pad_token_id=0, eos_token_ids=(EOS,))
     assert copy.describe()["weights"].startswith("copy") and copy.model is not other
     assert copy.weights_hash() != shared.weights_hash()
     copy.sync_from(trained)

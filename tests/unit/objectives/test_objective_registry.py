@@ -73,9 +73,9 @@ def toy(tmp_path, monkeypatch):
     (tmp_path / "objectives" / "toy.py").write_text(TOY_OBJECTIVE)
     (tmp_path / "conf" / "objective").mkdir(parents=True)
     (tmp_path / "conf" / "objective" / "toy.yaml").write_text(TOY_OPTION)
+    schemas, classes = dict(OBJECTIVE_SCHEMAS), dict(objective_classes())  # before the toy's folders are seen
     monkeypatch.setattr(align.config, "__path__", [*align.config.__path__, str(tmp_path / "config")])
     monkeypatch.setattr(align.objectives, "__path__", [*align.objectives.__path__, str(tmp_path / "objectives")])
-    schemas, classes = dict(OBJECTIVE_SCHEMAS), dict(objective_classes())
     objective_classes.cache_clear()
     yield tmp_path / "conf"
     for registry, before in ((OBJECTIVE_SCHEMAS, schemas), (_REGISTERED, classes)):

@@ -1,0 +1,361 @@
+"""align's own decode engine over transformers' model classes (`Backend.align`).
+
+The life of a call:
+
+1. Every (prompt, sample) row gets a key (`derive_seed(seed, prompt, sample)`): its draws are a hash of
+   that key and the step (align/generation/device_sampling.py), whatever slot or batch it runs in.
+2. Waiting prompts are admitted while `n` slots are free: one prefill forward over the admitted prompts
+   (left-padded to a multiple of `pad_to_multiple_of`, transformers' own modules under align's attention
+   function) writes each prompt's keys into all `n` of its slots and samples each row's first token.
+3. Decode steps feed every live slot's last token at its own position; the attention reads each slot's
+   live keys only (align/generation/slot_attention.py). On CUDA each step is one replay of a CUDA graph
+   captured per bucket of live rows (powers of two up to the slot count) and sampling law.
+4. Every `sync_every` steps the host reads which rows have stopped (a stop token, or `max_new_tokens`),
+   copies their tokens and log-probs out, frees their slots, and admits waiting prompts into them
+   (continuous batching): ragged completion lengths do not leave the batch half empty.
+
+Rows that stopped between two looks keep being fed (their writes land where they already were and their
+outputs in a spare column) until the host frees them; nothing they compute is returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+import transformers
+
+from align.errors import ConfigError
+from align.generation import device_sampling
+from align.generation.device_sampling import Law
+from align.generation.engine import (
+    Backend,
+    Completion,
+    EngineConfig,
+    FinishReason,
+    GenerateMode,
+    SamplingSpec,
+    derive_seed,
+    resolve_mode,
+)
+from align.generation.slot_attention import ALIGN_SLOTS, reading, register
+from align.generation.slots import SlotCache, StepRows, layer_geometry
+from align.generation.weights import ModelWeights
+
+_DIRECT = {"backend_requested": "align", "backend_reason": "built directly"}
+
+
+class AlignEngine(ModelWeights):
+    """`Engine` on align's decode loop. Built on the training model it shares its weights; `copy_of` builds
+    one on a copy (e.g. in another dtype), kept current by `sync_from`."""
+
+    backend = Backend.align
+
+    def __init__(self, model: torch.nn.Module, cfg: EngineConfig, *, pad_token_id: int,
+                 eos_token_ids: Sequence[int], shares_weights: bool = True) -> None:
+        self.model, self.cfg, self.shares_weights = model, cfg, shares_weights
+        self.device = next(model.parameters()).device
+        if self.device.type not in ("cpu", "cuda"):
+            raise ConfigError("generation.backend", f"the align engine runs on cpu or cuda, not {self.device.type}")
+        self.mode = resolve_mode(cfg.mode, self.device.type)
+        self.graphs = self.mode is GenerateMode.compiled
+        self.pad_token_id = int(pad_token_id)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.num_slots = cfg.batch_size
+        self._state: Optional[_State] = None
+        self._graphs: dict[tuple, Any] = {}
+        self._pool = None
+        self.graph_failure: Optional[str] = None
+        self.last_call: dict[str, Any] = {}
+        register()
+
+    # ---------------------------------------------------------------------------------------- calls
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Completion]:
+        self._check(prompts, spec)
+        stops = self.eos_token_ids if spec.stop_token_ids is None else spec.stop_token_ids
+        max_len = max(len(p) for p in prompts) + spec.max_new_tokens
+        state = self._state_for(max_len, spec.max_new_tokens)
+        state.set_call(spec, stops)
+        law = Law(greedy=spec.greedy, truncated=spec.top_k > 0 or spec.top_p < 1)
+        out: dict[tuple[int, int], Completion] = {}
+        waiting, free, live = deque(range(len(prompts))), list(range(self.num_slots - 1, -1, -1)), {}
+        steps = syncs = 0
+        # The loop never wants dynamo: blocks compiled for training would recompile for the decode shapes.
+        with _decoding(self.model), reading(state.cache), torch.no_grad(), torch.compiler.set_stance("force_eager"):
+            while waiting or live:
+                admitted = []
+                while waiting and len(free) >= spec.n:
+                    p = waiting.popleft()
+                    admitted.append((p, [free.pop() for _ in range(spec.n)]))
+                if admitted:
+                    self._prefill(state, [prompts[p] for p, _ in admitted], admitted, spec, law)
+                    for p, slots in admitted:
+                        live.update({slot: (p, s) for s, slot in enumerate(slots)})
+                rows = sorted(live)
+                for _ in range(self.cfg.sync_every):
+                    self._step(state, rows, law)
+                    steps += 1
+                syncs += 1
+                for slot, done in zip(rows, state.active[rows].tolist()):
+                    if not done:
+                        p, s = live.pop(slot)
+                        out[(p, s)] = state.harvest(slot, p, s, stops, spec.max_new_tokens)
+                        free.append(slot)
+        self.last_call = {"decode_steps": steps, "host_syncs": syncs, "rows": len(out)}
+        return [out[(p, s)] for p in range(len(prompts)) for s in range(spec.n)]
+
+    def _check(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> None:
+        vocab = self.model.get_input_embeddings().num_embeddings
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ConfigError(f"prompts[{i}]", "is empty: a prompt needs at least one token")
+            bad = [t for t in p if not 0 <= int(t) < vocab]
+            if bad:
+                raise ConfigError(f"prompts[{i}]", f"holds token ids outside [0, {vocab})", bad[:5])
+        if spec.n > self.num_slots:
+            raise ConfigError("generation.batch_size", f"the align engine admits a prompt's {spec.n} samples "
+                              f"together: batch_size (its slots) must be >= sampling.n", self.num_slots)
+
+    # --------------------------------------------------------------------------------- the forwards
+
+    def _prefill(self, state: "_State", prompts, admitted, spec: SamplingSpec, law: Law) -> None:
+        multiple = self.cfg.pad_to_multiple_of
+        width = -(-max(len(p) for p in prompts) // multiple) * multiple
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        pad = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        fanout = torch.tensor([slots for _, slots in admitted], dtype=torch.long)
+        keys = torch.tensor([[derive_seed(spec.seed, p, s) for s in range(spec.n)] for p, _ in admitted])
+        ids, pad, fanout, keys = (t.to(self.device) for t in (ids, pad, fanout, keys))
+        positions = (torch.arange(width, device=self.device)[None, :] - pad[:, None]).clamp(min=0)
+        state.cache.rows = StepRows(slots=fanout[:, 0], positions=positions, prefill=True, pad=pad, fanout=fanout)
+        logits = self.model(input_ids=ids, position_ids=positions, cache=state.cache, use_cache=True,
+                            logits_to_keep=1).logits[:, -1].float()
+        state.start(fanout.flatten(), keys.flatten(), logits.repeat_interleave(spec.n, 0), width - pad, law)
+
+    def _step(self, state: "_State", rows: list[int], law: Law) -> None:
+        bucket = _bucket(len(rows), self.num_slots)
+        state.rows[bucket][: len(rows)].copy_(torch.tensor(rows), non_blocking=True)
+        state.rows[bucket][len(rows):].fill_(state.scratch)
+        if not self.graphs:
+            return state.decode(self.model, bucket, law)
+        graph = self._graph(state, bucket, law)
+        if graph is None:
+            return state.decode(self.model, bucket, law)
+        graph.replay()
+
+    def _graph(self, state: "_State", bucket: int, law: Law):
+        key = (id(state), bucket, law, state.stops.numel())
+        if key in self._graphs:
+            return self._graphs[key]
+        if self.graph_failure is not None:
+            return None
+        saved = state.rows[bucket].clone()
+        state.rows[bucket].fill_(state.scratch)  # capture on the spare slot: live rows do not advance
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    state.decode(self.model, bucket, law)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                state.decode(self.model, bucket, law)
+            self._pool = graph.pool()
+        except Exception as exc:  # recorded in describe(); the call goes on eager
+            self.graph_failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            graph = None
+        state.rows[bucket].copy_(saved)
+        self._graphs[key] = graph
+        return graph
+
+    def _state_for(self, max_len: int, max_new: int) -> "_State":
+        if self._state is not None and self._state.fits(max_len, max_new):
+            return self._state
+        self._graphs.clear()
+        self._state = None
+        self._state = _State(self.model, self.num_slots, _round_up(max_len, 64), _round_up(max_new, 64), self.device)
+        return self._state
+
+    # -------------------------------------------------------------------------------- provenance
+
+    def describe(self) -> dict[str, Any]:
+        from align.generation.slot_attention import _triton_ok
+
+        state = self._state
+        dtype = next(self.model.parameters()).dtype
+        kernel = "triton, live keys only" if self.device.type == "cuda" else "sdpa over gathered rows (reference)"
+        if state is not None and self.device.type == "cuda":
+            probe = torch.empty(1, 1, 1, 128, dtype=dtype, device=self.device)
+            kernel = kernel if _triton_ok(probe, next(iter(state.cache.keys.values()))) else "sdpa over gathered rows"
+        return {
+            "backend": self.backend.value,
+            **getattr(self, "resolution", _DIRECT),
+            "entry": "align decode loop (align.generation.align_engine) on the model's own modules",
+            "mode_requested": self.cfg.mode.value,
+            "mode": self.mode.value,
+            "cache_implementation": "slots",
+            "slots": self.num_slots,
+            "cache_positions": None if state is None else state.cache.max_len,
+            "cache_bytes": None if state is None else state.cache.nbytes,
+            "decode_attention": kernel,
+            "cuda_graphs": self.graphs and self.graph_failure is None,
+            "cuda_graph_failure": self.graph_failure,
+            "sync_every": self.cfg.sync_every,
+            "device": str(self.device),
+            "dtype": str(dtype).removeprefix("torch."),
+            "attn_implementation": f"{ALIGN_SLOTS} (prefill: sdpa with align's mask)",
+            "weights": "shared with the training model (no sync)" if self.shares_weights else "copy (sync_from)",
+            "batch_size": self.cfg.batch_size,
+            "pad_to_multiple_of": self.cfg.pad_to_multiple_of,
+            "lockstep": self.cfg.lockstep,
+            "pad_token_id": self.pad_token_id,
+            "eos_token_ids": list(self.eos_token_ids),
+            "logprobs": "log_softmax(logits / temperature) at the token; temperature 1 when greedy",
+            "sampler_logprobs": "log-prob after temperature and top-k/top-p truncation, renormalised; 0 when greedy",
+            "rng": "per row: inverse CDF of a hash of (derive_seed(seed, prompt, sample), step)",
+            "last_call": dict(self.last_call),
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        }
+
+
+class _State:
+    """The device tensors of the decode loop: the cache, per-slot rows state, the outputs, and the
+    per-bucket row lists a captured step reads. Slot `num_slots` is a spare that fills short buckets."""
+
+    def __init__(self, model, num_slots: int, max_len: int, max_new: int, device: torch.device) -> None:
+        dtype = next(model.parameters()).dtype
+        self.cache = SlotCache(num_slots + 1, max_len, _kv_shapes(model), layer_geometry(model.config), dtype, device)
+        self.max_new = max_new
+        self.scratch = num_slots
+        slots = num_slots + 1
+        long = dict(dtype=torch.long, device=device)
+        self.last = torch.zeros(slots, **long)
+        self.position = torch.zeros(slots, **long)
+        self.count = torch.zeros(slots, **long)
+        self.keys = torch.zeros(slots, **long)
+        self.active = torch.zeros(slots, dtype=torch.bool, device=device)
+        self.tokens = torch.zeros(slots, max_new + 1, **long)  # the last column takes idle rows' writes
+        self.logprobs = torch.zeros(slots, max_new + 1, dtype=torch.float32, device=device)
+        self.sampler = torch.zeros_like(self.logprobs)
+        self.limit = torch.zeros((), **long)
+        self.temperature = torch.ones((), dtype=torch.float32, device=device)
+        self.top_k = torch.zeros(1, **long)
+        self.top_p = torch.ones((), dtype=torch.float32, device=device)
+        self.stops = torch.zeros(0, **long)
+        self.rows = {b: torch.full((b,), self.scratch, **long) for b in _buckets(num_slots)}
+
+    def fits(self, max_len: int, max_new: int) -> bool:
+        return max_len <= self.cache.max_len and max_new <= self.max_new
+
+    def set_call(self, spec: SamplingSpec, stops: tuple[int, ...]) -> None:
+        self.limit.fill_(spec.max_new_tokens)
+        self.temperature.fill_(spec.temperature if spec.temperature > 0 else 1.0)
+        vocab = None if spec.top_k == 0 else spec.top_k
+        self.top_k.fill_(0 if vocab is None else vocab)
+        self.top_p.fill_(spec.top_p)
+        if self.stops.numel() != len(stops) or self.stops.tolist() != list(stops):
+            self.stops = torch.tensor(list(stops), dtype=torch.long, device=self.active.device)
+        self.active.zero_()
+
+    def _draw(self, logits, keys, steps, law):
+        top_k = self.top_k.clamp(max=logits.shape[-1])
+        return device_sampling.sample(logits, keys, steps, law, self.temperature, top_k, self.top_p)
+
+    def start(self, slots, keys, logits, lengths, law: Law) -> None:
+        """First token of freshly prefilled rows: `slots` (rows,), their `keys`, prompt `logits`, prompt `lengths`."""
+        self.keys[slots] = keys
+        token, lp, sp = self._draw(logits, keys, torch.zeros_like(keys), law)
+        self.tokens[slots, 0], self.logprobs[slots, 0], self.sampler[slots, 0] = token, lp, sp
+        n = slots.numel() // lengths.numel()
+        self.last[slots] = token
+        self.position[slots] = lengths.repeat_interleave(n)
+        self.count[slots] = 1
+        self.active[slots] = ~(torch.isin(token, self.stops) | (self.limit <= 1))
+
+    def decode(self, model, bucket: int, law: Law) -> None:
+        """One decode step for the rows of `self.rows[bucket]` (capturable: no host sync)."""
+        rows = self.rows[bucket]
+        token_in, pos = self.last[rows], self.position[rows]
+        self.cache.rows = StepRows(slots=rows, positions=pos, prefill=False)
+        logits = model(input_ids=token_in[:, None], position_ids=pos[:, None], cache=self.cache, use_cache=True,
+                       logits_to_keep=1).logits[:, -1].float()
+        t, act = self.count[rows], self.active[rows]
+        token, lp, sp = self._draw(logits, self.keys[rows], t, law)
+        col = torch.where(act, t, self.max_new)
+        self.tokens[rows, col], self.logprobs[rows, col], self.sampler[rows, col] = token, lp, sp
+        stop = torch.isin(token, self.stops) | (t + 1 >= self.limit)
+        self.last[rows] = torch.where(act, token, token_in)
+        self.position[rows] = torch.where(act, pos + 1, pos)
+        self.count[rows] = torch.where(act, t + 1, t)
+        self.active[rows] = act & ~stop
+
+    def harvest(self, slot: int, p: int, s: int, stops: tuple[int, ...], max_new: int) -> Completion:
+        n = int(self.count[slot])
+        tokens = tuple(self.tokens[slot, :n].tolist())
+        reason = FinishReason.stop if tokens and tokens[-1] in stops else FinishReason.length
+        if reason is FinishReason.length and n != max_new:
+            raise RuntimeError(f"a row ended after {n} of {max_new} tokens without a stop token")
+        return Completion(p, s, tokens, tuple(self.logprobs[slot, :n].tolist()),
+                          tuple(self.sampler[slot, :n].tolist()), reason)
+
+
+def unsupported(model: torch.nn.Module) -> Optional[str]:
+    """Why align's engine cannot run `model` (None: it can): its cache addresses each attention layer
+    through the layer's `k_proj` and `layer_idx`."""
+    try:
+        _kv_shapes(model)
+    except ConfigError:
+        return f"{type(model).__name__} has no attention layers with a k_proj and a layer_idx"
+    return None
+
+
+def _kv_shapes(model) -> dict[int, tuple[int, int]]:
+    """(kv_heads, head_dim) of every decoder layer that writes keys (has a k_proj), by its layer index."""
+    shapes = {}
+    for module in model.modules():
+        if hasattr(module, "layer_idx") and getattr(module, "k_proj", None) is not None and hasattr(module, "head_dim"):
+            shapes[module.layer_idx] = (module.k_proj.out_features // module.head_dim, module.head_dim)
+    if not shapes:
+        raise ConfigError("generation.backend", f"the align engine found no attention layers with k_proj in "
+                          f"{type(model).__name__}; generate with backend=hf")
+    return shapes
+
+
+def _buckets(num_slots: int) -> list[int]:
+    sizes, b = [], 8
+    while b < num_slots:
+        sizes.append(b)
+        b *= 2
+    return sizes + [num_slots]
+
+
+def _bucket(rows: int, num_slots: int) -> int:
+    return next(b for b in _buckets(num_slots) if b >= rows)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@contextlib.contextmanager
+def _decoding(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode and align's attention function on every config the model's modules read; both restored."""
+    configs = {id(m.config): m.config for m in model.modules()
+               if hasattr(getattr(m, "config", None), "_attn_implementation")}
+    saved = {k: c._attn_implementation for k, c in configs.items()}
+    was_training = model.training
+    model.eval()
+    for c in configs.values():
+        c._attn_implementation = ALIGN_SLOTS
+    try:
+        yield
+    finally:
+        for k, c in configs.items():
+            c._attn_implementation = saved[k]
+        model.train(was_training)

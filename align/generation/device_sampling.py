@@ -1,0 +1,82 @@
+"""Sampling on the device, one token per row, with no host round trip and no global RNG state.
+
+Each row draws from its own stream: the uniform it inverts at step `t` is a hash of the row's key (a
+63-bit seed derived from the call's seed, the prompt's index and the sample's index) and `t`. A row's
+draws therefore depend on nothing else in the batch, which slot it occupies or when it was admitted,
+and a decode step captured in a CUDA graph replays them without touching torch's generators.
+
+A token is drawn by inverting the cumulative distribution (the first token whose cumulative probability
+reaches `u` times the total), the same law as `torch.multinomial`. Truncation follows transformers'
+warpers in the order align/generation/hf.py applies them: temperature, then top-k (keep every token at
+least as probable as the k-th), then top-p over the renormalised top-k distribution (keep a token when
+the tokens more probable than it hold less than `top_p`; the most probable always stays).
+
+Returned per row: the token, `logprobs` (log softmax(logits / T) at the token) and `sampler_logprobs`
+(its log-prob under the truncated distribution drawn from; 0 when greedy), as align/generation/engine.py
+defines them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (values kept below 2^32 in int64: no product overflows)."""
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & _M32
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & _M32
+    return x ^ (x >> 16)
+
+
+def uniforms(keys: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """(rows,) float32 in (0, 1): row `keys[b]`'s draw at step `steps[b]`."""
+    h = _mix((keys & _M32) ^ _mix(((keys >> 32) & _M32) ^ _mix(steps & _M32)))
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+@dataclass(frozen=True)
+class Law:
+    """Which branch of the sampler runs (each a separate captured graph); the values travel as tensors."""
+
+    greedy: bool
+    truncated: bool
+
+
+def sample(logits: torch.Tensor, keys: torch.Tensor, steps: torch.Tensor, law: Law, temperature: torch.Tensor,
+           top_k: torch.Tensor, top_p: torch.Tensor):
+    """(token, logprob, sampler_logprob), each (rows,), from float32 `logits` (rows, vocab)."""
+    if law.greedy:
+        token = logits.argmax(-1)
+        lp = logits.gather(-1, token[:, None])[:, 0] - logits.logsumexp(-1)
+        return token, lp, torch.zeros_like(lp)
+    tempered = logits / temperature
+    lse = tempered.logsumexp(-1)
+    u = uniforms(keys, steps)
+    if not law.truncated:
+        cdf = torch.softmax(tempered, -1).cumsum(-1)
+        token = _invert(cdf, u)
+        lp = tempered.gather(-1, token[:, None])[:, 0] - lse
+        return token, lp, lp
+    ordered, order = tempered.sort(-1, descending=True)
+    rank = torch.arange(ordered.shape[-1], device=ordered.device)[None, :]
+    kth = ordered.gather(-1, (torch.where(top_k > 0, top_k, ordered.shape[-1]) - 1).expand(ordered.shape[0], 1))
+    kept = ordered >= kth
+    probs = torch.softmax(ordered.masked_fill(~kept, float("-inf")), -1)
+    before = probs.cumsum(-1) - probs
+    kept = kept & ((before < top_p) | (rank == 0))
+    truncated = ordered.masked_fill(~kept, float("-inf"))
+    cdf = torch.softmax(truncated, -1).cumsum(-1)
+    at = _invert(cdf, u)
+    token = order.gather(-1, at[:, None])[:, 0]
+    lp = tempered.gather(-1, token[:, None])[:, 0] - lse
+    sp = truncated.gather(-1, at[:, None])[:, 0] - truncated.logsumexp(-1)
+    return token, lp, sp
+
+
+def _invert(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    below = (cdf < (u * cdf[:, -1])[:, None]).sum(-1)
+    return below.clamp(max=cdf.shape[-1] - 1)
