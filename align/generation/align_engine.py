@@ -31,6 +31,7 @@ from align.errors import ConfigError
 from align.generation import device_sampling
 from align.generation.device_sampling import Law
 from align.generation.engine import (
+    SLOT_POSITIONS_MULTIPLE,
     Backend,
     Completion,
     EngineConfig,
@@ -179,7 +180,8 @@ class AlignEngine(ModelWeights):
             return self._state
         self._graphs.clear()
         self._state = None
-        self._state = _State(self.model, self.num_slots, _round_up(max_len, 64), _round_up(max_new, 64), self.device)
+        self._state = _State(self.model, self.num_slots, _round_up(max_len, SLOT_POSITIONS_MULTIPLE),
+                             _round_up(max_new, SLOT_POSITIONS_MULTIPLE), self.device)
         return self._state
 
     # -------------------------------------------------------------------------------- provenance

@@ -170,6 +170,20 @@ def resolve_mode(mode: GenerateMode, device_type: str) -> GenerateMode:
     return mode
 
 
+SLOT_POSITIONS_MULTIPLE = 64
+"""align's engine sizes its cache to the call's longest prompt plus its new tokens, rounded up to this
+(so calls of similar lengths reuse one cache and its captured graphs)."""
+
+
+def kv_positions(backend: Backend, rows: int, prompt_tokens: int, new_tokens: int, pad_to_multiple_of: int) -> int:
+    """Positions (over all rows) the KV cache of one call holds: hf's static cache is `rows` rows of the
+    prompt width left-padded to `pad_to_multiple_of` plus the new tokens; align's is `rows` slots and a
+    spare of the prompt plus new tokens rounded up to `SLOT_POSITIONS_MULTIPLE`. auto: the larger."""
+    hf = rows * (-(-prompt_tokens // pad_to_multiple_of) * pad_to_multiple_of + new_tokens)
+    align = (rows + 1) * (-(-(prompt_tokens + new_tokens) // SLOT_POSITIONS_MULTIPLE) * SLOT_POSITIONS_MULTIPLE)
+    return {Backend.hf: hf, Backend.align: align}.get(backend, max(hf, align))
+
+
 def resolve_backend(cfg: EngineConfig) -> tuple[Backend, str]:
     """The backend `cfg` resolves to before a model is seen, and why. auto is align's own engine unless
     the weights are sharded (lockstep: every decode step is a collective that all ranks must enter

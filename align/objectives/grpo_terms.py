@@ -45,10 +45,10 @@ class GRPOTerms(PlanTerms):
 
     def kv_cache(self, cfg: Any, device_type: str, rows: Optional[int], prompt_tokens: Optional[int]
                  ) -> tuple[int, Optional[int]]:
-        """`rows` (default `generation_rows`) x `kv_cache_tokens`, in the generation copy's dtype."""
+        """`kv_cache_tokens` of `rows` rows (default `generation_rows`), in the generation copy's dtype."""
         dtype = resolve_generation_dtype(cfg, device_type)[0]
         rows = generation_rows(cfg) if rows is None else rows
-        return rows * kv_cache_tokens(cfg, prompt_tokens), COPY_BYTES.get(dtype)
+        return kv_cache_tokens(cfg, rows, prompt_tokens), COPY_BYTES.get(dtype)
 
     def levers(self, cfg: Any, budget: bool) -> list[Lever]:
         """What cuts a rollout's micro-batches and its generation: `sampler.micro_batch_size` and

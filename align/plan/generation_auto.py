@@ -81,14 +81,16 @@ def rollout_width(cfg: Any, prompt_tokens: Optional[int] = None) -> int:
     return min(cfg.data.max_seq_len, prompt_tokens + cfg.objective.max_new_tokens)
 
 
-def kv_cache_tokens(cfg: Any, prompt_tokens: Optional[int] = None) -> int:
-    """Positions an engine call's KV cache holds per row: the longest prompt (`rollout_width` less the
-    new tokens) left-padded to the engine's multiple, plus `max_new_tokens` (the static cache's length;
-    the dynamic cache grows to at most this)."""
-    from align.generation.engine import EngineConfig
+def kv_cache_tokens(cfg: Any, rows: int, prompt_tokens: Optional[int] = None) -> int:
+    """Positions an engine call of `rows` rows holds in its KV cache, over all rows, in the layout of
+    the backend `objective.generation_backend` names (auto: the larger of align's and hf's,
+    align/generation/engine.py `kv_positions`): the longest prompt (`rollout_width` less the new tokens)
+    plus `max_new_tokens` per row (the dynamic cache grows to at most hf's)."""
+    from align.generation.engine import EngineConfig, kv_positions
 
-    mult, new = EngineConfig().pad_to_multiple_of, cfg.objective.max_new_tokens
-    return -(-(rollout_width(cfg, prompt_tokens) - new) // mult) * mult + new
+    new = cfg.objective.max_new_tokens
+    return kv_positions(cfg.objective.generation_backend, rows, rollout_width(cfg, prompt_tokens) - new, new,
+                        EngineConfig().pad_to_multiple_of)
 
 
 def generation_rows(cfg: Any) -> int:

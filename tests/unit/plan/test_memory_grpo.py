@@ -5,6 +5,7 @@ never one it does not read."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from align.config import to_typed
 from align.errors import ConfigError
+from align.generation import Backend
 from align.plan import memory
 from align.plan.budget_auto import plan_sizes
 from align.plan.generation_auto import kv_cache_tokens
@@ -46,7 +48,13 @@ def test_a_grpo_rollout_is_estimated_at_its_longest_prompt_plus_the_new_tokens(c
     assert prompt_tokens == longest < 64 < cfg.data.max_seq_len == 1024
     rows = cfg.objective.prompts_per_rollout * cfg.objective.group_size  # one micro-batch (grad_accum 1)
     assert est.tokens_per_micro_batch == rows * _ceil(width, cfg.sampler.pad_to_multiple_of)
-    assert kv_cache_tokens(planned, prompt_tokens) == _ceil(longest, 8) + cfg.objective.max_new_tokens
+    new = cfg.objective.max_new_tokens
+    hf, align = rows * (_ceil(longest, 8) + new), (rows + 1) * _ceil(longest + new, 64)
+    assert kv_cache_tokens(planned, rows, prompt_tokens) == max(hf, align)  # auto: either engine may run
+    for backend, want in ((Backend.hf, hf), (Backend.align, align)):
+        objective = dataclasses.replace(planned.objective, generation_backend=backend)
+        chosen = dataclasses.replace(planned, objective=objective)
+        assert kv_cache_tokens(chosen, rows, prompt_tokens) == want
     bound = memory.estimate_memory(planned, CPU)  # the config alone: every sequence data.max_seq_len wide
     assert bound.tokens_per_micro_batch == rows * 1024 and est.total * 4 < bound.total
     record = plan_sizes(cfg, CPU)[1]["rollout_width"]  # the manifest's model.extra.rollout_width
@@ -101,3 +109,15 @@ def test_every_key_a_refusal_names_lowers_the_estimate_and_is_read_by_the_compos
         assert plan(to_typed(compose([*base, setting])), CPU).estimate.total < job.estimate.total, setting
     keys = {lever.split("=")[0] for lever in found}
     assert named <= keys and not keys & not_named, keys
+
+
+def test_the_align_engine_allocates_the_positions_the_plan_counts(tiny_model):
+    """The plan's count (align/generation/engine.py `kv_positions`) is the cache align's engine builds."""
+    from align.generation import EngineConfig, SamplingSpec, build_engine
+    from align.generation.engine import kv_positions
+
+    engine = build_engine(EngineConfig(backend=Backend.align, batch_size=3), tiny_model(), pad_token_id=0,
+                          eos_token_ids=(2,))
+    engine.generate([[5, 6, 7], [8] * 41], SamplingSpec(max_new_tokens=30, temperature=0, stop_token_ids=()))
+    cache = engine._state.cache
+    assert cache.num_slots * cache.max_len == kv_positions(Backend.align, 3, 41, 30, 8)
