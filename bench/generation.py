@@ -48,9 +48,9 @@ BASELINE = "plain_dynamic"
 GSM8K_TEST = ROOT / "align" / "data" / "assets" / "gsm8k" / "test.jsonl"
 
 
-def bench_config(tiny: bool):
+def bench_config(tiny: bool, experiment: str = EXPERIMENT):
     """The experiment's typed config with bf16 weights created on the device (tiny: its CPU preset)."""
-    base = [f"experiment={EXPERIMENT}", "model.dtype=bfloat16", "model.init_on_device=true"]
+    base = [f"experiment={experiment}", "model.dtype=bfloat16", "model.init_on_device=true"]
     typed = compose_typed(base)
     return compose_typed([*base, *tiny_overrides(typed)]) if tiny else typed
 
@@ -199,6 +199,7 @@ def table(results: list[dict[str, Any]], setup: dict[str, Any]) -> str:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, in order (of {', '.join(ARMS)})")
+    ap.add_argument("--experiment", default=EXPERIMENT, help="the model's experiment (bench/base_moe: OLMoE-1B-7B)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -229,7 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from align.data.tokenizer import load_tokenizer
     from align.models import build_model
 
-    typed = bench_config(a.tiny)
+    typed = bench_config(a.tiny, a.experiment)
     device = torch.device("cuda" if torch.cuda.is_available() and not a.tiny else "cpu")
     tok = load_tokenizer(typed.model)
     torch.manual_seed(typed.trainer.seed)
@@ -240,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              "max_new_tokens": a.new_tokens,
              "warmup": a.warmup, "calls": a.calls, "device": torch.cuda.get_device_name() if device.type == "cuda"
              else "cpu", "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-             "experiment": EXPERIMENT, "torch": torch.__version__}
+             "experiment": a.experiment, "torch": torch.__version__}
     results = []
     for name in a.arms:
         if name in CUDA_ONLY and device.type != "cuda":
