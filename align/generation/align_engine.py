@@ -96,8 +96,9 @@ class AlignEngine(ModelWeights):
                     for p, slots in admitted:
                         live.update({slot: (p, s) for s, slot in enumerate(slots)})
                 rows = sorted(live)
+                bucket = self._set_rows(state, rows)
                 for _ in range(self.cfg.sync_every):
-                    self._step(state, rows, law)
+                    self._step(state, bucket, law)
                     steps += 1
                 syncs += 1
                 for slot, done in zip(rows, state.active[rows].tolist()):
@@ -138,10 +139,13 @@ class AlignEngine(ModelWeights):
                             logits_to_keep=1).logits[:, -1].float()
         state.start(fanout.flatten(), keys.flatten(), logits.repeat_interleave(spec.n, 0), width - pad, law)
 
-    def _step(self, state: "_State", rows: list[int], law: Law) -> None:
+    def _set_rows(self, state: "_State", rows: list[int]) -> int:
+        """Put the live slots in the smallest bucket that holds them (the spare fills the rest)."""
         bucket = _bucket(len(rows), self.num_slots)
-        state.rows[bucket][: len(rows)].copy_(torch.tensor(rows), non_blocking=True)
-        state.rows[bucket][len(rows):].fill_(state.scratch)
+        state.rows[bucket].copy_(torch.tensor(rows + [state.scratch] * (bucket - len(rows))))
+        return bucket
+
+    def _step(self, state: "_State", bucket: int, law: Law) -> None:
         if not self.graphs:
             return state.decode(self.model, bucket, law)
         graph = self._graph(state, bucket, law)

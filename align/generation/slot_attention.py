@@ -89,7 +89,8 @@ def decode_reference(query, k_buf, v_buf, slots, lengths, scaling):
 
 def _triton_ok(query: torch.Tensor, k_buf: torch.Tensor) -> bool:
     head_dim = query.shape[-1]
-    return (_kernel() is not None and head_dim >= 16 and head_dim & (head_dim - 1) == 0
+    # float32 engines (exact copies) take the reference: tl.dot would round them to tf32.
+    return (query.dtype in (torch.bfloat16, torch.float16) and _kernel() is not None and head_dim >= 16 and head_dim & (head_dim - 1) == 0
             and query.dtype == k_buf.dtype and query.shape[1] % k_buf.shape[1] == 0)
 
 
