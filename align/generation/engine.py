@@ -150,6 +150,12 @@ class EngineConfig:
     collective. Every rank must then make the same number of backend calls."""
 
     def __post_init__(self) -> None:
+        for key, kind in (("backend", Backend), ("mode", GenerateMode)):
+            try:
+                setattr(self, key, kind(getattr(self, key)))
+            except ValueError:
+                raise ConfigError(f"generation.{key}", f"accepted: {', '.join(k.value for k in kind)}",
+                                  getattr(self, key)) from None
         if self.batch_size < 1:
             raise ConfigError("generation.batch_size", "must be >= 1", self.batch_size)
         if self.sync_every < 1:
