@@ -148,7 +148,7 @@ def _kernel():
             n = start + tl.arange(0, BLOCK_N)
             live = n < length
             k = tl.load(k_base + n[:, None] * s_kn + d[None, :], mask=live[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale
+            s = (tl.dot(q, tl.trans(k)) * scale).to(tl.float32)  # scale may arrive as fp64 under torch.compile
             s = tl.where(live[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])
