@@ -252,7 +252,7 @@ class _State:
         self.limit = torch.zeros((), **long)
         self.temperature = torch.ones((), dtype=torch.float32, device=device)
         self.top_k = torch.zeros(1, **long)
-        self.top_p = torch.ones((), dtype=torch.float32, device=device)
+        self.top_p = torch.ones((), dtype=torch.float64, device=device)  # 1 - top_p as the warper rounds it
         self.stops = torch.zeros(0, **long)
         self.rows = {b: torch.full((b,), self.scratch, **long) for b in _buckets(num_slots)}
 

@@ -8,8 +8,10 @@ and a decode step captured in a CUDA graph replays them without touching torch's
 A token is drawn by inverting the cumulative distribution (the first token whose cumulative probability
 reaches `u` times the total), the same law as `torch.multinomial`. Truncation follows transformers'
 warpers in the order align/generation/hf.py applies them: temperature, then top-k (keep every token at
-least as probable as the k-th), then top-p over the renormalised top-k distribution (keep a token when
-the tokens more probable than it hold less than `top_p`; the most probable always stays).
+least as probable as the k-th), then top-p over the renormalised top-k distribution (in ascending order,
+drop a token while the mass up to and including it is at most `1 - top_p`; the most probable always
+stays), tied tokens sorted by the same `sort` call as TopPLogitsWarper's, so a cut through a tie keeps
+the tokens the warper keeps.
 
 Returned per row: the token, `logprobs` (log softmax(logits / T) at the token) and `sampler_logprobs`
 (its log-prob under the truncated distribution drawn from; 0 when greedy), as align/generation/engine.py
@@ -48,7 +50,8 @@ class Law:
 
 def sample(logits: torch.Tensor, keys: torch.Tensor, steps: torch.Tensor, law: Law, temperature: torch.Tensor,
            top_k: torch.Tensor, top_p: torch.Tensor):
-    """(token, logprob, sampler_logprob), each (rows,), from float32 `logits` (rows, vocab)."""
+    """(token, logprob, sampler_logprob), each (rows,), from float32 `logits` (rows, vocab). `top_p` is a
+    float64 0-dim tensor: `1 - top_p` then rounds to float32 as TopPLogitsWarper's Python float does."""
     if law.greedy:
         token = logits.argmax(-1)
         lp = logits.gather(-1, token[:, None])[:, 0] - logits.logsumexp(-1)
@@ -61,13 +64,15 @@ def sample(logits: torch.Tensor, keys: torch.Tensor, steps: torch.Tensor, law: L
         token = _invert(cdf, u)
         lp = tempered.gather(-1, token[:, None])[:, 0] - lse
         return token, lp, lp
-    ordered, order = tempered.sort(-1, descending=True)
-    rank = torch.arange(ordered.shape[-1], device=ordered.device)[None, :]
-    kth = ordered.gather(-1, (torch.where(top_k > 0, top_k, ordered.shape[-1]) - 1).expand(ordered.shape[0], 1))
-    kept = ordered >= kth
-    probs = torch.softmax(ordered.masked_fill(~kept, float("-inf")), -1)
-    before = probs.cumsum(-1) - probs
-    kept = kept & ((before < top_p) | (rank == 0))
+    # Ascending, as TopPLogitsWarper sorts: where top-p cuts through tied tokens, the same ones stay.
+    ascending, order = tempered.sort(-1)
+    vocab = ascending.shape[-1]
+    rank = torch.arange(vocab, device=ascending.device)[None, :]
+    kth = ascending.gather(-1, (vocab - torch.where(top_k > 0, top_k, vocab)).expand(ascending.shape[0], 1))
+    kept = ascending >= kth
+    probs = torch.softmax(ascending.masked_fill(~kept, float("-inf")), -1)
+    kept = kept & ((probs.cumsum(-1) > 1 - top_p) | (top_p >= 1) | (rank == vocab - 1))
+    ordered, order, kept = ascending.flip(-1), order.flip(-1), kept.flip(-1)
     truncated = ordered.masked_fill(~kept, float("-inf"))
     cdf = torch.softmax(truncated, -1).cumsum(-1)
     at = _invert(cdf, u)
