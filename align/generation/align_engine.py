@@ -191,14 +191,9 @@ class AlignEngine(ModelWeights):
     # -------------------------------------------------------------------------------- provenance
 
     def describe(self) -> dict[str, Any]:
-        from align.generation.slot_attention import _triton_ok
-
         state = self._state
         dtype = next(self.model.parameters()).dtype
-        kernel = "triton, live keys only" if self.device.type == "cuda" else "sdpa over gathered rows (reference)"
-        if state is not None and self.device.type == "cuda":
-            probe = torch.empty(1, 1, 1, 128, dtype=dtype, device=self.device)
-            kernel = kernel if _triton_ok(probe, next(iter(state.cache.keys.values()))) else "sdpa over gathered rows"
+        kernel = None if state is None else " + ".join(sorted(state.cache.decode_paths)) or None
         return {
             "backend": self.backend.value,
             **getattr(self, "resolution", _DIRECT),

@@ -60,8 +60,7 @@ def sample(logits: torch.Tensor, keys: torch.Tensor, steps: torch.Tensor, law: L
     lse = tempered.logsumexp(-1)
     u = uniforms(keys, steps)
     if not law.truncated:
-        cdf = torch.softmax(tempered, -1).cumsum(-1)
-        token = _invert(cdf, u)
+        token = _draw(torch.exp(tempered - lse[:, None]), u)
         lp = tempered.gather(-1, token[:, None])[:, 0] - lse
         return token, lp, lp
     # Ascending, as TopPLogitsWarper sorts: where top-p cuts through tied tokens, the same ones stay.
@@ -74,14 +73,27 @@ def sample(logits: torch.Tensor, keys: torch.Tensor, steps: torch.Tensor, law: L
     kept = kept & ((probs.cumsum(-1) > 1 - top_p) | (top_p >= 1) | (rank == vocab - 1))
     ordered, order, kept = ascending.flip(-1), order.flip(-1), kept.flip(-1)
     truncated = ordered.masked_fill(~kept, float("-inf"))
-    cdf = torch.softmax(truncated, -1).cumsum(-1)
-    at = _invert(cdf, u)
+    at = _draw(torch.softmax(truncated, -1), u)
     token = order.gather(-1, at[:, None])[:, 0]
     lp = tempered.gather(-1, token[:, None])[:, 0] - lse
     sp = truncated.gather(-1, at[:, None])[:, 0] - truncated.logsumexp(-1)
     return token, lp, sp
 
 
-def _invert(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    below = (cdf < (u * cdf[:, -1])[:, None]).sum(-1)
-    return below.clamp(max=cdf.shape[-1] - 1)
+def _draw(weights: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """Per row, the first index whose cumulative weight reaches `u` times the row's total: the inverse CDF
+    in two levels (block sums, then one block), so no scan runs over the whole vocabulary; an index of
+    weight 0 is never returned."""
+    rows, vocab = weights.shape
+    blocks = -(-vocab // block)
+    padded = torch.nn.functional.pad(weights, (0, blocks * block - vocab)).view(rows, blocks, block)
+    totals = padded.sum(-1).cumsum(-1)
+    target = u * totals[:, -1]
+    # target < the total (u < 1), so this block exists and holds weight: its cumulative rises past the target
+    at = (totals < target[:, None]).sum(-1).clamp(max=blocks - 1)
+    before = torch.where(at > 0, totals.gather(-1, (at - 1).clamp(min=0)[:, None])[:, 0], torch.zeros_like(target))
+    inner = padded.gather(1, at[:, None, None].expand(rows, 1, block))[:, 0]
+    within = (inner.cumsum(-1) + before[:, None] < target[:, None]).sum(-1)
+    # the block's own sum may round below the target: its last token of weight then takes the draw
+    last = torch.where(inner > 0, torch.arange(block, device=weights.device), -1).amax(-1)
+    return at * block + torch.minimum(within, last)

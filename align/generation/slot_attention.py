@@ -49,12 +49,13 @@ def slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                    sliding_window: Optional[int] = None, **kwargs):
     if kwargs.get("softcap") is not None:
         raise ValueError("the align engine's attention has no logit soft-capping; generate with backend=hf")
-    rows = _active[-1].rows
+    cache = _active[-1]
+    rows = cache.rows
     if rows.prefill:
         out = _prefill(query, key, value, rows.pad, scaling, sliding_window)
     else:
         lengths = torch.clamp(rows.positions + 1, max=key.shape[2])
-        out = decode_attention(query, key, value, rows.slots, lengths, scaling)
+        out = decode_attention(query, key, value, rows.slots, lengths, scaling, cache.decode_paths)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -70,11 +71,14 @@ def _prefill(query, key, value, pad, scaling, window):
 
 
 def decode_attention(query: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
-                     lengths: torch.Tensor, scaling: Optional[float]) -> torch.Tensor:
+                     lengths: torch.Tensor, scaling: Optional[float], paths: Optional[set] = None) -> torch.Tensor:
     """(batch, heads, 1, head_dim) output of one query token per row over the first `lengths[b]` keys of
-    slot `slots[b]`."""
+    slot `slots[b]`; the path taken is added to `paths`."""
+    paths = set() if paths is None else paths
     if query.is_cuda and _triton_ok(query, k_buf):
+        paths.add("triton, live keys only")
         return _decode_triton(query, k_buf, v_buf, slots, lengths, scaling)
+    paths.add("sdpa over gathered rows")
     return decode_reference(query, k_buf, v_buf, slots, lengths, scaling)
 
 
@@ -90,8 +94,8 @@ def decode_reference(query, k_buf, v_buf, slots, lengths, scaling):
 def _triton_ok(query: torch.Tensor, k_buf: torch.Tensor) -> bool:
     head_dim = query.shape[-1]
     # float32 engines (exact copies) take the reference: tl.dot would round them to tf32.
-    return (query.dtype in (torch.bfloat16, torch.float16) and _kernel() is not None and head_dim >= 16 and head_dim & (head_dim - 1) == 0
-            and query.dtype == k_buf.dtype and query.shape[1] % k_buf.shape[1] == 0)
+    return (query.dtype in (torch.bfloat16, torch.float16) and _kernel() is not None and head_dim >= 16
+            and head_dim & (head_dim - 1) == 0 and query.dtype == k_buf.dtype and query.shape[1] % k_buf.shape[1] == 0)
 
 
 def _decode_triton(query, k_buf, v_buf, slots, lengths, scaling):

@@ -68,6 +68,8 @@ class SlotCache:
             self.keys[layer] = torch.zeros(num_slots, kv_heads, length, head_dim, dtype=dtype, device=device)
             self.values[layer] = torch.zeros_like(self.keys[layer])
         self.rows: Optional[StepRows] = None
+        self.decode_paths: set[str] = set()
+        """Which decode attention paths read this cache (align/generation/slot_attention.py)."""
 
     @property
     def nbytes(self) -> int:

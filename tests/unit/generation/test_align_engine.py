@@ -39,7 +39,8 @@ def align_engine(model, batch_size: int = 3, sync_every: int = 2, eos=(EOS,)) ->
 
 
 def hf_engine(model, eos=(EOS,)):
-    return build_engine(EngineConfig(mode=GenerateMode.dynamic), model, pad_token_id=0, eos_token_ids=eos)
+    return build_engine(EngineConfig(backend=Backend.hf, mode=GenerateMode.dynamic), model, pad_token_id=0,
+                        eos_token_ids=eos)
 
 
 def vocab_of(model) -> int:
@@ -285,11 +286,14 @@ def test_a_model_without_k_proj_is_refused_naming_the_backend():
     # Phi-3 fuses q, k and v into one `qkv_proj`: the slot cache cannot read its key shape.
     config = Phi3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                         num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=EOS)
-    eng = align_engine(Phi3ForCausalLM(config))
-    with pytest.raises(ConfigError, match=r"^generation\.backend: .*no attention layers with k_proj in "
-                                          r"Phi3ForCausalLM; generate with backend=hf$") as err:
-        eng.generate([[5, 6]], SamplingSpec(max_new_tokens=2, temperature=0))
+    model = Phi3ForCausalLM(config)
+    with pytest.raises(ConfigError, match=r"^generation\.backend: align's engine cannot run this model "
+                                          r"\(Phi3ForCausalLM has no attention layers with a k_proj") as err:
+        align_engine(model)
     assert "\n" not in str(err.value)
+    auto = build_engine(EngineConfig(), model, pad_token_id=0, eos_token_ids=(EOS,))  # auto falls back, and says so
+    assert auto.describe()["backend"] == "hf" and auto.describe()["backend_requested"] == "auto"
+    assert "no attention layers with a k_proj" in auto.describe()["backend_reason"]
 
 
 # ------------------------------------------------------------------------------------ the sampler
@@ -371,3 +375,12 @@ def test_top_k_and_top_p_keep_what_transformers_warpers_keep_ties_included(tiny_
         assert likely <= drawn <= kept, (row, logits[row].tolist(), drawn, kept)
         torch.testing.assert_close(sp[row], want[row, token[row]], atol=1e-5, rtol=0)
         torch.testing.assert_close(lp[row], logits[row].log_softmax(-1)[token[row]], atol=1e-5, rtol=0)
+
+
+def test_describe_names_the_decode_attention_that_ran(tiny_model):
+    eng = align_engine(tiny_model())
+    assert eng.describe()["decode_attention"] is None  # nothing decoded yet: nothing claimed
+    eng.generate(prompts(2), SamplingSpec(max_new_tokens=3, temperature=0, stop_token_ids=()))
+    d = eng.describe()
+    assert d["decode_attention"] == "sdpa over gathered rows" and d["cuda_graphs"] is False
+    assert d["last_call"]["rows"] == 2 and d["cache_bytes"] > 0
