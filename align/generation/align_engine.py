@@ -69,6 +69,8 @@ class AlignEngine(ModelWeights):
         self._graphs: dict[tuple, Any] = {}
         self._pool = None
         self.graph_failure: Optional[str] = None
+        self.compile_failure: Optional[str] = None
+        self._compiled: Optional[tuple] = None
         self.last_call: dict[str, Any] = {}
         register()
 
@@ -161,23 +163,47 @@ class AlignEngine(ModelWeights):
             return None
         saved = state.rows[bucket].clone()
         state.rows[bucket].fill_(state.scratch)  # capture on the spare slot: live rows do not advance
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    state.decode(self.model, bucket, law)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                state.decode(self.model, bucket, law)
-            self._pool = graph.pool()
-        except Exception as exc:  # recorded in describe(); the call goes on eager
-            self.graph_failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            graph = None
+        fn = self._step_fn(state, bucket)
+        graph = self._capture(state, fn, bucket, law)
+        if graph is None and fn is not state.decode:  # the compiled step failed: the eager step's graph
+            graph = self._capture(state, state.decode, bucket, law)
         state.rows[bucket].copy_(saved)
         self._graphs[key] = graph
         return graph
+
+    def _step_fn(self, state: "_State", bucket: int):
+        """The full bucket's step under torch.compile (inductor fuses the norms, rotary, activations and
+        sampling around the attention operator); smaller buckets, the tail of a call, run it eager."""
+        if bucket != self.num_slots or self.compile_failure is not None:
+            return state.decode
+        if self._compiled is None or self._compiled[0] is not state:
+            self._compiled = (state, torch.compile(state.decode, dynamic=False))
+        return self._compiled[1]
+
+    def _capture(self, state: "_State", fn, bucket: int, law: Law):
+        """A CUDA graph of one step of `fn`, warmed up on a side stream; None (and the failure recorded
+        in describe()) if it cannot be captured."""
+        compiled = fn is not state.decode
+        try:
+            with torch.compiler.set_stance("default"):
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        fn(self.model, bucket, law)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool):
+                    fn(self.model, bucket, law)
+            self._pool = graph.pool()
+            return graph
+        except Exception as exc:  # recorded in describe(); the call goes on without it
+            why = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            if compiled:
+                self.compile_failure = why
+            else:
+                self.graph_failure = why
+            return None
 
     def _state_for(self, max_len: int, max_new: int) -> "_State":
         if self._state is not None and self._state.fits(max_len, max_new):
@@ -207,6 +233,8 @@ class AlignEngine(ModelWeights):
             "decode_attention": kernel,
             "cuda_graphs": self.graphs and self.graph_failure is None,
             "cuda_graph_failure": self.graph_failure,
+            "compiled_step": self.graphs and self.graph_failure is None and self.compile_failure is None,
+            "compile_failure": self.compile_failure,
             "sync_every": self.cfg.sync_every,
             "device": str(self.device),
             "dtype": str(dtype).removeprefix("torch."),
