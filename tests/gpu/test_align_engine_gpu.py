@@ -48,7 +48,7 @@ def _engine(model, mode, slots=8):
     return build_engine(cfg, model, pad_token_id=0, eos_token_ids=(2,))
 
 
-@pytest.mark.parametrize("family", list(Family))
+@pytest.mark.parametrize("family", [f for f in Family if f is not Family.hf])
 def test_graphs_give_the_eager_greedy_tokens(family):
     model = _model(family)
     vocab = model.get_input_embeddings().num_embeddings
@@ -57,7 +57,9 @@ def test_graphs_give_the_eager_greedy_tokens(family):
     eager = _engine(model, GenerateMode.static).generate(ps, spec)
     graphed_engine = _engine(model, GenerateMode.compiled)
     graphed = graphed_engine.generate(ps, spec)
-    assert graphed_engine.describe()["cuda_graphs"], graphed_engine.graph_failure
+    d = graphed_engine.describe()
+    assert d["cuda_graphs"] and d["compiled_step"], (d["cuda_graph_failure"], d["compile_failure"])
+    assert d["decode_attention"] == "triton, live keys only"
     same = sum(a.token_ids == b.token_ids for a, b in zip(eager, graphed))
     assert same == len(ps)
 
