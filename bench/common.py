@@ -78,7 +78,7 @@ def tiny_overrides(typed) -> list[str]:
     the CPU: they drop the experiment's model-shape overrides (a null one stays: Hydra cannot delete a
     null), so the harness's code path runs but nothing is measured."""
     drop = [f"~model.overrides.{k}" for k, v in typed.model.overrides.items() if v is not None]
-    grpo = TINY_GRPO if typed.objective.kind.value == "grpo" else []
+    grpo = TINY_GRPO if typed.objective.kind == "grpo" else []
     return ["model.preset=tiny", *drop, "trainer.device=cpu", *grpo]
 
 

@@ -25,7 +25,7 @@ ROLLOUT_PHASES = ("time/generation_s", "time/sync_s", "time/scoring_s", "time/ol
 
 
 def is_grpo(typed) -> bool:
-    return typed is not None and typed.objective.kind.value == "grpo"
+    return typed is not None and typed.objective.kind == "grpo"
 
 
 def read_grpo_run(name: str, run_dir: Path, warmup: int, gpus: int) -> dict[str, Any]:

@@ -122,7 +122,7 @@ def align_overrides(arm: Arm, a: argparse.Namespace, out: Path) -> list[str]:
     own = _typed_or_die(arm, experiment)
     tiny = tiny_overrides(own) if a.tiny else []
     steps = [f"trainer.max_steps={a.steps}"] if a.steps is not None else []
-    if own.objective.kind.value == "grpo" and not own.data.path:  # GRPO's bundled prompts: nothing to write
+    if own.objective.kind == "grpo" and not own.data.path:  # GRPO's bundled prompts: nothing to write
         arm.data_file = ""
         return [*experiment, f"data.cache_dir={out / 'cache'}", "allow_dirty=true", *steps, *tiny, *artifacts(arm, a)]
     arm.data_file = Path(own.data.path or "").name

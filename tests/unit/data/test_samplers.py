@@ -150,7 +150,7 @@ def test_too_few_micro_batches_for_the_ranks_names_the_key_of_the_composed_sampl
 
     cfg = to_typed(compose(["logger=none", *overrides]))
     lengths = np.array([5, 7, 6])
-    if cfg.objective.kind.value == "grpo":  # the rollout's prompt batches: prompts_per_rollout prompts each
+    if cfg.objective.kind == "grpo":  # the rollout's prompt batches: prompts_per_rollout prompts each
         sampler = WholeBatchSampler(lengths, 2, seed=0, rank=0, world=2)
     else:
         sampler = build_sampler(dataclasses.replace(cfg.sampler, max_tokens=4096), lengths, seed=0, rank=0, world=2)
