@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from align.config.rules import AUTO, _require
 from align.errors import ConfigError
@@ -84,7 +84,11 @@ class ObjectiveConfig:
 
     kind: str = "sft"
     """The objective, chosen with `objective=<kind>` (each option composes its own schema): one of the
-    registered kinds (sft, dpo, grpo)."""
+    registered kinds (sft, dpo, grpo, kto)."""
+
+    reads_pairs: ClassVar[bool] = False
+    """The objective trains on a preference source (data=gsm8k_pairs or data=preference), not on chat
+    records: the root config checks the data against it, so no list names these objectives."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -119,6 +123,7 @@ class DPOConfig(ObjectiveConfig):
 
     kind: str = "dpo"
     """dpo: a preference loss (`loss`) on pairs of a chosen and a rejected completion."""
+    reads_pairs: ClassVar[bool] = True
     loss: str = "sigmoid"
     """sigmoid (DPO), ipo, hinge, robust, conservative (label-smoothed sigmoid), simpo and orpo (both
     reference-free); definitions in align/objectives/preference_losses.py."""
@@ -161,6 +166,12 @@ class DPOConfig(ObjectiveConfig):
         if self.gate_tolerance is not None:
             _require(math.isfinite(self.gate_tolerance) and self.gate_tolerance > 0, "objective.gate_tolerance",
                      "must be a finite number > 0", self.gate_tolerance)
+
+    def reference_free(self) -> bool:
+        """The loss reads no reference (align/objectives/reference.py resolves none for it)."""
+        from align.objectives.preference_spec import needs_reference
+
+        return not needs_reference(self.loss)
 
 
 @dataclass
