@@ -20,6 +20,7 @@ class KTOConfig(ObjectiveConfig):
     against a KL reference point estimated from mismatched prompt/completion pairs (TRL's loss_type
     kto; definitions in align/objectives/kto_loss.py)."""
     reads_pairs: ClassVar[bool] = True
+    reads_unpaired: ClassVar[bool] = True
     beta: float = 0.1
     """The loss's beta: the scale of the log-ratios inside the sigmoid."""
     desirable_weight: float = 1.0

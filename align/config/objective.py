@@ -89,6 +89,9 @@ class ObjectiveConfig:
     reads_pairs: ClassVar[bool] = False
     """The objective trains on a preference source (data=gsm8k_pairs or data=preference), not on chat
     records: the root config checks the data against it, so no list names these objectives."""
+    reads_unpaired: ClassVar[bool] = False
+    """The objective reads a preference source's records as unpaired examples (align/data/unpaired.py):
+    preflight parses them as it does, not as pairs."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
