@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 from align.config.objective import ObjectiveConfig, ReferenceDtype, ReferenceKind
 from align.config.rules import _require
@@ -19,8 +19,8 @@ class KTOConfig(ObjectiveConfig):
     """kto: each completion's log-ratio to the reference pushed up (desirable) or down (undesirable)
     against a KL reference point estimated from mismatched prompt/completion pairs (TRL's loss_type
     kto; definitions in align/objectives/kto_loss.py)."""
-    reads_pairs: ClassVar[bool] = True
-    reads_unpaired: ClassVar[bool] = True
+    reads_pairs = True
+    reads_unpaired = True
     beta: float = 0.1
     """The loss's beta: the scale of the log-ratios inside the sigmoid."""
     desirable_weight: float = 1.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 from align.config.rules import AUTO, _require
 from align.errors import ConfigError
@@ -86,10 +86,10 @@ class ObjectiveConfig:
     """The objective, chosen with `objective=<kind>` (each option composes its own schema): one of the
     registered kinds (sft, dpo, grpo, kto)."""
 
-    reads_pairs: ClassVar[bool] = False
+    reads_pairs = False
     """The objective trains on a preference source (data=gsm8k_pairs or data=preference), not on chat
     records: the root config checks the data against it, so no list names these objectives."""
-    reads_unpaired: ClassVar[bool] = False
+    reads_unpaired = False
     """The objective reads a preference source's records as unpaired examples (align/data/unpaired.py):
     preflight parses them as it does, not as pairs."""
 
@@ -126,7 +126,7 @@ class DPOConfig(ObjectiveConfig):
 
     kind: str = "dpo"
     """dpo: a preference loss (`loss`) on pairs of a chosen and a rejected completion."""
-    reads_pairs: ClassVar[bool] = True
+    reads_pairs = True
     loss: str = "sigmoid"
     """sigmoid (DPO), ipo, hinge, robust, conservative (label-smoothed sigmoid), simpo and orpo (both
     reference-free); definitions in align/objectives/preference_losses.py."""
