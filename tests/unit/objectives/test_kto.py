@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from align.errors import ConfigError
-from align.objectives.gate import GateError
+from align.objectives.gate import GateError, alone_sequence_logps
 from align.objectives.kto_loss import kl_reference_point, kto_loss
 from tests.unit.objectives.conftest import TINY_DPO, first_batch
 
@@ -102,6 +102,17 @@ def test_desirable_completions_rise_relative_to_undesirable_ones(tmp_path):
     assert t.fit() == 0
     after = margin(t)
     assert abs(before) < 1e-4 and after > 0.3, (before, after)
+
+    # The KL point the run computes is that of each example's KL sequence forwarded alone (gate.py's
+    # independent path), not of its completion: the two differ once the policy has moved.
+    obj, b = t.objective, first_batch(t)
+    obj.model.eval()
+    with torch.no_grad():
+        x = obj.logps(obj.forward, b)
+        alone = alone_sequence_logps(obj, [int(p) for p in b.pair_rows])
+    kl = obj.loss_of(x).kl.item()
+    assert kl == pytest.approx((alone[1::2] - x.reference_kl).mean().clamp(min=0).item(), abs=1e-4)
+    assert kl != pytest.approx((alone[0::2] - x.reference).mean().clamp(min=0).item(), abs=1e-3)
 
 
 def test_a_resume_on_other_labels_is_other_data_and_on_another_reference_is_refused(trainer, tmp_path, tokenizer):

@@ -25,8 +25,8 @@ def _accelerator() -> SimpleNamespace:
 
 
 class _Model(torch.nn.Module):
-    """Stands in for the fused-LM-head model KTOTrainer calls: the log-prob of token y at any position is
-    `table[y]`, zero where the label is ignored."""
+    """Stands in for the fused-LM-head model KTOTrainer calls: the log-prob of token y is `table[y]` at any
+    position, zero where the label is ignored."""
 
     is_gradient_checkpointing = False
 
@@ -36,6 +36,23 @@ class _Model(torch.nn.Module):
 
     def forward(self, input_ids, labels, **kwargs) -> SimpleNamespace:
         lp = self.table[input_ids[:, 1:]] * (labels[:, 1:] != -100)
+        return SimpleNamespace(log_probs=lp, entropy=torch.zeros_like(lp), mean_logits=torch.zeros_like(lp))
+
+
+class _LM(_Model):
+    """A language model of two tables: the logits after token x in a sequence whose prompt's sixth token
+    is p are `pairs[x] + prompts[p % 7]`, so a completion's log-prob depends on the prompt it follows."""
+
+    def __init__(self, pairs: torch.Tensor, prompts: torch.Tensor) -> None:
+        super().__init__(pairs)
+        self.prompts = prompts
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[input_ids] + self.prompts[input_ids[:, 5] % len(self.prompts)][:, None, :]
+
+    def forward(self, input_ids, labels, **kwargs) -> SimpleNamespace:
+        lp = torch.log_softmax(self.logits(input_ids)[:, :-1], -1).gather(2, input_ids[:, 1:, None])[..., 0]
+        lp = lp * (labels[:, 1:] != -100)
         return SimpleNamespace(log_probs=lp, entropy=torch.zeros_like(lp), mean_logits=torch.zeros_like(lp))
 
 
@@ -150,8 +167,9 @@ def test_every_kl_sequence_is_the_prompt_with_the_completion_trl_rotates_in(trl_
 
 
 def test_the_kl_point_and_loss_of_align_s_batch_equal_trls_on_its_own(trl_and_align):
-    """Policy and reference are two per-token tables; TRL collates its prepared examples and forwards the
-    reference itself, align sums its encoded rows: the same KL point, the same loss."""
+    """Policy and reference are two small language models whose log-probs of a completion depend on the
+    prompt it follows (`_LM`), so a KL sequence's differ from its completion's; TRL collates its prepared examples and
+    forwards the reference itself, align sums its encoded rows: the same KL point, the same loss."""
     from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 
     from align.data.pairs import collate_pairs, sequence_rows
@@ -160,17 +178,18 @@ def test_the_kl_point_and_loss_of_align_s_batch_equal_trls_on_its_own(trl_and_al
     trl, ours, _ = trl_and_align
     g = torch.Generator().manual_seed(0)
     vocab = 1 + max(max(r["prompt_ids"] + r["completion_ids"]) for r in trl)
-    policy, reference = (torch.log_softmax(torch.randn(vocab, generator=g), 0) for _ in range(2))
+    policy, reference = (_LM(torch.randn(vocab, vocab, generator=g), 3 * torch.randn(7, vocab, generator=g))
+                         for _ in range(2))
     hp = dict(beta=0.3, desirable_weight=1.2, undesirable_weight=0.8)
 
     batch = DataCollatorForUnpairedPreference(pad_token_id=0)(trl)
-    trainer = _trl_trainer(_Model(policy), _Model(reference), precompute=False, **hp)
+    trainer = _trl_trainer(policy, reference, precompute=False, **hp)
     theirs = trainer._compute_loss(trainer.model, batch, return_outputs=False)
 
     b = collate_pairs(ours, sequence_rows(list(range(ours.pairs))), pad_id=0)
     sums = {}
-    for name, table in (("policy", policy), ("reference", reference)):
-        values, keep = token_logps(table.expand(*b.input_ids.shape, vocab), b.labels)
+    for name, lm in (("policy", policy), ("reference", reference)):
+        values, keep = token_logps(lm.logits(b.input_ids), b.labels)
         sums[name] = sequence_sums(values, keep, b.seq_ids, 2 * b.pairs)
     x = KTOLogps(policy=sums["policy"][b.chosen_seq], reference=sums["reference"][b.chosen_seq],
                  policy_kl=sums["policy"][b.rejected_seq], reference_kl=sums["reference"][b.rejected_seq],
