@@ -85,7 +85,14 @@ class ObjectiveConfig:
 
     kind: str = "sft"
     """The objective, chosen with `objective=<kind>` (each option composes its own schema): one of the
-    registered kinds (sft, dpo, grpo)."""
+    registered kinds (sft, dpo, grpo, kto)."""
+
+    reads_pairs = False
+    """The objective trains on a preference source (data=gsm8k_pairs or data=preference), not on chat
+    records: the root config checks the data against it, so no list names these objectives."""
+    reads_unpaired = False
+    """The objective reads a preference source's records as unpaired examples (align/data/unpaired.py):
+    preflight parses them as it does, not as pairs."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -120,6 +127,7 @@ class DPOConfig(ObjectiveConfig):
 
     kind: str = "dpo"
     """dpo: a preference loss (`loss`) on pairs of a chosen and a rejected completion."""
+    reads_pairs = True
     loss: str = "sigmoid"
     """sigmoid (DPO), ipo, hinge, robust, conservative (label-smoothed sigmoid), simpo and orpo (both
     reference-free); definitions in align/objectives/preference_losses.py."""
@@ -162,6 +170,12 @@ class DPOConfig(ObjectiveConfig):
         if self.gate_tolerance is not None:
             _require(math.isfinite(self.gate_tolerance) and self.gate_tolerance > 0, "objective.gate_tolerance",
                      "must be a finite number > 0", self.gate_tolerance)
+
+    def reference_free(self) -> bool:
+        """The loss reads no reference (align/objectives/reference.py resolves none for it)."""
+        from align.objectives.preference_spec import needs_reference
+
+        return not needs_reference(self.loss)
 
 
 @dataclass

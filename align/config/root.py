@@ -84,7 +84,8 @@ class TrainConfig:
                 f"needs optimizer=adamw (got {self.optimizer.name.value})",
                 True,
             )
-        pairs = self.objective.kind == "dpo"
+        pairs = type(self.objective).reads_pairs
+        readers = " or ".join(f"objective={k}" for k, c in OBJECTIVE_SCHEMAS.items() if c.reads_pairs)
         _require(
             self.data.holds_pairs == pairs,
             "data",
@@ -92,7 +93,7 @@ class TrainConfig:
             + (
                 "preference pairs: use data=gsm8k_pairs or data=preference"
                 if pairs
-                else "records, not preference pairs: use objective=dpo with this data"
+                else f"records, not preference pairs: use {readers} with this data"
             ),
             self.data.source.value,
         )

@@ -87,12 +87,17 @@ class DPO:
 
     # ----------------------------------------------------------------------------- building
 
-    def build_data(self, cfg: TrainConfig, tokenizer: Any, env: DistEnv):
-        from align.data.pairs import build_pair_stream
+    def load_data(self, cfg: TrainConfig, tokenizer: Any):
+        """The encoded pairs (an objective on this layout, e.g. KTO's examples, loads its own)."""
         from align.data.preference import load_pairs
 
+        return load_pairs(cfg, tokenizer)
+
+    def build_data(self, cfg: TrainConfig, tokenizer: Any, env: DistEnv):
+        from align.data.pairs import build_pair_stream
+
         self.env, self.pad_id = env, tokenizer.pad_token_id
-        self.pairs = load_pairs(cfg, tokenizer)
+        self.pairs = self.load_data(cfg, tokenizer)
         stream = build_pair_stream(cfg, self.pairs, tokenizer.pad_token_id, env.rank, env.world,
                                    pin_memory=env.device.type == "cuda")
         # auto picks precomputed from one epoch on: known only now that the stream is planned. The plan
@@ -294,24 +299,27 @@ class DPO:
                                                f"trainer.seed={self.train_cfg.trainer.seed}): no checkpoint path"}
 
     def describe(self) -> dict[str, Any]:
-        ref = self.reference
         free_why = f"loss={self.loss.value} is reference-free"
         return {
             "kind": self.name, "loss": self.loss.value, "beta": self.cfg.beta,
             "label_smoothing": self.cfg.label_smoothing, "simpo_gamma": self.cfg.simpo_gamma,
             "logps": {"chunk_tokens": self.chunk or None, "final_logit_softcapping": self.softcap},
-            "reference": {
-                "requested": self.cfg.reference.value,
-                "resolved": None if self.reference_kind is None else self.reference_kind.value,
-                "why": self.reference_why,
-                "why_null": free_why if self.reference_kind is None else None,
-                **self._reference_source(free_why),
-                "weights_sha256": self.reference_sha256,
-                "dtype": self.cfg.reference_dtype.value if self.reference_kind == ReferenceKind.model else None,
-                "cache_key": ref.key if isinstance(ref, Precomputed) else None,
-                "cache_hit": ref.hit if isinstance(ref, Precomputed) else None,
-                "cache_path": str(ref.path) if isinstance(ref, Precomputed) else None,
-            },
+            "reference": self._describe_reference(free_why),
             "data": {"pairs": self.pairs.pairs, "truncated_pairs": int(self.pairs.truncated.sum())},
             "gate": self.gate_report,
+        }
+
+    def _describe_reference(self, free_why: str) -> dict[str, Any]:
+        ref = self.reference
+        return {
+            "requested": self.cfg.reference.value,
+            "resolved": None if self.reference_kind is None else self.reference_kind.value,
+            "why": self.reference_why,
+            "why_null": free_why if self.reference_kind is None else None,
+            **self._reference_source(free_why),
+            "weights_sha256": self.reference_sha256,
+            "dtype": self.cfg.reference_dtype.value if self.reference_kind == ReferenceKind.model else None,
+            "cache_key": ref.key if isinstance(ref, Precomputed) else None,
+            "cache_hit": ref.hit if isinstance(ref, Precomputed) else None,
+            "cache_path": str(ref.path) if isinstance(ref, Precomputed) else None,
         }

@@ -25,7 +25,6 @@ import torch
 
 from align.config import ReferenceDtype, ReferenceKind, TrainConfig
 from align.errors import ConfigError
-from align.objectives.preference_spec import needs_reference
 
 REFERENCE_CACHE_VERSION = 1
 """Bump when what a cached entry holds changes meaning (how log-probs are summed, masked, ordered)."""
@@ -136,7 +135,7 @@ def preference_reference_why(cfg: TrainConfig, epochs: Optional[float] = None) -
     of the weights. So from one epoch on, precomputed does less work, holds less memory and gives the
     same reference: the starting policy's log-probs (measured: docs/performance.md, section "DPO")."""
     o = cfg.objective
-    if not needs_reference(o.loss):
+    if o.reference_free():
         return None, f"loss={o.loss} is reference-free"
     if o.reference != ReferenceKind.auto:
         if o.reference == ReferenceKind.adapters_off and not cfg.model.lora.enabled:

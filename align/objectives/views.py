@@ -79,6 +79,26 @@ def pair_view(cfg: Any, tokenizer: Any, index: int) -> View:
                    for k, (side, ids, mask) in enumerate(rows)])
 
 
+def example_view(cfg: Any, tokenizer: Any, index: int) -> View:
+    """KTO: example `index` of the encoded examples: its completion (2i) and its KL sequence (2i + 1)."""
+    from align.data.unpaired import load_examples_encoded
+
+    data = load_examples_encoded(cfg, tokenizer)
+    check_index(index, data.pairs, "the encoded data set has {n} examples")
+    rows = [a.tolist() for k in (0, 1) for a in data.row(2 * index + k)]
+    partner = int(data.kl_partner[index])
+    label = "desirable" if data.labels[index] else "undesirable"
+    return View(
+        header=[f"example {index} of {data.pairs} (id {data.pair_ids[index]}, {label}, root {data.roots[2 * index]}, "
+                f"{_source(cfg, data, 2 * index)})",
+                f"completion: {_counts(rows[0], rows[1])}; KL sequence: {_counts(rows[2], rows[3])}",
+                _tokenizer_line(cfg, data.meta)],
+        legend="tokens in the loss (their summed log-prob enters objective=kto); the rest: the prompt, context only",
+        sequences=[(f"{label} completion (sequence {2 * index})", rows[0], rows[1]),
+                   (f"KL sequence: this prompt with example {partner}'s completion ({data.pair_ids[partner]}), "
+                    f"no gradient, its log-ratio averaged into the batch's KL point", rows[2], rows[3])])
+
+
 def prompt_view(cfg: Any, tokenizer: Any, index: int) -> View:
     """GRPO: prompt `index` as the engine receives it. None of its tokens is in the loss, and neither is
     the reference answer: the loss is on completions generated from the prompt, the reference goes to

@@ -66,7 +66,10 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
         yield Check("config", "data file", Status.failed if problem else Status.passed, problem or f"{spec.path}",
                     f"{spec.key}.path")
     yield from _token_rows(cfg, ctx, specs)
-    yield from _record_formats(specs)
+    if type(cfg.objective).reads_unpaired:  # its own record forms (align/data/unpaired.py), read whole
+        yield from _unpaired_records(cfg, specs)
+    else:
+        yield from _record_formats(specs)
     for m in cfg.data.mask_files:
         ok = Path(m).is_file()
         yield Check(
@@ -128,6 +131,24 @@ def _token_rows(cfg: TrainConfig, ctx: Context, specs: list) -> Iterable[Check]:
     ctx.facts["top_token"] = top = top_token(records)
     yield Check("config", "token rows", Status.passed,
                 f"{len(records)} records" + (f", largest token id {top[0]} ({top[1]})" if top else ""))
+
+
+def _unpaired_records(cfg: TrainConfig, specs: list) -> Iterable[Check]:
+    """Every record parsed as the run parses it (no torch, no tokenizer): a bad one (a missing key, a
+    label that is not a boolean) is refused naming its file:line before the run dir exists."""
+    from align.data.preference import BadRecords
+    from align.data.sources import path_problem
+    from align.data.unpaired import load_examples
+
+    if any(path_problem(s) for s in specs):
+        return
+    try:
+        examples = load_examples(cfg.data, BadRecords(cfg.data.on_bad_record))
+    except ConfigError as e:
+        yield Check("config", "unpaired records", Status.failed, e.message, e.key)
+        return
+    yield Check("config", "unpaired records", Status.passed,
+                f"{len(examples)} examples, {sum(e.label for e in examples)} desirable", "data")
 
 
 def _record_formats(specs: list) -> Iterable[Check]:

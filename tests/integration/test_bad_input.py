@@ -64,7 +64,7 @@ CASES = [
     # a key the schema does not declare, added with +
     (["+trainer.max_stepz=5"], "trainer.max_stepz", "did you mean trainer.max_steps?"),
     # a key another objective reads: the composed objective's own schema does not declare it
-    (["objective=sft", "objective.beta=0.1"], "objective.beta",
+    (["objective=sft", "objective.simpo_gamma=0.1"], "objective.simpo_gamma",
      "unknown key in objective=sft (a key of objective=dpo); accepted keys: kind"),
     # values torch refuses only when the optimizer is built
     (["optimizer.betas=[0.9,1.5]"], "optimizer.betas", "each beta must be in [0, 1)"),
@@ -255,3 +255,16 @@ def test_a_run_dir_that_cannot_be_created_is_one_line_exit_2_not_hydras_tracebac
     line = _one_line_exit_2(tmp_path, p)
     assert line == (f"align: error: hydra.run.dir: cannot create {tmp_path / 'a_file' / 'run'}: {tmp_path / 'a_file'} "
                     "is a file, not a directory; choose a dir this process can create"), line
+
+
+def test_an_unpaired_record_whose_label_is_not_a_boolean_is_one_line_naming_its_line_before_the_run_dir(tmp_path):
+    """objective=kto parses every record in preflight as the run does (align/data/unpaired.py), before torch."""
+    f = tmp_path / "kto.jsonl"
+    f.write_text('{"prompt": "2+2?", "completion": "4", "label": true}\n{"prompt": "2+3?", "completion": "6", '
+                 '"label": "no"}\n')
+    p = _run(tmp_path, "objective=kto", "data=preference", f"data.path={f}", "allow_dirty=true")
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert err == [f"align: error: {f}:2: 'label' must be a JSON boolean, true (desirable) or false (undesirable) "
+                   "(got 'no') (set data.on_bad_record=skip to skip such records)"], err
+    assert "TRANSFORMERS_IMPORTED=False" in p.stdout and not (tmp_path / "run").exists()
