@@ -103,11 +103,11 @@ class AlignEngine(ModelWeights):
                     self._step(state, bucket, law)
                     steps += 1
                 syncs += 1
-                for slot, done in zip(rows, state.active[rows].tolist()):
-                    if not done:
-                        p, s = live.pop(slot)
-                        out[(p, s)] = state.harvest(slot, p, s, stops, spec.max_new_tokens)
-                        free.append(slot)
+                done = [slot for slot, on in zip(rows, state.active[rows].tolist()) if not on]
+                for slot, completion in zip(done, state.harvest(done, [live.pop(x) for x in done], stops,
+                                                                spec.max_new_tokens)):
+                    out[(completion.prompt_index, completion.sample_index)] = completion
+                    free.append(slot)
         self.last_call = {"decode_steps": steps, "host_syncs": syncs, "rows": len(out)}
         return [out[(p, s)] for p in range(len(prompts)) for s in range(spec.n)]
 
@@ -324,14 +324,21 @@ class _State:
         self.count[rows] = torch.where(act, t + 1, t)
         self.active[rows] = act & ~stop
 
-    def harvest(self, slot: int, p: int, s: int, stops: tuple[int, ...], max_new: int) -> Completion:
-        n = int(self.count[slot])
-        tokens = tuple(self.tokens[slot, :n].tolist())
-        reason = FinishReason.stop if tokens and tokens[-1] in stops else FinishReason.length
-        if reason is FinishReason.length and n != max_new:
-            raise RuntimeError(f"a row ended after {n} of {max_new} tokens without a stop token")
-        return Completion(p, s, tokens, tuple(self.logprobs[slot, :n].tolist()),
-                          tuple(self.sampler[slot, :n].tolist()), reason)
+    def harvest(self, slots: list[int], rows: list[tuple[int, int]], stops: tuple[int, ...], max_new: int
+                ) -> list[Completion]:
+        """The completions of stopped `slots` ((prompt, sample) `rows`), read in one copy per tensor."""
+        if not slots:
+            return []
+        at = torch.tensor(slots, device=self.tokens.device)
+        counts, tokens = self.count[at].tolist(), self.tokens[at].tolist()
+        logprobs, sampler = self.logprobs[at].tolist(), self.sampler[at].tolist()
+        out = []
+        for (p, s), n, t, lp, sp in zip(rows, counts, tokens, logprobs, sampler):
+            reason = FinishReason.stop if n and t[n - 1] in stops else FinishReason.length
+            if reason is FinishReason.length and n != max_new:
+                raise RuntimeError(f"a row ended after {n} of {max_new} tokens without a stop token")
+            out.append(Completion(p, s, tuple(t[:n]), tuple(lp[:n]), tuple(sp[:n]), reason))
+        return out
 
 
 def unsupported(model: torch.nn.Module) -> Optional[str]:
