@@ -48,12 +48,25 @@ def _engine(model, mode, slots=8):
     return build_engine(cfg, model, pad_token_id=0, eos_token_ids=(2,))
 
 
+def _drift(model, ps, out) -> tuple[float, float]:
+    """Worst |log-prob - a teacher-forced forward's| and worst (max logit - the token's logit) over `out`."""
+    worst_lp, worst_gap = 0.0, 0.0
+    for c, p in zip(out, ps):
+        logits = teacher_forced_logits(model, p, c.token_ids)
+        picked = torch.tensor(c.token_ids, device=logits.device)[:, None]
+        got = torch.tensor(c.logprobs, device=logits.device)
+        worst_lp = max(worst_lp, (torch.log_softmax(logits, -1).gather(-1, picked)[:, 0] - got).abs().max().item())
+        worst_gap = max(worst_gap, (logits.max(-1).values - logits.gather(-1, picked)[:, 0]).max().item())
+    return worst_lp, worst_gap
+
+
 @pytest.mark.parametrize("family", [f for f in Family if f is not Family.hf])
 def test_the_compiled_graphs_decode_what_a_teacher_forced_forward_scores(family):
     """bf16 on a random model: the compiled step (inductor's fused kernels) and the eager step round
     differently and near-tied greedy tokens part ways, so tokens are not compared past the prefill's.
-    What must hold is that every token and log-prob is what a plain forward over the whole sequence
-    gives: a stale or misplaced key would cost whole nats."""
+    Every token and log-prob must be what a plain forward over the whole sequence gives, within what
+    transformers' own `generate` drifts from that forward on the same model (Gemma-4 MoE's tiny preset
+    drifts 0.37 nats in bf16 on the CPU under `generate` itself): a stale or misplaced key costs more."""
     model = _model(family)
     vocab = model.get_input_embeddings().num_embeddings
     ps = prompts(12, hi=40, vocab=vocab)
@@ -65,15 +78,10 @@ def test_the_compiled_graphs_decode_what_a_teacher_forced_forward_scores(family)
     assert d["cuda_graphs"] and d["compiled_step"], (d["cuda_graph_failure"], d["compile_failure"])
     assert d["decode_attention"] == "triton, live keys only"
     assert [c.token_ids[0] for c in eager] == [c.token_ids[0] for c in graphed]  # one prefill path
-    worst_lp, worst_gap = 0.0, 0.0
-    for c, p in zip(graphed, ps):
-        logits = teacher_forced_logits(model, p, c.token_ids)
-        lp = torch.log_softmax(logits, -1)
-        picked = torch.tensor(c.token_ids, device=logits.device)
-        got = torch.tensor(c.logprobs, device=logits.device)
-        worst_lp = max(worst_lp, (lp.gather(-1, picked[:, None])[:, 0] - got).abs().max().item())
-        worst_gap = max(worst_gap, (logits.max(-1).values - logits.gather(-1, picked[:, None])[:, 0]).max().item())
-    assert worst_lp < 0.15 and worst_gap < 0.15, (worst_lp, worst_gap)
+    hf = build_engine(EngineConfig(backend=Backend.hf, mode=GenerateMode.compiled, batch_size=8), model,
+                      pad_token_id=0, eos_token_ids=(2,)).generate(ps, spec)
+    mine, theirs = _drift(model, ps, graphed), _drift(model, ps, hf)
+    assert all(m < max(0.15, 1.5 * t) for m, t in zip(mine, theirs)), (mine, theirs)
 
 
 def test_seeded_sampling_repeats_itself():

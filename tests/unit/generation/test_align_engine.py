@@ -6,6 +6,7 @@ device sampler against transformers' warpers."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -384,3 +385,25 @@ def test_describe_names_the_decode_attention_that_ran(tiny_model):
     d = eng.describe()
     assert d["decode_attention"] == "sdpa over gathered rows" and d["cuda_graphs"] is False
     assert d["last_call"]["rows"] == 2 and d["cache_bytes"] > 0
+
+
+def test_in_bf16_the_engine_drifts_from_a_teacher_forced_forward_no_more_than_generate(tiny_model):
+    """Gemma-4 MoE's tiny preset in bf16: decode and a whole-sequence forward route near-tied tokens to
+    different experts, so even transformers' `generate` is off a teacher-forced forward by tenths of a nat.
+    align's engine must be off by no more (the GPU test holds the compiled step to the same yardstick)."""
+    from align.config import Family
+
+    model = copy.deepcopy(tiny_model(Family.gemma4_moe)).to(torch.bfloat16)
+    ps = prompts(6, hi=30, vocab=model.get_input_embeddings().num_embeddings)
+    spec = SamplingSpec(max_new_tokens=12, temperature=0, stop_token_ids=())
+
+    def drift(out):
+        worst = 0.0
+        for c, p in zip(out, ps):
+            lp = torch.log_softmax(teacher_forced_logits(model, p, c.token_ids), -1)
+            got = lp.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+            worst = max(worst, (got - torch.tensor(c.logprobs)).abs().max().item())
+        return worst
+
+    mine, theirs = drift(align_engine(model).generate(ps, spec)), drift(hf_engine(model).generate(ps, spec))
+    assert mine <= max(1e-2, 1.5 * theirs), (mine, theirs)
