@@ -121,21 +121,29 @@ def test_the_memory_estimate_counts_the_generation_copy_in_its_dtype():
 
 
 def test_the_memory_estimate_counts_the_kv_cache_of_one_engine_call():
-    """rows x (prompt + new tokens) x layers x 2 x kv_heads x head_dim x bytes, read off the model config;
-    it lives in place of the step's working set, so a KV cache larger than that is the peak's."""
+    """positions x layers x 2 x kv_heads x head_dim x bytes, read off the model config; positions in the layout
+    of the engine that may run (auto: the larger of align's slots and spare, and hf's padded rows); it lives in
+    place of the step's working set, so a KV cache larger than that is the peak's."""
     cfg = grpo(*KV_ROLLOUT, "objective.generation_batch_size=512")
     _, config = memory.meta_model(cfg.model)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    tokens = 56 + 200  # the longest prompt (256 - 200), a multiple of 8 already, and the new tokens
-    want = 512 * tokens * config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 2
+    per_position = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 2
+    tokens = 56 + 200  # the longest prompt (256 - 200), a multiple of 8 and of 64 with the new tokens
+
+    def want(rows):  # align's cache: the rows' slots and one spare, each 256 positions (hf's: rows x 256)
+        return (rows + 1) * tokens * per_position
+
     est = memory.estimate_memory(cfg, CUDA)
-    assert est.kv_cache == want
+    assert est.kv_cache == want(512)
     assert est.kv_cache > est.activations + est.logits + est.grads  # the cache outweighs the update's working set
     assert est.total == est.weights + est.optimizer + est.reference + est.generation_copy + est.kv_cache
     assert dataclasses.replace(est, kv_cache=0).total < est.total
     smaller = memory.estimate_memory(grpo(*KV_ROLLOUT, "objective.generation_batch_size=256"), CUDA)
-    assert smaller.kv_cache == want // 2 and "KV cache" in est.line()
-    assert memory.estimate_memory(grpo(*KV_ROLLOUT), CUDA).kv_cache == 1024 // 512 * want  # auto: the rollout
+    assert smaller.kv_cache == want(256) and "KV cache" in est.line()
+    assert memory.estimate_memory(grpo(*KV_ROLLOUT), CUDA).kv_cache == want(1024)  # auto: the rollout
+    hf = memory.estimate_memory(grpo(*KV_ROLLOUT, "objective.generation_batch_size=512",
+                                     "objective.generation_backend=hf"), CUDA)
+    assert hf.kv_cache == 512 * tokens * per_position
 
 
 RESOLVED = ["trainer.loss_chunk_tokens=0", "trainer.compile_memory_budget=null"]  # the estimate reads numbers
