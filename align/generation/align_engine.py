@@ -184,8 +184,12 @@ class AlignEngine(ModelWeights):
         """A CUDA graph of one step of `fn`, warmed up on a side stream; None (and the failure recorded
         in describe()) if it cannot be captured."""
         compiled = fn is not state.decode
+        # Only the engine's own compiled step leaves the call's force_eager stance: blocks compiled for
+        # training (a generation copy is a deep copy of them) must not compile for decode shapes, least
+        # of all inside a capture, where compiling fails and every step would fall back to eager.
+        stance = torch.compiler.set_stance("default") if compiled else contextlib.nullcontext()
         try:
-            with torch.compiler.set_stance("default"):
+            with stance:
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
