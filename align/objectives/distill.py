@@ -110,10 +110,12 @@ class Distill(RolloutMaker):
         return [self.teacher]
 
     def bind(self, model: torch.nn.Module, forward: Callable[..., torch.Tensor], resuming: bool = False) -> None:
+        from align.config.rules import require_auto_resolved
         from align.objectives.rollout_engine import build_rollout_engine
-        from align.plan.generation_auto import require_generation_resolved
 
-        require_generation_resolved(self.train_cfg, "the distillation engine")
+        for key in ("generation_dtype", "generation_batch_size"):  # resolved by the plan, as for objective=grpo
+            require_auto_resolved(f"objective.{key}", getattr(self.cfg, key), "the distillation engine",
+                                  "align.plan.budget_auto.plan_generation")
         self.model, self.forward = model, forward
         self.softcaps = tuple(getattr(m.config, "final_logit_softcapping", None) for m in (model, self.teacher))
         self.device = next(model.parameters()).device

@@ -36,7 +36,8 @@ def tokenizer_problem(student: Any, teacher: Any, where: str) -> Optional[str]:
                 "trained with the student's tokenizer")
     sa, sb = _specials(student), _specials(teacher)
     if sa != sb:
-        role = next(r for r in sorted(sa.keys() | sb.keys()) if sa.get(r) != sb.get(r))
+        roles = sorted((sa.keys() | sb.keys()) - {"all_special_ids"}) + ["all_special_ids"]  # a role names it best
+        role = next(r for r in roles if sa.get(r) != sb.get(r))
         return (f"the teacher's tokenizer ({where}) has the student's vocabulary but other special tokens: {role} is "
                 f"{sb.get(role)} in the teacher's, {sa.get(role)} in the student's: accepted: a teacher with the "
                 "student's tokenizer")
@@ -45,13 +46,13 @@ def tokenizer_problem(student: Any, teacher: Any, where: str) -> Optional[str]:
 
 def teacher_problem(cfg: Any) -> tuple[Optional[str], str]:
     """(why `objective.teacher` cannot distill into this run's student, or None; what was checked). Reads
-    the teacher's files, both tokenizers and the student's config (built on the meta device): no weight."""
+    the teacher's files, both tokenizers and the student's model config: no weight."""
     from transformers import AutoTokenizer
 
     from align.data.tokenizer import load_tokenizer
+    from align.models.build import model_config
     from align.models.checkpoint_files import checkpoint_problem
     from align.models.family import checkpoint_config
-    from align.plan.memory import meta_model
 
     path = cfg.objective.teacher
     if path is None:
@@ -65,13 +66,14 @@ def teacher_problem(cfg: Any) -> tuple[Optional[str], str]:
     except (OSError, ValueError, TypeError) as e:
         return (f"cannot load the teacher's tokenizer from {d} ({type(e).__name__}: {' '.join(str(e).split())}): "
                 "the teacher's dir holds its tokenizer, which must be the student's"), ""
-    problem = tokenizer_problem(load_tokenizer(cfg.model), teacher_tok, str(d))
+    student_tok = load_tokenizer(cfg.model)
+    problem = tokenizer_problem(student_tok, teacher_tok, str(d))
     if problem:
         return problem, ""
     vocab = (checkpoint_config(d) or {}).get("vocab_size")
     if vocab is None:
         vocab = (checkpoint_config(d) or {}).get("text_config", {}).get("vocab_size")
-    student = meta_model(cfg.model)[1].vocab_size
+    student = model_config(cfg.model, student_tok).vocab_size
     if vocab != student:
         return (f"the teacher's vocabulary size is {vocab} ({d / 'config.json'}), the student's {student}: their "
                 "logits must be as wide to be compared: accepted: a teacher whose vocab_size is the student's"), ""
