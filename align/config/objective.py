@@ -85,7 +85,7 @@ class ObjectiveConfig:
 
     kind: str = "sft"
     """The objective, chosen with `objective=<kind>` (each option composes its own schema): one of the
-    registered kinds (sft, dpo, grpo, kto)."""
+    registered kinds (sft, dpo, grpo, kto, distill)."""
 
     reads_pairs = False
     """The objective trains on a preference source (data=gsm8k_pairs or data=preference), not on chat
@@ -93,6 +93,11 @@ class ObjectiveConfig:
     reads_unpaired = False
     """The objective reads a preference source's records as unpaired examples (align/data/unpaired.py):
     preflight parses them as it does, not as pairs."""
+    samples_prompts = False
+    """The objective reads prompts (align/data/prompts.py) and samples completions of them with the
+    generation engine (objective=grpo's rollouts): the root config holds the prompt and rollout keys to it."""
+    reads_reward = False
+    """The objective scores its completions with the reward group (`reward.weights`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -185,6 +190,8 @@ class GRPOConfig(ObjectiveConfig):
     kind: str = "grpo"
     """grpo: groups of sampled completions per prompt, scored by the reward, each weighted by its
     advantage in its group."""
+    samples_prompts = True
+    reads_reward = True
     reference: ReferenceKind = ReferenceKind.auto
     """What the KL term (`kl_coef`) is measured against: model (a frozen copy of the starting policy),
     adapters_off (the LoRA base, no copy) or none; precomputed cannot cover completions that are new

@@ -98,22 +98,27 @@ class TrainConfig:
             self.data.source.value,
         )
 
-        if self.objective.kind == "grpo":
-            _require(self.trainer.epochs is None, "trainer.epochs", "is for objective=sft and dpo; objective=grpo "
+        kind = self.objective.kind
+        if type(self.objective).samples_prompts:
+            _require(self.trainer.epochs is None, "trainer.epochs", f"is for objective=sft and dpo; objective={kind} "
                      "steps through prompts as rollouts ask: set trainer.max_steps", self.trainer.epochs)
+        if type(self.objective).reads_reward:
             self._check_grpo()
         else:
-            _require(self.reward.function is None, "reward.function", f"is read by objective=grpo only; "
-                     f"objective={self.objective.kind} ignores it", self.reward.function)
-            _require(not self.reward.functions, "reward.functions", f"is read by objective=grpo only; "
-                     f"objective={self.objective.kind} ignores it", dict(self.reward.functions))
+            scorers = " or ".join(f"objective={k}" for k, c in OBJECTIVE_SCHEMAS.items() if c.reads_reward)
+            _require(self.reward.function is None, "reward.function", f"is read by {scorers} only; "
+                     f"objective={kind} ignores it", self.reward.function)
+            _require(not self.reward.functions, "reward.functions", f"is read by {scorers} only; "
+                     f"objective={kind} ignores it", dict(self.reward.functions))
             _require(
                 not self.reward.weights,
                 "reward.weights",
-                f"is read by objective=grpo only; objective={self.objective.kind} ignores it "
+                f"is read by {scorers} only; objective={kind} ignores it "
                 "(leave the reward group at none)",
                 dict(self.reward.weights),
             )
+        if type(self.objective).samples_prompts:
+            self._check_rollouts()
 
         self._check_eval()
 
@@ -147,10 +152,13 @@ class TrainConfig:
                         constant_reward(self.reward.weights, functions), self.reward.weights)
         if why is not None:
             raise ConfigError(*why)
+
+    def _check_rollouts(self) -> None:
+        kind = self.objective.kind
         _require(
             self.data.truncation != Truncation.truncate,
             "data.truncation",
-            "objective=grpo refuses to cut prompts (a cut question has another answer): use drop or fail",
+            f"objective={kind} refuses to cut prompts (a cut question has another answer): use drop or fail",
             self.data.truncation.value,
         )
         _require(
@@ -172,7 +180,7 @@ class TrainConfig:
         _require(
             self.sampler.kind == SamplerKind.shuffle or budget,
             "sampler.kind",
-            "objective=grpo cuts each step's completions itself: sampler=shuffle (trainer.grad_accum "
+            f"objective={kind} cuts each step's completions itself: sampler=shuffle (trainer.grad_accum "
             "micro-batches) or sampler=budget (micro-batches within sampler.max_tokens)",
             self.sampler.kind.value,
         )
@@ -181,7 +189,7 @@ class TrainConfig:
             _require(
                 self.sampler.max_tokens >= longest,
                 "sampler.max_tokens",
-                f"must hold the longest prompt + completion under objective=grpo: data.max_seq_len "
+                f"must hold the longest prompt + completion under objective={kind}: data.max_seq_len "
                 f"({longest} tokens after padding to a multiple of {self.sampler.pad_to_multiple_of})",
                 self.sampler.max_tokens,
             )
@@ -203,13 +211,14 @@ class TrainConfig:
                 "ignored by sampler=budget (rows per micro-batch follow "
                 "sampler.max_tokens); it is read by sampler=shuffle, sampler=bucket"
             )
-        if self.objective.kind == "grpo" and self.probe.name is None:
+        rollouts, kind = type(self.objective).samples_prompts, self.objective.kind
+        if rollouts and self.probe.name is None:
             out["sampler.micro_batch_size"] = (
-                "ignored by objective=grpo (a step's completions are cut into trainer.grad_accum micro-batches, "
+                f"ignored by objective={kind} (a step's completions are cut into trainer.grad_accum micro-batches, "
                 "or by sampler.max_tokens under sampler=budget; objective.prompts_per_rollout prompts per rollout)"
             )
-        if self.sampler.kind == SamplerKind.budget and self.objective.kind == "grpo":
-            why = "ignored by objective=grpo with sampler=budget"
+        if self.sampler.kind == SamplerKind.budget and rollouts:
+            why = f"ignored by objective={kind} with sampler=budget"
             out["trainer.grad_accum"] = (f"{why} (micro-batches per step follow sampler.max_tokens); "
                                          "it is read by sampler=shuffle")
             out["sampler.bucket_size"] = f"{why} (a step's completions are sorted by length as one bucket)"

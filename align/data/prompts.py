@@ -116,6 +116,24 @@ def _check_fields(record: Record, functions: Any, where: str) -> None:
                               f"record lacks (its fields: {', '.join(sorted(record.columns or {}))})")
 
 
+class NoReward:
+    """The reward of an objective that scores nothing (objective=distill): no verifier reads the references,
+    no function the records' fields."""
+
+    weights: dict[str, float] = {}
+    functions: dict[str, Any] = {}
+
+    def check_reference(self, reference: str) -> None:
+        return None
+
+
+def run_reward(cfg: TrainConfig) -> WeightedReward | NoReward:
+    """The reward the run's objective reads its prompts with: the reward group's, or none where it weighs nothing."""
+    if not cfg.reward.weights:
+        return NoReward()
+    return WeightedReward(cfg.reward.weights, function=cfg.reward.function, functions=cfg.reward.functions)
+
+
 def load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> PromptSet:
     """The prompts and references of `cfg.data`, encoded and checked (the module docstring's refusals)."""
     if tokenizer.chat_template is None:
@@ -133,8 +151,7 @@ def longest_prompt(cfg: TrainConfig) -> tuple[int, int]:
     (`load_prompts` with the run's tokenizer and reward): what the memory plan sizes a rollout by."""
     from align.data.tokenizer import load_tokenizer
 
-    reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function, functions=cfg.reward.functions)
-    prompts = load_prompts(cfg, load_tokenizer(cfg.model), reward)
+    prompts = load_prompts(cfg, load_tokenizer(cfg.model), run_reward(cfg))
     return int(prompts.data.lengths.max()), len(prompts)
 
 

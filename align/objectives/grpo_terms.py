@@ -65,8 +65,9 @@ class GRPOTerms(PlanTerms):
         """Compiled blocks only beside a generation copy (auto resolved as the trainer will), so the
         policy's blocks never see decode shapes."""
         if resolve_generation_dtype(cfg, device_type)[0].value == "same":
-            return ["objective=grpo with objective.generation_dtype resolved to same generates through the "
-                    "policy's blocks: decode shapes no dynamic graph covers (a generation copy keeps them out)"]
+            return [f"objective={cfg.objective.kind} with objective.generation_dtype resolved to same generates "
+                    "through the policy's blocks: decode shapes no dynamic graph covers (a generation copy keeps "
+                    "them out)"]
         return []
 
     def plan_rollout(self, cfg: Any) -> tuple[Optional[int], Optional[dict[str, Any]]]:

@@ -132,3 +132,29 @@ def prompt_view(cfg: Any, tokenizer: Any, index: int) -> View:
         + [f"{name}: {f.key} {f.spec} gets this prompt's completions with its rendered text "
            f"and its record's fields as keywords ({', '.join(sorted(prompts.columns[index]))})"
            for name, f in reward.functions.items()])
+
+
+def distill_view(cfg: Any, tokenizer: Any, index: int) -> View:
+    """objective=distill: prompt `index` as the engine receives it; the loss is on the student's own
+    completions of it, scored token by token by the teacher; the record's answer is never read."""
+    from align.data.prompts import NoReward, load_prompts
+    from align.data.tokenizer import tokenizer_dir
+
+    prompts = load_prompts(cfg, tokenizer, NoReward())
+    check_index(index, len(prompts), "the prompt set has {n} prompts")
+    ids = prompts.prompt(index)
+    o = cfg.objective
+    how = "reverse KL(student || teacher)" if o.loss.value == "reverse_kl" else f"TRL's generalised JSD (beta={o.beta})"
+    return View(
+        header=[f"prompt {index} of {len(prompts)} (id {prompts.data.ids[index]}, root {prompts.data.roots[index]}, "
+                f"{_source(cfg, prompts.data, index)})",
+                f"{len(ids)} tokens, none in the loss: the prompt as the engine receives it",
+                f"tokenizer {tokenizer_dir(cfg.model)}, prompts encoded on load (no encode cache)"],
+        legend="tokens in the loss: none here. objective=distill trains on the completions the student samples "
+               "from this prompt",
+        sequences=[("", ids, [False] * len(ids))],
+        footer=[f"rollout: objective.group_size={o.group_size} completions of at most objective.max_new_tokens="
+                f"{o.max_new_tokens} tokens are sampled from this prompt by the student (temperature={o.temperature}, "
+                f"top_p={o.top_p})",
+                f"loss: at each completion token, {how} over the full vocabulary against the teacher "
+                f"{o.teacher}, averaged over completion tokens; the record's answer is never read"])

@@ -340,6 +340,23 @@ def check_logger(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
         yield Check("config", "logger", Status.failed, why, "logger")
 
 
+def check_objective(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    """The objective's own inputs, where its class checks any (`preflight(cfg)`: what was checked, or a
+    ConfigError naming the key; objective=distill's teacher), before the model's checks read anything heavier."""
+    from align.objectives import objective_class
+
+    own = getattr(objective_class(cfg), "preflight", None)
+    if own is None:
+        return
+    name = f"objective={cfg.objective.kind}"
+    try:
+        what = own(cfg)
+    except ConfigError as e:
+        yield Check("config", name, Status.failed, e.message, e.key)
+        return
+    yield Check("config", name, Status.passed, what)
+
+
 def check_model(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     """The checks that build the model on the meta device (torch is imported only when they run)."""
     from align.run.model_checks import model_checks
@@ -358,6 +375,7 @@ CHECKS: list[Callable[[TrainConfig, Context], Iterable[Check]]] = [
     check_device,
     check_compile_artifacts,
     check_kwargs_sites,
+    check_objective,
     check_model,
 ]
 

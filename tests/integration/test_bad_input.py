@@ -268,3 +268,21 @@ def test_an_unpaired_record_whose_label_is_not_a_boolean_is_one_line_naming_its_
     assert err == [f"align: error: {f}:2: 'label' must be a JSON boolean, true (desirable) or false (undesirable) "
                    "(got 'no') (set data.on_bad_record=skip to skip such records)"], err
     assert "TRANSFORMERS_IMPORTED=False" in p.stdout and not (tmp_path / "run").exists()
+
+
+def test_a_teacher_of_another_tokenizer_is_one_line_exit_2_before_the_run_dir(tmp_path):
+    """objective=distill compares two distributions id by id: preflight holds the teacher's tokenizer to the
+    student's (the in-process cases: tests/unit/objectives/test_distill.py)."""
+    from align.config import ModelConfig
+    from align.data.tokenizer import load_tokenizer
+    from tests.unit.objectives.conftest import teacher_checkpoint
+
+    d = teacher_checkpoint(tmp_path / "teacher")
+    tok = load_tokenizer(ModelConfig())
+    tok.add_tokens(["<extra_tok>"])
+    tok.save_pretrained(d)
+    p = _run(tmp_path, "objective=distill", f"objective.teacher={d}", "allow_dirty=true")
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    err = [ln for ln in p.stderr.splitlines() if ln.strip() and "Writing model shards" not in ln]
+    assert len(err) == 1 and err[0].startswith("align: error: objective.teacher: the teacher's tokenizer"), err
+    assert "accepted: a teacher" in err[0] and not (tmp_path / "run").exists()

@@ -23,3 +23,13 @@ def dpo_trainer(root: Path, *overrides: str):
 def first_batch(trainer):
     """The micro-batch step 1 would train on, as the run-start gate gets it."""
     return trainer.stream.peek().to(trainer.env.device)
+
+
+def teacher_checkpoint(d: Path, seed: int = 3, **model) -> Path:
+    """A tiny model of another init than the student's (build_tiny(seed=`seed`), `model` its ModelConfig
+    fields) saved at `d` with the bundled tokenizer: what `objective.teacher=<d>` loads."""
+    from tests.conftest import build_tiny, bundled_tokenizer
+
+    build_tiny(seed=seed, **model).model.save_pretrained(d)
+    bundled_tokenizer().save_pretrained(d)
+    return d
