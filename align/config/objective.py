@@ -85,7 +85,7 @@ class ObjectiveConfig:
 
     kind: str = "sft"
     """The objective, chosen with `objective=<kind>` (each option composes its own schema): one of the
-    registered kinds (sft, dpo, grpo, kto)."""
+    registered kinds (sft, dpo, grpo, kto, reward_model)."""
 
     reads_pairs = False
     """The objective trains on a preference source (data=gsm8k_pairs or data=preference), not on chat
@@ -93,6 +93,10 @@ class ObjectiveConfig:
     reads_unpaired = False
     """The objective reads a preference source's records as unpaired examples (align/data/unpaired.py):
     preflight parses them as it does, not as pairs."""
+    scalar_head = False
+    """The objective trains the backbone under a scalar head (the family's AutoModelForSequenceClassification
+    class, num_labels=1: align/models/scalar_head.py), not under the LM head: the model is built, refused
+    where the family has no such class, and exported as that class."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -72,6 +72,13 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
     except ConfigError as e:
         yield failed("config", "model config (meta build)", e)
         return
+    if type(cfg.objective).scalar_head:  # before anything is sized: the model would be another class
+        from align.models.scalar_head import head_refusal
+
+        why = head_refusal(spec, cfg.objective.kind)
+        if why:
+            yield Check("config", "scalar head", Status.failed, why, "model")
+            return
     moe = spec.moe_shape(config)
     yield from _token_ids(model, getattr(ctx, "facts", {}).get("top_token"))
 
