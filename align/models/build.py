@@ -120,6 +120,12 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
     refusal = qlora_refusal(cfg, moe is not None and spec.fused_experts)
     if refusal:
         raise ConfigError("model.lora.qlora", refusal, True)
+    if scalar_head:  # preflight refused it already; a Trainer built without preflight is refused here
+        from align.models.scalar_head import head_refusal
+
+        why = head_refusal(spec, "reward_model", cfg.lora.enabled)
+        if why:
+            raise ConfigError(*why)
     _, model_cls = spec.classes()
     if attn.resolved == AttnImpl.layered:
         from align.models.layered_attention import register
