@@ -170,6 +170,7 @@ def test_the_export_loads_as_a_sequence_classifier_with_the_same_rewards(tmp_pat
     loaded = AutoModelForSequenceClassification.from_pretrained(run_dir / "export", dtype=torch.float32).eval()
     assert type(loaded).__name__ == "MistralForSequenceClassification"
     assert loaded.config.num_labels == 1 and loaded.config.pad_token_id == t.tokenizer.pad_token_id
+    assert loaded.config.architectures == ["MistralForSequenceClassification"]
     obj = t.objective
     obj.model.eval()
     for b in obj._batches(obj.pairs):  # padded rows, several per batch: the pad rule matters
