@@ -128,7 +128,8 @@ class Trainer:
         cfg, sizes["run_length"] = plan_run_length(cfg, stream)  # trainer.epochs: max_steps from the data's plan
 
         on_device = cfg.model.init_on_device and env.device.type == "cuda" and cfg.parallel.kind != ParallelKind.ep
-        built = build_model(cfg.model, cfg.attention, tokenizer, env.device, init_on_device=on_device)
+        built = build_model(cfg.model, cfg.attention, tokenizer, env.device, init_on_device=on_device,
+                            scalar_head=type(cfg.objective).scalar_head)
         # a checkpoint of another run is refused before any sharding or loading
         identity, resume = resume_decision(cfg, run_dir, env.world, data, built.model)
         extra = objective.prepare(built.model)  # e.g. a frozen reference: placed and sharded like the policy

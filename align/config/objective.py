@@ -85,7 +85,7 @@ class ObjectiveConfig:
 
     kind: str = "sft"
     """The objective, chosen with `objective=<kind>` (each option composes its own schema): one of the
-    registered kinds (sft, dpo, grpo, kto, distill)."""
+    registered kinds (sft, dpo, grpo, kto, distill, reward_model)."""
 
     reads_pairs = False
     """The objective trains on a preference source (data=gsm8k_pairs or data=preference), not on chat
@@ -98,6 +98,10 @@ class ObjectiveConfig:
     generation engine (objective=grpo's rollouts): the root config holds the prompt and rollout keys to it."""
     reads_reward = False
     """The objective scores its completions with the reward group (`reward.weights`)."""
+    scalar_head = False
+    """The objective trains the backbone under a scalar head (the family's AutoModelForSequenceClassification
+    class, num_labels=1: align/models/scalar_head.py), not under the LM head: the model is built, refused
+    where the family has no such class, and exported as that class."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -116,3 +116,23 @@ def build_pair_stream(cfg: TrainConfig, pairs: EncodedPairs, pad_id: int, rank: 
     return BatchStream(pairs, sampler, pad_id, cfg.sampler.pad_to_multiple_of, packed=cfg.sampler.packed,
                        pin_memory=pin_memory, stats=DataStats(pairs, sampler.plan),
                        mask_padding=cfg.sampler.mask_padding, collate_fn=collate_pairs)
+
+
+def hold_out(pairs: EncodedPairs, k: int) -> tuple[EncodedPairs, EncodedPairs]:
+    """(the first `k` pairs, the rest), each its own EncodedPairs with its own fingerprint: a run that
+    holds out pairs (objective.eval_pairs) samples, checkpoints and resumes on the rest only."""
+    from align.data.preference import pairs_fingerprint
+
+    def part(lo: int, hi: int) -> EncodedPairs:
+        a, b = pairs.offsets[2 * lo], pairs.offsets[2 * hi]
+        stats = {**pairs.stats, "pairs": hi - lo, "heldout_pairs_first": k}
+        sub = EncodedPairs(tokens=pairs.tokens[a:b], loss_mask=pairs.loss_mask[a:b],
+                           offsets=pairs.offsets[2 * lo: 2 * hi + 1] - a, ids=pairs.ids[2 * lo: 2 * hi],
+                           roots=pairs.roots[2 * lo: 2 * hi], stats=stats,
+                           source_index=pairs.source_index[2 * lo: 2 * hi],
+                           meta={**pairs.meta, "fingerprint": None}, truncated=pairs.truncated[lo:hi],
+                           pair_ids=pairs.pair_ids[lo:hi])
+        pairs_fingerprint(sub)
+        return sub
+
+    return part(0, k), part(k, pairs.pairs)

@@ -108,9 +108,10 @@ def token_id_tables(model: torch.nn.Module) -> dict[str, int]:
 
 
 def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device: Optional[torch.device] = None,
-                init_on_device: bool = False) -> BuiltModel:
+                init_on_device: bool = False, scalar_head: bool = False) -> BuiltModel:
     """`device` picks the attention backend; `init_on_device` also creates a random-init model there
-    (a 7B model's init on the host costs a minute and its full fp32 size in host RAM)."""
+    (a 7B model's init on the host costs a minute and its full fp32 size in host RAM). `scalar_head`: the
+    causal LM's backbone under a scalar head (align/models/scalar_head.py), before LoRA wraps it."""
     spec = family_spec(cfg)
     attn = resolve_attention(spec, attention, _device_type(device))
     config = model_config(cfg, tokenizer)
@@ -119,6 +120,12 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
     refusal = qlora_refusal(cfg, moe is not None and spec.fused_experts)
     if refusal:
         raise ConfigError("model.lora.qlora", refusal, True)
+    if scalar_head:  # preflight refused it already; a Trainer built without preflight is refused here
+        from align.models.scalar_head import head_refusal
+
+        why = head_refusal(spec, "reward_model", cfg.lora.enabled)
+        if why:
+            raise ConfigError(*why)
     _, model_cls = spec.classes()
     if attn.resolved == AttnImpl.layered:
         from align.models.layered_attention import register
@@ -137,6 +144,10 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
         with torch.device(device) if init_on_device and device is not None else contextlib.nullcontext():
             model = model_cls._from_config(config, **kw)
     unread_stores = drop_unread_kv_stores(model)
+    if scalar_head:
+        from align.models.scalar_head import to_scalar_head
+
+        model = to_scalar_head(model, spec, tokenizer.pad_token_id)
     lora_info = None
     if cfg.lora.enabled:
         model, lora_info = apply_lora(model, cfg)

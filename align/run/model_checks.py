@@ -8,6 +8,8 @@ key to change):
 - the largest id of pre-tokenized rows inside every token-id table (naming its file:line)
 - attention backend supported by the family and the machine (else refused, or fallback=allow)
 - router losses only on MoE models; QLoRA only on dense families, with a checkpoint
+- a scalar head (objective=reward_model) only on a family transformers has a sequence-classification
+  class for, and without LoRA (align/models/scalar_head.py)
 - LoRA targets discovered (the peft / bitsandbytes kwargs are kwargs sites: `lora_site`, `qlora_site`)
 - parameter count (total, active for MoE, trainable) and a training-memory estimate, refused when it
   exceeds the visible device unless `model.allow_over_memory=true`, naming the keys of this composition
@@ -72,6 +74,13 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
     except ConfigError as e:
         yield failed("config", "model config (meta build)", e)
         return
+    if type(cfg.objective).scalar_head:  # before anything is sized: the model would be another class
+        from align.models.scalar_head import head_refusal
+
+        why = head_refusal(spec, cfg.objective.kind, m.lora.enabled)
+        if why:
+            yield Check("config", "scalar head", Status.failed, why[1], why[0])
+            return
     moe = spec.moe_shape(config)
     yield from _token_ids(model, getattr(ctx, "facts", {}).get("top_token"))
 

@@ -47,8 +47,14 @@ class Verdict(StrEnum):
 
 
 def architecture(cfg: TrainConfig) -> str:
-    """The class name the export's config.json lists under `architectures` (the class align builds)."""
-    return family_spec(cfg.model).architecture
+    """The class name the export's config.json lists under `architectures` (the class align builds: under a
+    scalar-head objective the family's sequence-classification class, align/models/scalar_head.py)."""
+    spec = family_spec(cfg.model)
+    if type(cfg.objective).scalar_head:
+        from align.models.scalar_head import head_class_name
+
+        return head_class_name(spec) or spec.architecture
+    return spec.architecture
 
 
 def vllm_lookup() -> Optional[Lookup]:

@@ -286,3 +286,17 @@ def test_a_teacher_of_another_tokenizer_is_one_line_exit_2_before_the_run_dir(tm
     err = [ln for ln in p.stderr.splitlines() if ln.strip() and "Writing model shards" not in ln]
     assert len(err) == 1 and err[0].startswith("align: error: objective.teacher: the teacher's tokenizer"), err
     assert "accepted: a teacher" in err[0] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args, key, what", [
+    (["model=olmoe"], "model", "maps model=olmoe (model_type 'olmoe') to none; accepted: model=mistral"),
+    (["model.lora.enabled=true"], "model.lora.enabled", "accepted: model.lora.enabled=false"),
+])
+def test_a_reward_model_without_a_trainable_scalar_head_is_one_line_before_the_run_dir(tmp_path, args, key, what):
+    """objective=reward_model needs the family's AutoModelForSequenceClassification class, its head trained:
+    refused in preflight, naming the family (align/models/scalar_head.py)."""
+    p = _run(tmp_path, "objective=reward_model", "allow_dirty=true", *args)
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    [line] = [ln for ln in p.stderr.splitlines() if ln.startswith("align: error: ")]
+    assert line.startswith(f"align: error: {key}: objective=reward_model ") and what in line, line
+    assert "Traceback" not in p.stderr and not (tmp_path / "run").exists()
