@@ -87,6 +87,11 @@ class ObjectiveConfig:
     """The objective, chosen with `objective=<kind>` (each option composes its own schema): one of the
     registered kinds (sft, dpo, grpo, kto, distill, reward_model)."""
 
+    @property
+    def option(self) -> str:
+        """`objective=<kind>`, as messages name the composed objective (naming it is no branch on it)."""
+        return f"objective={self.kind}"
+
     reads_pairs = False
     """The objective trains on a preference source (data=gsm8k_pairs or data=preference), not on chat
     records: the root config checks the data against it, so no list names these objectives."""

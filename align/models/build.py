@@ -123,7 +123,7 @@ def build_model(cfg: ModelConfig, attention: AttentionConfig, tokenizer, device:
     if scalar_head:  # preflight refused it already; a Trainer built without preflight is refused here
         from align.models.scalar_head import head_refusal
 
-        why = head_refusal(spec, "reward_model", cfg.lora.enabled)
+        why = head_refusal(spec, "a scalar-head objective", cfg.lora.enabled)
         if why:
             raise ConfigError(*why)
     _, model_cls = spec.classes()

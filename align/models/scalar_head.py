@@ -36,18 +36,18 @@ def head_class_name(spec: FamilySpec) -> Optional[str]:
     return MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(spec.model_type)
 
 
-def head_refusal(spec: FamilySpec, kind: str, lora: bool = False) -> Optional[tuple[str, str]]:
-    """(key, why in one line) objective=`kind` cannot train a scalar head here; None when it can. LoRA is
-    refused: the new `score` is no adapter target, so it would stay at its random init (and an adapter
+def head_refusal(spec: FamilySpec, option: str, lora: bool = False) -> Optional[tuple[str, str]]:
+    """(key, why in one line) `option` (`objective=<kind>`) cannot train a scalar head here; None when it can.
+    LoRA is refused: the new `score` is no adapter target, so it would stay at its random init (and an adapter
     export would lack it)."""
     if lora and head_class_name(spec) is not None:
-        return "model.lora.enabled", (f"objective={kind} trains a new score head, which LoRA would leave at its "
+        return "model.lora.enabled", (f"{option} trains a new score head, which LoRA would leave at its "
                                       "random init: accepted: model.lora.enabled=false (a full fine-tune)")
     if head_class_name(spec) is not None:
         return None
     name = spec.name.value if spec.name != Family.hf else f"hf (model_type {spec.model_type!r})"
     fits = [f"model={f.value}" for f, s in FAMILIES.items() if head_class_name(s) is not None]
-    return "model", (f"objective={kind} needs a sequence-classification class and transformers' "
+    return "model", (f"{option} needs a sequence-classification class and transformers' "
             f"AutoModelForSequenceClassification maps model={name} (model_type {spec.model_type!r}) to none; "
             f"accepted: {', '.join(fits)}, or model=hf with a checkpoint whose model_type it maps (llama, qwen2, ...)")
 

@@ -77,7 +77,7 @@ def model_checks(cfg: TrainConfig, ctx: Any = None, shards: int = 1) -> Iterator
     if type(cfg.objective).scalar_head:  # before anything is sized: the model would be another class
         from align.models.scalar_head import head_refusal
 
-        why = head_refusal(spec, cfg.objective.kind, m.lora.enabled)
+        why = head_refusal(spec, cfg.objective.option, m.lora.enabled)
         if why:
             yield Check("config", "scalar head", Status.failed, why[1], why[0])
             return

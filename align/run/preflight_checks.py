@@ -348,7 +348,7 @@ def check_objective(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     own = getattr(objective_class(cfg), "preflight", None)
     if own is None:
         return
-    name = f"objective={cfg.objective.kind}"
+    name = cfg.objective.option
     try:
         what = own(cfg)
     except ConfigError as e:
