@@ -71,6 +71,7 @@ class AlignEngine(ModelWeights):
         self.graph_failure: Optional[str] = None
         self.compile_failure: Optional[str] = None
         self._compiled: Optional[tuple] = None
+        self._reserved = (0, 0)
         self.last_call: dict[str, Any] = {}
         register()
 
@@ -209,9 +210,16 @@ class AlignEngine(ModelWeights):
                 self.graph_failure = why
             return None
 
+    def reserve(self, max_len: int, max_new: int) -> None:
+        """Size the cache for calls of up to `max_len` positions (prompt + new) and `max_new` new tokens
+        from the first call on: a run that knows its longest rollout (GRPO's planned width) then never
+        reallocates it, nor recaptures and recompiles its steps, when a longer prompt comes."""
+        self._reserved = (max_len, max_new)
+
     def _state_for(self, max_len: int, max_new: int) -> "_State":
         if self._state is not None and self._state.fits(max_len, max_new):
             return self._state
+        max_len, max_new = max(max_len, self._reserved[0]), max(max_new, self._reserved[1])
         self._graphs.clear()
         self._state = None
         self._state = _State(self.model, self.num_slots, _round_up(max_len, SLOT_POSITIONS_MULTIPLE),

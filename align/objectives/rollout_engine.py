@@ -28,6 +28,8 @@ def build_rollout_engine(cfg: Any, train_cfg: Any, model: torch.nn.Module, token
     copy_dtype = None if cfg.generation_dtype == GenerationDtype.same else GEN_DTYPES[cfg.generation_dtype]
     engine = build_engine(ecfg, model, copy_dtype=copy_dtype, pad_token_id=tokenizer.pad_token_id,
                           eos_token_ids=[tokenizer.eos_token_id])
+    if engine.backend == Backend.align:  # the plan sized data.max_seq_len to the longest rollout
+        engine.reserve(train_cfg.data.max_seq_len, cfg.max_new_tokens)
     if moe_auto:
         engine.resolution = {"backend_requested": "auto", "backend_reason": "auto: the MoE router flip record "
                              "reads hf's batching (align/objectives/router_flips.py)"}

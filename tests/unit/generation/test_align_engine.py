@@ -407,3 +407,16 @@ def test_in_bf16_the_engine_drifts_from_a_teacher_forced_forward_no_more_than_ge
 
     mine, theirs = drift(align_engine(model).generate(ps, spec)), drift(hf_engine(model).generate(ps, spec))
     assert mine <= max(1e-2, 1.5 * theirs), (mine, theirs)
+
+
+def test_a_reserved_cache_is_allocated_once_for_the_longest_call(tiny_model):
+    """GRPO reserves its planned rollout width: a longer prompt later reuses the cache (and on CUDA the
+    steps captured on it) instead of reallocating."""
+    eng = align_engine(tiny_model())
+    eng.reserve(200, 16)
+    spec = SamplingSpec(max_new_tokens=4, temperature=0, stop_token_ids=())
+    eng.generate([[5, 6, 7]], spec)
+    first = eng._state
+    assert first.cache.max_len == 256 and first.max_new == 64  # rounded up to the slot multiple
+    eng.generate([[5] * 150], spec)
+    assert eng._state is first
