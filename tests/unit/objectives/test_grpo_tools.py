@@ -219,3 +219,24 @@ def test_preflight_refuses_a_tool_that_does_not_import(compose):
     with pytest.raises(ConfigError, match="cannot import align.rewards.nope") as e:
         run_preflight(cfg)
     assert e.value.key == "objective.tools[0]"
+
+
+def test_inspect_shows_a_recorded_trajectory_with_its_turns_in_the_loss(scripted, tmp_path):
+    """`align.tools.inspect rollout=<checkpoint dir> index=N`: the rank's recorded rollout (what the checkpoint
+    keeps: `rank_state_dict`), the trajectory's turns between the loss marks, its tool message outside them."""
+    import re
+
+    from align.tools.inspect import OPEN, Options, inspect_record, segments
+
+    trainer, _ = scripted
+    r, tok = trainer.objective.rollout, trainer.tokenizer
+    (tmp_path / "rank0.json").write_text(json.dumps({"objective": trainer.objective.rank_state_dict()}))
+    out = inspect_record(trainer.cfg, Options(index=0, rollout=str(tmp_path)))
+    ids, mask = r.tokens[r.offsets[0]:r.offsets[1]].tolist(), r.loss_mask[r.offsets[0]:r.offsets[1]].tolist()
+    body = out.split("-" * 100)[1]
+    assert re.findall(r"\[\[(.*?)\]\]", body, re.S) == [tok.decode(run) for m, run in segments(ids, mask) if m]
+    assert len(re.findall(re.escape(OPEN), body)) == 2 and "]]<|tool|>" in body  # two turns, the tool message out
+    assert out.startswith(f"sequence 0 of rollout 0 (8 sequences, {tmp_path / 'rank0.json'})")
+    assert f"{sum(mask)} in the loss" in out and "2 turns of the model" in out
+    with pytest.raises(IndexError, match="rollout 0 in .* has 8 sequences; accepted: 0..7"):
+        inspect_record(trainer.cfg, Options(index=8, rollout=str(tmp_path)))
