@@ -264,6 +264,15 @@ class GRPOConfig(ObjectiveConfig):
     where the device's memory cannot be read, capped at 256 rows, the fixed default before auto: every
     CPU rollout keeps the calls it had. The manifest's `model.extra.generation.batch_size` says what it
     resolved to and why."""
+    max_turns: int = 1
+    """Assistant turns per trajectory (docs/grpo.md#tools). 1: single-turn, a completion is the model's one
+    reply. Above 1: a turn that calls one of `tools` gets the result back as a `tool` message and the model
+    takes another turn, up to this many; only the model's own tokens are in the loss, and the reward scores
+    the last turn's text. Needs `tools`."""
+    tools: list[str] = field(default_factory=list)
+    """The tools a trajectory may call when `max_turns` > 1: `pkg.module:fn` or `/path/to/file.py:fn`, each
+    called by its function's name, e.g. [align.rewards.calculator:calculator], the bundled arithmetic tool
+    (align/rewards/tool_calls.py). Imported and checked in preflight."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -282,6 +291,7 @@ class GRPOConfig(ObjectiveConfig):
         _require(math.isfinite(self.is_cap) and self.is_cap >= 1, "objective.is_cap", "must be >= 1", self.is_cap)
         _require(self.dynamic_sampling_rounds >= 0, "objective.dynamic_sampling_rounds", "must be >= 0",
                  self.dynamic_sampling_rounds)
+        self._check_turns()
         _require(self.reference != ReferenceKind.precomputed, "objective.reference",
                  "grpo's completions are new every rollout: a precomputed reference cannot cover them; "
                  "use auto, model, adapters_off or none", self.reference.value)
@@ -292,6 +302,19 @@ class GRPOConfig(ObjectiveConfig):
             _require(self.reference in (ReferenceKind.auto, ReferenceKind.none), "objective.reference",
                      "kl_coef=0 reads no reference: leave it at auto (or none), or set objective.kl_coef",
                      self.reference.value)
+
+    def _check_turns(self) -> None:
+        from align.rewards.tool_calls import tool_names
+
+        _require(isinstance(self.max_turns, int) and self.max_turns >= 1, "objective.max_turns",
+                 "must be an int >= 1 (1: single-turn)", self.max_turns)
+        tool_names(self.tools)
+        _require(self.max_turns == 1 or bool(self.tools), "objective.max_turns",
+                 "above 1 needs objective.tools: a turn continues only after a tool call, e.g. "
+                 "objective.tools=[align.rewards.calculator:calculator]", self.max_turns)
+        _require(self.max_turns > 1 or not self.tools, "objective.tools",
+                 "is read only when objective.max_turns > 1 (a tool's result needs a turn to answer it)",
+                 list(self.tools))
 
 
 def own_kind(cls: type) -> Optional[str]:

@@ -87,6 +87,10 @@ class GRPO(RolloutMaker):
 
         self.env, self.tokenizer = env, tokenizer
         self.prompts = load_prompts(cfg, tokenizer, self.reward)
+        if self.cfg.max_turns > 1:
+            from align.objectives.multi_turn import build_multi_turn
+
+            self.multi_turn = build_multi_turn(cfg, tokenizer)
         return self.prompts.data, build_prompt_stream(cfg, self.prompts, tokenizer.pad_token_id, env.rank, env.world)
 
     def prepare(self, model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -111,6 +115,8 @@ class GRPO(RolloutMaker):
 
         self.engine, self.router_train, self.router_gen = build_rollout_engine(self.cfg, self.train_cfg, model,
                                                                                self.tokenizer, self.env)
+        if self.multi_turn is not None:  # the flip record maps one engine call's rows to completions
+            self.router_train = self.router_gen = None
 
     # ---------------------------------------------- rollouts: align/objectives/grpo_rollouts.py
 
@@ -239,7 +245,9 @@ class GRPO(RolloutMaker):
                          "temperature": c.temperature, "top_p": c.top_p,
                          "dynamic_sampling": c.dynamic_sampling,
                          "dynamic_sampling_rounds": c.dynamic_sampling_rounds if c.dynamic_sampling else None,
-                         "seed": "sha256(trainer.seed/rollout index/rank/round)"},
+                         "seed": "sha256(trainer.seed/rollout index/rank/round)",
+                         "max_turns": c.max_turns,
+                         "tools": self.multi_turn.tools.identity() if self.multi_turn is not None else None},
             "reward": self.reward.identity(),
             "logps": {"chunk_tokens": self.chunk or None, "final_logit_softcapping": self.softcap,
                       "temperature": c.temperature},

@@ -21,7 +21,7 @@ PHASES = ("generation_s", "sync_s", "scoring_s", "old_logps_s", "reference_s")
 def add_rollout(s: Sums, r: Rollout, group_size: int) -> dict[str, Any]:
     """Add this rank's rollout statistics to `s` as sums; returns the row's entries that are rank 0's own."""
     m = r.meta
-    lens = r.completion_lens
+    lens = r.loss_lens  # the generated tokens (a multi-turn trajectory's tool messages are not)
     for key, v in (("seqs", r.size), ("reward", r.rewards.sum()), ("reward_sq", (r.rewards ** 2).sum()),
                    ("groups", m["groups"]), ("zero_var", m["zero_variance_groups"]),
                    ("zero_var_first", m["zero_variance_first_round"]), ("abs_adv", np.abs(r.advantages).sum()),
@@ -31,6 +31,8 @@ def add_rollout(s: Sums, r: Rollout, group_size: int) -> dict[str, Any]:
     for k, v in m.items():
         if k.startswith("parts/"):
             s.add(f"ro_part/{k.removeprefix('parts/')}", v)
+        elif k in ("turns", "tool_calls", "tool_errors"):
+            s.add(f"ro_{k}", v)
     # Every rank runs the same rollouts and rounds; the hash is of this rank's copy (rank 0's row).
     return {"rollout/index": r.index, "rollout/rounds": m["rounds"], "rollout/weights_sha256": m["weights_sha256"]}
 
@@ -47,6 +49,9 @@ def rollout_row(sums: dict[str, float]) -> dict[str, Any]:
            "rollout/stop_frac": sums["ro_stopped"] / n}
     row.update({f"reward/{k.removeprefix('ro_part/')}": v / sums["ro_generated"]
                 for k, v in sums.items() if k.startswith("ro_part/")})
+    if "ro_turns" in sums:  # multi-turn (align/objectives/multi_turn.py)
+        row.update({"rollout/turns_mean": sums["ro_turns"] / n, "rollout/tool_calls_mean": sums["ro_tool_calls"] / n,
+                    "rollout/tool_error_frac": sums["ro_tool_errors"] / max(sums["ro_tool_calls"], 1.0)})
     return row
 
 

@@ -4,8 +4,8 @@ prompts generated `group_size` times each and scored, zero-variance groups repla
 trainer's log-probs before the first update where several updates share the rollout.
 
 `RolloutMaker` is the half of `GRPO` that makes rollouts; it reads what `GRPO` sets up: `cfg`, `train_cfg`,
-`env`, `device`, `tokenizer`, `prompts`, `reward`, `engine`, `model`, `forward`, `autocast`, `router_gen`,
-`rollout`, `rollouts`, `_sums`, `_row`, `_timers`, `_data`, and its `_first_forward` and `_mismatch`."""
+`env`, `device`, `tokenizer`, `prompts`, `reward`, `engine`, `multi_turn`, `model`, `forward`, `autocast`,
+`router_gen`, `rollout`, `rollouts`, `_sums`, `_row`, `_timers`, `_data`, and its `_first_forward` and `_mismatch`."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ class RolloutMaker:
     cfg: Any
     train_cfg: Any
     rollout: Optional[Rollout]
+    multi_turn: Any = None
+    """A `MultiTurn` (align/objectives/multi_turn.py) where the rollouts call tools; None: single-turn."""
 
     def _seed(self, index: int, round_: int) -> int:
         from align.generation import derive_seed
@@ -80,7 +82,10 @@ class RolloutMaker:
         t0 = time.perf_counter()
         rec = self.router_gen.record() if self.router_gen is not None else contextlib.nullcontext()
         with torch.no_grad(), self.autocast(), rec:
-            out = self.engine.generate(prompts, spec)
+            if self.multi_turn is None:
+                out = self.engine.generate(prompts, spec)
+            else:  # tools: trajectories of several engine calls (align/objectives/multi_turn.py)
+                out = self.multi_turn.run(self.engine, prompts, spec)
         self._timed("generation_s", t0)
         topk = None
         if self.router_gen is not None:
@@ -156,16 +161,23 @@ class RolloutMaker:
         adv = group_advantages(rewards, self.cfg.advantage.value).reshape(-1).numpy()
         seqs = [(g["row"], gi, g["prompt"], o) for gi, g in enumerate(groups) for o in g["outs"]]
         lens = [len(p) + o.num_tokens for _, _, p, o in seqs]
+        multi = self.multi_turn is not None
+        body = (lambda o: o.body) if multi else (lambda o: o.token_ids)  # noqa: E731
         r = Rollout(
             index=self.rollouts,
             rows=np.array([s[0] for s in seqs], dtype=np.int64), group=np.array([s[1] for s in seqs], dtype=np.int64),
             prompt_lens=np.array([len(s[2]) for s in seqs], dtype=np.int64),
-            tokens=np.concatenate([np.asarray(list(p) + list(o.token_ids), dtype=np.int32) for _, _, p, o in seqs]),
+            tokens=np.concatenate([np.asarray(list(p) + list(body(o)), dtype=np.int32) for _, _, p, o in seqs]),
             offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
             engine_logps=np.concatenate([np.asarray(o.logprobs, dtype=np.float32) for *_, o in seqs]),
             sampler_logps=np.concatenate([np.asarray(o.sampler_logprobs, dtype=np.float32) for *_, o in seqs]),
             rewards=rewards.reshape(-1).numpy(), advantages=adv,
             stopped=np.array([o.finish_reason.value == "stop" for *_, o in seqs]))
+        if multi:
+            r.loss_mask = np.concatenate([np.r_[np.zeros(len(p), dtype=bool), np.asarray(o.mask, dtype=bool)]
+                                          for _, _, p, o in seqs])
+            stats.update({k: float(sum(getattr(o, k) for *_, o in seqs)) for k in ("turns", "tool_calls",
+                                                                                  "tool_errors")})
         if self.router_gen is not None and all(g["topk"] is not None for g in groups):
             r.router_topk = torch.cat([t for g in groups for t in g["topk"]], dim=1)
         if self.train_cfg.sampler.kind == SamplerKind.budget:

@@ -78,6 +78,10 @@ class GRPOTerms(PlanTerms):
 
         longest, count = longest_prompt(cfg)
         width, new = rollout_width(cfg, longest), cfg.objective.max_new_tokens
+        if getattr(cfg.objective, "max_turns", 1) > 1:  # distill shares these terms, single-turn
+            return longest, {"requested": cfg.data.max_seq_len, "resolved": width, "prompt_tokens": longest,
+                             "why": f"objective.max_turns={cfg.objective.max_turns}: a trajectory grows by turns and "
+                                    f"tool messages up to data.max_seq_len={cfg.data.max_seq_len}"}
         return longest, {"requested": cfg.data.max_seq_len, "resolved": width, "prompt_tokens": longest,
                          "why": f"the longest of {count} prompts is {longest} tokens, + objective.max_new_tokens="
                                 f"{new}: no rollout sequence is longer than {width} tokens (data.max_seq_len="

@@ -158,3 +158,45 @@ def distill_view(cfg: Any, tokenizer: Any, index: int) -> View:
                 f"top_p={o.top_p})",
                 f"loss: at each completion token, {how} over the full vocabulary against the teacher "
                 f"{o.teacher}, averaged over completion tokens; the record's answer is never read"])
+
+
+def rollout_view(cfg: Any, tokenizer: Any, path: str, index: int) -> View:
+    """objective=grpo: sequence `index` of a recorded rollout, the one a checkpoint's rank<r>.json holds (the
+    rollout buffer a resume replays: align/objectives/rollout.py `state_dict`), exactly as the run trains on
+    it. A multi-turn trajectory (align/objectives/multi_turn.py) shows its turns in the loss and its tool
+    messages between them out of it."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from align.errors import ConfigError
+    from align.objectives.rollout import Rollout
+
+    file = Path(path)
+    file = file / "rank0.json" if file.is_dir() else file
+    if not file.is_file():
+        raise ConfigError("rollout", "accepted: a checkpoint dir (its rank0.json) or a rank<r>.json of one", path)
+    state = (json.loads(file.read_text()).get("objective") or {}).get("rollout")
+    if state is None:
+        raise ConfigError("rollout", f"{file} holds no rollout (objective=grpo checkpoints keep their last one)", path)
+    r = Rollout.from_state_dict(state)
+    check_index(index, r.size, f"rollout {r.index} in {file} has {{n}} sequences")
+    a, b = int(r.offsets[index]), int(r.offsets[index + 1])
+    ids = r.tokens[a:b].tolist()
+    mask = (r.loss_mask[a:b] if r.loss_mask is not None
+            else np.arange(b - a) >= r.prompt_lens[index]).astype(bool).tolist()
+    turns = sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
+    lo, hi = r.completion_offsets()[index:index + 2]
+    logps = r.engine_logps[lo:hi]
+    return View(
+        header=[f"sequence {index} of rollout {r.index} ({r.size} sequences, {file}): prompt row {int(r.rows[index])}, "
+                f"group {int(r.group[index])}, reward {float(r.rewards[index]):g}, advantage "
+                f"{float(r.advantages[index]):+.4f}, {'stopped' if r.stopped[index] else 'cut at a length bound'}",
+                _counts(ids, mask) + f"; {turns} turn{'s' if turns != 1 else ''} of the model"],
+        legend="tokens in the loss: the model's own generated tokens, each weighted by the advantage; the rest: the "
+               "prompt, and between turns the tool messages and the template's tokens, context only",
+        sequences=[("", ids, mask)],
+        footer=[f"engine log-probs of its {len(logps)} loss tokens (the trainer's are compared with them): mean "
+                f"{float(logps.mean()) if len(logps) else float('nan'):.4f}, the ratio's denominator under "
+                f"objective.is_correction=tis"])

@@ -75,8 +75,9 @@ COPY_BYTES = {GenerationDtype.bf16: 2, GenerationDtype.fp32: 4}
 def rollout_width(cfg: Any, prompt_tokens: Optional[int] = None) -> int:
     """grpo: the most tokens a rollout sequence holds: the longest prompt (`prompt_tokens`, known once the
     prompts are read: align.data.prompts.longest_prompt) + `objective.max_new_tokens`; unknown, its bound
-    `data.max_seq_len` (a longer prompt is dropped or refused)."""
-    if prompt_tokens is None:
+    `data.max_seq_len` (a longer prompt is dropped or refused). Multi-turn trajectories (`objective.max_turns`
+    > 1) grow by turns and tool messages up to that bound (align/objectives/multi_turn.py)."""
+    if prompt_tokens is None or getattr(cfg.objective, "max_turns", 1) > 1:
         return cfg.data.max_seq_len
     return min(cfg.data.max_seq_len, prompt_tokens + cfg.objective.max_new_tokens)
 

@@ -135,6 +135,15 @@ def load_function(spec: str, key: str = "reward.function") -> PythonReward:
     signature TRL's keyword call does not fit."""
     if spec in _LOADED:
         return _LOADED[spec] if _LOADED[spec].key == key else _LOADED[spec].under(key)
+    fn, module = import_spec(spec, key)
+    fields = _check_signature(fn, key, spec)
+    _LOADED[spec] = loaded = PythonReward(spec, fn, source_file(fn, module), fields, key)
+    return loaded
+
+
+def import_spec(spec: str, key: str) -> tuple[Any, Any]:
+    """(the object `spec` names, its module), imported or loaded from its file; ConfigError naming `key` for a
+    missing module, file or attribute (the tools of align/rewards/tool_calls.py are named the same way)."""
     target, attr = split_spec(spec, key)
     if _is_file(target):
         path = Path(target).expanduser().resolve()
@@ -155,13 +164,15 @@ def load_function(spec: str, key: str = "reward.function") -> PythonReward:
         if not hasattr(fn, part):
             raise ConfigError(key, f"{target} has no attribute {attr!r}", spec)
         fn = getattr(fn, part)
-    fields = _check_signature(fn, key, spec)
+    return fn, module
+
+
+def source_file(fn: Any, module: Any) -> Optional[Path]:
+    """The file that defines `fn`: what the manifest records and hashes."""
     try:
-        file = Path(inspect.getsourcefile(fn) or module.__file__).resolve()
+        return Path(inspect.getsourcefile(fn) or module.__file__).resolve()
     except TypeError:  # a callable instance or a builtin: the module's own file
-        file = Path(module.__file__).resolve() if getattr(module, "__file__", None) else None
-    _LOADED[spec] = loaded = PythonReward(spec, fn, file, fields, key)
-    return loaded
+        return Path(module.__file__).resolve() if getattr(module, "__file__", None) else None
 
 
 def _first(e: BaseException) -> str:

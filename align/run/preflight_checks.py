@@ -331,6 +331,23 @@ def check_reward(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
                     f"{f.spec} takes (prompts, completions, **kwargs); {f.file} sha256 {(f.sha256 or 'none')[:16]}")
 
 
+def check_tools(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
+    """Each tool of a multi-turn GRPO run (objective.tools) imported and callable."""
+    specs = getattr(cfg.objective, "tools", None)
+    if not specs:
+        return
+    from align.rewards.tool_calls import KEY, load_tool
+
+    for i, spec in enumerate(specs):
+        try:
+            tool = load_tool(spec, f"{KEY}[{i}]")
+        except ConfigError as e:
+            yield Check("config", f"tool {spec}", Status.failed, str(e).removeprefix(f"{e.key}: "), e.key)
+            return
+        yield Check("config", f"tool {tool.name}", Status.passed, f"{tool.spec}; {tool.file} sha256 "
+                    f"{(tool.sha256 or 'none')[:16]}")
+
+
 def check_logger(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     """The tracker's package is installed (found, not imported: importing it is the run's business)."""
     from align.telemetry.trackers import missing_package
@@ -369,6 +386,7 @@ CHECKS: list[Callable[[TrainConfig, Context], Iterable[Check]]] = [
     check_files,
     check_logger,
     check_reward,
+    check_tools,
     check_git,
     check_cache,
     check_attention,

@@ -4,6 +4,7 @@ a run composed from the same overrides would train on it, with its loss mask vis
     python -m align.tools.inspect                                   # record 0 of the default run's data
     python -m align.tools.inspect data=jsonl data.path=chat.jsonl index=3 tokens=true
     python -m align.tools.inspect model.pretrained=/ckpt/Mistral-7B-v0.3 data.max_seq_len=256
+    python -m align.tools.inspect objective=grpo rollout=<run dir>/checkpoints/step_00000010 index=5
 
 The overrides are align.train's (the same config groups and keys, validated the same way); `index`
 (a record of the encoded data set, after truncation and drops, default 0) and `tokens` (add one line
@@ -13,6 +14,8 @@ What a record is, and what of it is in the loss, is the objective's to say (`Obj
 chat record, its loss tokens the targets the model is trained to predict; dpo one pair, both sides,
 their completions in the loss; grpo one prompt as the engine receives it, nothing of it in the loss,
 with the rollout that generates and scores its completions and the reference answer the verifiers get.
+`rollout=<checkpoint dir>` shows sequence `index` of the rollout a GRPO checkpoint recorded instead: a
+completion, or a multi-turn trajectory whose tool messages sit out of the loss between the model's turns.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ class Options:
     """Which record of the encoded data set (0-based): a pair for dpo, a prompt for grpo."""
     tokens: bool = False
     """Print one line per token (position, id, in the loss or not, its text) under the record."""
+    rollout: Optional[str] = None
+    """objective=grpo: a checkpoint dir (or its rank<r>.json) whose recorded rollout to show, `index` its
+    sequence: a trajectory as the run trained on it (align/objectives/views.py `rollout_view`)."""
 
 
 def split_argv(argv: Sequence[str]) -> tuple[Options, list[str]]:
@@ -42,8 +48,10 @@ def split_argv(argv: Sequence[str]) -> tuple[Options, list[str]]:
     opts, rest = Options(), []
     for arg in argv:
         key, eq, value = arg.partition("=")
-        if not eq or key not in ("index", "tokens"):
+        if not eq or key not in ("index", "tokens", "rollout"):
             rest.append(arg)
+        elif key == "rollout":
+            opts.rollout = value
         elif key == "index":
             if not value.isdigit():
                 die(f"index={value}: not a record index; accepted: an integer >= 0")
@@ -97,7 +105,12 @@ def inspect_record(cfg: Any, opts: Options, color: bool = False) -> str:
     from align.objectives import objective_class
 
     tok = load_tokenizer(cfg.model)
-    view = objective_class(cfg).view(cfg, tok, opts.index)
+    if opts.rollout is not None:
+        from align.objectives.views import rollout_view
+
+        view = rollout_view(cfg, tok, opts.rollout, opts.index)
+    else:
+        view = objective_class(cfg).view(cfg, tok, opts.index)
     rule = "-" * 100
     out = [*view.header, f"{OPEN} ... {CLOSE}: {view.legend}"]
     for label, ids, mask in view.sequences:

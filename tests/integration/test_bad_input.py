@@ -81,6 +81,9 @@ CASES = [
     # a python reward is imported and its signature checked in preflight, before the tokenizer
     (["objective=grpo", "reward=python", "reward.function=tests.python_rewards:missing"], "reward.function",
      "tests.python_rewards has no attribute 'missing'"),
+    # a tool of a multi-turn GRPO run is imported in preflight too
+    (["objective=grpo", "objective.max_turns=2", "objective.tools=[align.rewards.nope:calc]"], "objective.tools[0]",
+     "cannot import align.rewards.nope"),
 ]
 
 
