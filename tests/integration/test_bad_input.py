@@ -81,6 +81,9 @@ CASES = [
     # a python reward is imported and its signature checked in preflight, before the tokenizer
     (["objective=grpo", "reward=python", "reward.function=tests.python_rewards:missing"], "reward.function",
      "tests.python_rewards has no attribute 'missing'"),
+    # a reward model is read from its files in preflight (the other refusals: tests/unit/rewards/test_model_reward.py)
+    (["objective=grpo", "reward=model", "reward.path=/nonexistent/rm/export"], "reward.path",
+     "no such directory: /nonexistent/rm/export (accepted: the export dir of an objective=reward_model run"),
 ]
 
 
