@@ -324,12 +324,13 @@ def own_kind(cls: type) -> Optional[str]:
 
 @dataclass
 class RewardConfig:
-    """The reward of RL objectives (objective=grpo): verifiers of align/rewards, weighted and summed."""
+    """The reward of RL objectives (objective=grpo): verifiers of align/rewards, your functions and a trained
+    reward model, weighted and summed."""
 
     weights: dict[str, float] = field(default_factory=dict)
     """Verifier or function name -> weight, e.g. {gsm8k: 1.0, format: 0.1} (docs/rewards.md); each
     completion is scored against its prompt's reference. Each of `functions` is weighted by its name,
-    `function` as `python`. Empty under objectives that read no reward."""
+    `function` as `python`, the reward model (`path`) as `model`. Empty under objectives that read no reward."""
     function: Optional[str] = None
     """Your own reward, weighted as `python` in `weights` (reward=python): `pkg.module:fn` or
     `/path/to/file.py:fn`, a function with TRL's reward-function signature `fn(prompts, completions,
@@ -338,3 +339,21 @@ class RewardConfig:
     """Your own rewards, several: name -> `pkg.module:fn` or `/path/to/file.py:fn`, each a function like
     `function`'s and weighted by its name in `weights`, e.g. {correct: mypkg.rewards:correct} with
     weights {correct: 1.0, format: 0.1}. A name is an identifier and no verifier's (docs/rewards.md)."""
+    path: Optional[str] = None
+    """A trained reward model, weighted as `model` in `weights` (reward=model): a local export dir of
+    objective=reward_model, or any checkpoint of a ...ForSequenceClassification class with num_labels=1 and
+    a tokenizer with a chat template. Each completion's reward is its scalar for the prompt's messages and
+    the completion rendered through ITS tokenizer's chat template (TRL's GRPOTrainer's rule); checked in
+    preflight, loaded once on the training device (bf16 on CUDA, fp32 on a CPU), frozen (docs/rewards.md)."""
+    model_batch_size: int = 32
+    """`path`: completions per forward of the reward model (each rollout round's completions are scored in
+    batches of this many, padded on the right)."""
+
+    def __post_init__(self) -> None:
+        b = self.model_batch_size
+        _require(isinstance(b, int) and not isinstance(b, bool) and b >= 1, "reward.model_batch_size",
+                 "must be an int >= 1", b)
+
+    def ignored(self, key: str) -> dict[str, str]:
+        """Fields this choice does not read, with why (see `check_ignored`)."""
+        return {} if self.path is not None else {"model_batch_size": f"ignored without {key}.path (no reward model)"}

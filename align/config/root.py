@@ -110,6 +110,8 @@ class TrainConfig:
                      f"objective={kind} ignores it", self.reward.function)
             _require(not self.reward.functions, "reward.functions", f"is read by {scorers} only; "
                      f"objective={kind} ignores it", dict(self.reward.functions))
+            _require(self.reward.path is None, "reward.path", f"is read by {scorers} only; "
+                     f"objective={kind} ignores it", self.reward.path)
             _require(
                 not self.reward.weights,
                 "reward.weights",
@@ -143,7 +145,8 @@ class TrainConfig:
         # Unknown names, bad weights, a function without a weight or a weight without its function: one line,
         # exit 2. The functions themselves are imported by preflight (align/run/preflight_checks.py), not at every
         # conversion.
-        functions = check_weights(self.reward.weights, function=self.reward.function, functions=self.reward.functions)
+        functions = check_weights(self.reward.weights, function=self.reward.function, functions=self.reward.functions,
+                                  model=self.reward.path)
         from align.objectives.advantages import no_signal
         from align.rewards.combine import constant_reward
 

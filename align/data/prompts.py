@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,8 @@ class PromptSet:
     """Row i: `<file>:<line>` of its record, what a reward failure names."""
     columns: list[dict[str, Any]]
     """Row i: its record's fields under a python reward; empty dicts otherwise."""
+    messages: list[list[dict[str, str]]] = field(default_factory=list)
+    """Row i: the prompt's messages (what a reward model renders through its own chat template)."""
 
     def __len__(self) -> int:
         return len(self.references)
@@ -65,7 +67,7 @@ class PromptSet:
     def group(self, i: int, completions: list[str], completion_ids: list[list[int]]) -> Group:
         """Prompt i with its completions, as the reward scores them."""
         return Group(prompt=self.texts[i], reference=self.references[i], columns=self.columns[i], where=self.wheres[i],
-                     completions=completions, completion_ids=completion_ids)
+                     completions=completions, completion_ids=completion_ids, messages=self.messages[i])
 
 
 def split_record(record: Record) -> tuple[list[dict[str, str]], str]:
@@ -131,7 +133,7 @@ def run_reward(cfg: TrainConfig) -> WeightedReward | NoReward:
     """The reward the run's objective reads its prompts with: the reward group's, or none where it weighs nothing."""
     if not cfg.reward.weights:
         return NoReward()
-    return WeightedReward(cfg.reward.weights, function=cfg.reward.function, functions=cfg.reward.functions)
+    return WeightedReward.of(cfg.reward)
 
 
 def load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> PromptSet:
@@ -163,6 +165,7 @@ def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> P
     records = load_records(data_cfg, report, columns=keep)
     formats = report.pop("formats")
     tokens, ids, roots, refs, sources, dropped, texts, wheres, columns = [], [], [], [], [], [], [], [], []
+    kept_messages: list[list[dict[str, str]]] = []
     for r in records:
         if r.text is not None:
             raise ConfigError(_where(data_cfg, r), "a text record has no prompt and no reference answer; accepted for "
@@ -188,6 +191,7 @@ def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> P
             continue
         tokens.append(np.asarray(ids_, dtype=np.int32))
         texts.append(text)
+        kept_messages.append(messages)
         wheres.append(_where(data_cfg, r))
         columns.append(r.columns or {})
         ids.append(r.id)
@@ -213,7 +217,7 @@ def _load_prompts(cfg: TrainConfig, tokenizer: Any, reward: WeightedReward) -> P
     if dropped:
         log.warning("prompts: dropped %d longer than %d tokens, first: %s", len(dropped), limit, dropped[0])
     log.info("prompts: %d, %d tokens, references checked by %s", len(ids), int(lengths.sum()), sorted(reward.weights))
-    return PromptSet(data=data, references=refs, texts=texts, wheres=wheres, columns=columns)
+    return PromptSet(data=data, references=refs, texts=texts, wheres=wheres, columns=columns, messages=kept_messages)
 
 
 class WholeBatchSampler(ShuffleSampler):

@@ -103,8 +103,9 @@ def no_signal(estimator: Estimator | str, group_size: int, constant_reward: Opti
                 f"{d.below}, so every advantage would be 0 and nothing would train", group_size)
     if constant_reward is not None and (d.group_baseline or constant_reward == 0):
         return ("reward.weights", f"every completion scores {constant_reward:g} whatever it says (each verifier is "
-                "weighted 0 or gives one value only, each function weighted 0), so every advantage under advantage="
-                f"{e.value} would be 0 and nothing would train: weight a verifier whose score varies, or a function",
+                "weighted 0 or gives one value only, each function and the reward model weighted 0), so every "
+                f"advantage under advantage={e.value} would be 0 and nothing would train: weight a verifier whose "
+                "score varies, a function or a reward model",
                 None if reward_weights is None else dict(reward_weights))
     return None
 

@@ -61,7 +61,7 @@ class GRPO(RolloutMaker):
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg: GRPOConfig = cfg.objective
         self.train_cfg = cfg
-        self.reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function, functions=cfg.reward.functions)
+        self.reward = WeightedReward.of(cfg.reward)
         self.spec = LossSpec(clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high,
                              level=RatioLevel(self.cfg.ratio_level.value),
                              aggregation=Aggregation(self.cfg.loss_agg.value), kl_coef=self.cfg.kl_coef)
@@ -107,6 +107,10 @@ class GRPO(RolloutMaker):
         self.model, self.forward = model, forward
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.device = next(model.parameters()).device
+        if self.reward.model_path is not None and self.reward.model is None:  # once, on the training device
+            from align.objectives.scoring_model import load_model_reward
+
+            self.reward.model = load_model_reward(self.reward.model_path, self.device, self.reward.model_batch_size)
         # The engine generates under the trainer's autocast, so both sides compute in the same precision.
         self.autocast: Callable[[], Any] = autocast_context(self.train_cfg.trainer.precision, self.device.type)
         if self.reference_kind == ReferenceKind.adapters_off:

@@ -1,6 +1,7 @@
 """A generation round's completions scored by the reward (align/rewards): one group per prompt, so that each
 python reward (`reward.function`, `reward.functions`) is called once per prompt with that prompt's
-completions and a failure names the function and the prompt.
+completions and a failure names the function and the prompt. A reward model (`reward.path`) scores the
+round's completions of all its prompts together, in its own batches.
 
 A python reward can fail on one rank's prompts only, and the other ranks would then wait at the next
 collective for a rank that has stopped: every rank learns whether any rank's reward failed, and all of
@@ -28,10 +29,12 @@ def score_rollout(reward: Any, prompts: Any, rows: np.ndarray, completions: Sequ
     parts: dict[str, float] = {}
     failed = None
     try:
+        groups = []
         for i, js in by_prompt.items():
             ids = [list(completions[j].token_ids) for j in js]
-            group = prompts.group(int(rows[i]), [decode(t) for t in ids], ids)
-            for j, r in zip(js, reward.score_group(group)):
+            groups.append(prompts.group(int(rows[i]), [decode(t) for t in ids], ids))
+        for js, scored in zip(by_prompt.values(), reward.score_groups(groups)):
+            for j, r in zip(js, scored):
                 totals[j] = r.total
                 for name, s in r.parts.items():
                     parts[name] = parts.get(name, 0.0) + s.value

@@ -107,7 +107,7 @@ def prompt_view(cfg: Any, tokenizer: Any, index: int) -> View:
     from align.data.tokenizer import tokenizer_dir
     from align.rewards import WeightedReward
 
-    reward = WeightedReward(cfg.reward.weights, function=cfg.reward.function, functions=cfg.reward.functions)
+    reward = WeightedReward.of(cfg.reward)
     prompts = load_prompts(cfg, tokenizer, reward)
     check_index(index, len(prompts), "the prompt set has {n} prompts")
     ids = prompts.prompt(index)
@@ -131,7 +131,9 @@ def prompt_view(cfg: Any, tokenizer: Any, index: int) -> View:
                 f"({', '.join(reward.weights)}), never trained on: {prompts.references[index]!r}"]
         + [f"{name}: {f.key} {f.spec} gets this prompt's completions with its rendered text "
            f"and its record's fields as keywords ({', '.join(sorted(prompts.columns[index]))})"
-           for name, f in reward.functions.items()])
+           for name, f in reward.functions.items()]
+        + ([f"model: reward.path {reward.model_path} scores each completion with this prompt's messages, rendered "
+            "through the reward model's own chat template"] if reward.model_path else []))
 
 
 def distill_view(cfg: Any, tokenizer: Any, index: int) -> View:

@@ -25,7 +25,7 @@ import importlib.util
 import inspect
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Real
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -77,6 +77,9 @@ class Group:
     """`<file>:<line>` of the prompt's record: what a failure names."""
     completions: list[str]
     completion_ids: list[list[int]]
+    messages: list[dict[str, str]] = field(default_factory=list)
+    """The prompt's messages (the record's turns before its reference): what a reward model renders through its
+    own chat template, the completion as the assistant's turn."""
 
 
 class PythonReward:

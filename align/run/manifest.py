@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping, Optional
 from align.core.hashing import canonical_json, config_hash
 from align.core.provenance import MANIFEST, GitState, now
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PENDING = "pending: not known yet when this was written"
 
 # Every key a manifest has, nested as written; a leaf's value here documents it. docs/provenance.md
@@ -113,7 +113,8 @@ SCHEMA: dict[str, Any] = {
     "objective": "what the objective resolved to: kind, loss, reference strategy and identity (weights sha256, "
     "cache key and hit), the step-0 gate's report (null with a reason where it cannot apply)",
     "reward": "each python reward by the name reward.weights weighs it (reward.function: python; objective=grpo): "
-    "its import path, the file that defines it, that file's sha256",
+    "its import path, the file that defines it, that file's sha256; the reward model (reward.path) as model: its "
+    "dir, class, weight files' sha256, tokenizer's and chat template's sha256",
     "logger": "the tracker rank 0 logged to (logger=wandb, tensorboard, mlflow): where it wrote, its version",
     "mask_probe": "per layer type: mask None (fast path) or tensor, padded vs unpadded, band check result",
     "compile": {

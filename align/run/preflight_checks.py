@@ -315,7 +315,15 @@ def check_compile_artifacts(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
 
 def check_reward(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
     """Each python reward (reward.function, reward.functions) imported (once per process: the run reuses it)
-    and its signature checked."""
+    and its signature checked; the reward model (reward.path) read from its files
+    (align/objectives/scoring_model.py)."""
+    if cfg.reward.path is not None:
+        from align.objectives.scoring_model import model_problem
+
+        why, what = model_problem(cfg.reward.path)
+        yield Check("config", "reward model", Status.failed if why else Status.passed, why or what, "reward.path")
+        if why:
+            return
     if cfg.reward.function is None and not cfg.reward.functions:
         return
     from align.rewards.combine import function_specs

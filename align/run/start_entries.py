@@ -75,16 +75,21 @@ def record_files(m: Manifest, cfg: TrainConfig) -> None:
 
 
 def record_reward(m: Manifest, cfg: TrainConfig) -> None:
-    """The python reward functions' identities (imported as preflight did), or why there are none."""
+    """The python reward functions' identities (imported as preflight did) and the reward model's (from its
+    files), or why there are none."""
     from align.objectives import objective_class
 
-    if cfg.reward.function is None and not cfg.reward.functions:
+    if cfg.reward.function is None and not cfg.reward.functions and cfg.reward.path is None:
         weights = dict(cfg.reward.weights)
-        m.null("reward", f"no python reward: reward.weights is {weights}" if weights
+        m.null("reward", f"no python reward or reward model: reward.weights is {weights}" if weights
                            else f"objective={objective_class(cfg).name} reads no reward")
         return
     from align.rewards.combine import function_specs
     from align.rewards.function import function_key, load_function
+    from align.rewards.model_reward import MODEL, file_identity
 
     specs = function_specs(cfg.reward.function, cfg.reward.functions)  # preflight's imports, reused
-    m.set("reward", {n: load_function(s, function_key(n)).identity() for n, s in specs.items()})
+    record = {n: load_function(s, function_key(n)).identity() for n, s in specs.items()}
+    if cfg.reward.path is not None:
+        record[MODEL] = file_identity(cfg.reward.path)
+    m.set("reward", record)

@@ -40,6 +40,8 @@ def test_every_option_composes_and_converts(group, option, compose, tmp_path):
         extra = ["objective=grpo"]  # only objective=grpo reads a reward
     if (group, option) == ("reward", "python"):
         extra.append("reward.function=tests.python_rewards:recorded")
+    if (group, option) == ("reward", "model"):
+        extra.append(f"reward.path={tmp_path}")  # read in preflight, not when the config converts
     if (group, option) == ("model", "hf"):
         extra = [f"model.pretrained={tmp_path}"]  # model=hf has no presets: a checkpoint dir is required
     cfg = compose([f"{group}={option}", *extra], config_name="probe" if group == "probe" else "train")

@@ -84,6 +84,9 @@ CASES = [
     # a tool of a multi-turn GRPO run is imported in preflight too
     (["objective=grpo", "objective.max_turns=2", "objective.tools=[align.rewards.nope:calc]"], "objective.tools[0]",
      "cannot import align.rewards.nope"),
+    # a reward model is read from its files in preflight (the other refusals: tests/unit/rewards/test_model_reward.py)
+    (["objective=grpo", "reward=model", "reward.path=/nonexistent/rm/export"], "reward.path",
+     "no such directory: /nonexistent/rm/export (accepted: the export dir of an objective=reward_model run"),
 ]
 
 

@@ -36,7 +36,7 @@ def test_unknown_name_is_one_line_listing_the_accepted():
         WeightedReward({"gsm8k": 1.0, "gsmk8": 0.5}, key="rl.reward")
     msg = str(e.value)
     assert msg == f"rl.reward.gsmk8: unknown verifier or function; accepted: {accepted()}, a name of " \
-                  "reward.functions, or python with reward.function (got 'gsmk8')"
+                  "reward.functions, python with reward.function, or model with reward.path (got 'gsmk8')"
     assert "\n" not in msg and e.value.exit_code == EXIT_CONFIG
     assert accepted() == "exact_int, format, gsm8k, math" and set(VERIFIERS) == {"exact_int", "format", "gsm8k", "math"}
 

@@ -151,9 +151,11 @@ ALL = "exact_int, format, gsm8k, math"
 
 @pytest.mark.parametrize("overrides, says", [
     (["+reward.weights.length=0.2"], f"reward.weights.length: unknown verifier or function; accepted: {ALL}, a name "
-                                     "of reward.functions, or python with reward.function (got 'length')"),
+                                     "of reward.functions, python with reward.function, or model with reward.path "
+                                     "(got 'length')"),
     ([f"+reward.functions.length={FN}", "+reward.weights.length=0.2", "+reward.weights.lenght=0.2"],
-     f"reward.weights.lenght: unknown verifier or function; accepted: {ALL}, or a function's name: length"),
+     f"reward.weights.lenght: unknown verifier or function; accepted: {ALL}, a function's name (length), or model "
+     "with reward.path"),
     ([f"+reward.functions.length={FN}"], f"reward.functions.length: has no weight: set reward.weights.length (0 keeps "
                                          f"its part in the record without moving the reward) (got '{FN}')"),
     ([f"+reward.functions.format={FN}", "+reward.weights.format=1"],
