@@ -113,13 +113,7 @@ class AlignEngine(ModelWeights):
         return [out[(p, s)] for p in range(len(prompts)) for s in range(spec.n)]
 
     def _check(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> None:
-        vocab = self.model.get_input_embeddings().num_embeddings
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ConfigError(f"prompts[{i}]", "is empty: a prompt needs at least one token")
-            bad = [t for t in p if not 0 <= int(t) < vocab]
-            if bad:
-                raise ConfigError(f"prompts[{i}]", f"holds token ids outside [0, {vocab})", bad[:5])
+        self.check_prompts(prompts)
         if spec.n > self.num_slots:
             raise ConfigError("generation.batch_size", f"the align engine admits a prompt's {spec.n} samples "
                               f"together: batch_size (its slots) must be >= sampling.n", self.num_slots)

@@ -157,7 +157,7 @@ class HFEngine(ModelWeights):
     # ---------------------------------------------------------------------------------------- calls
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Completion]:
-        self._check_prompts(prompts)
+        self.check_prompts(prompts)
         rows = [(p, s) for p in range(len(prompts)) for s in range(spec.n)]
         # Longest first, stable: batches of similar lengths pad little, and the order is a pure
         # function of the prompts, so the same call draws the same batches.
@@ -170,15 +170,6 @@ class HFEngine(ModelWeights):
             for r, (tokens, lps, sps, reason) in zip(chunk, done):
                 out[r] = Completion(rows[r][0], rows[r][1], tuple(tokens), tuple(lps), tuple(sps), reason)
         return [out[r] for r in range(len(rows))]
-
-    def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
-        vocab = self.model.get_input_embeddings().num_embeddings
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ConfigError(f"prompts[{i}]", "is empty: a prompt needs at least one token")
-            bad = [t for t in p if not 0 <= int(t) < vocab]
-            if bad:
-                raise ConfigError(f"prompts[{i}]", f"holds token ids outside [0, {vocab})", bad[:5])
 
     def _generation_config(self, spec: SamplingSpec, stops: tuple[int, ...]) -> GenerationConfig:
         compiled = self.mode is GenerateMode.compiled

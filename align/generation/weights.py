@@ -10,8 +10,9 @@ import torch
 
 
 class ModelWeights:
-    """What every engine on a transformers model object does with its weights. The engine class sets
-    `self.model` and `self.shares_weights` in its constructor, which takes `shares_weights=`."""
+    """What every engine on a transformers model object does with its weights (and the vocabulary its
+    prompts must stay in). The engine class sets `self.model` and `self.shares_weights` in its
+    constructor, which takes `shares_weights=`."""
 
     model: torch.nn.Module
     shares_weights: bool
@@ -30,6 +31,18 @@ class ModelWeights:
         if model is self.model:
             return
         self.model.load_state_dict(model.state_dict())
+
+    def check_prompts(self, prompts) -> None:
+        """Every prompt non-empty and inside the model's vocabulary, or one line naming the prompt."""
+        from align.errors import ConfigError
+
+        vocab = self.model.get_input_embeddings().num_embeddings
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ConfigError(f"prompts[{i}]", "is empty: a prompt needs at least one token")
+            bad = [t for t in p if not 0 <= int(t) < vocab]
+            if bad:
+                raise ConfigError(f"prompts[{i}]", f"holds token ids outside [0, {vocab})", bad[:5])
 
     def weights_hash(self) -> str:
         from align.generation.fingerprint import fingerprint
