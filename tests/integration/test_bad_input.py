@@ -294,15 +294,26 @@ def test_a_teacher_of_another_tokenizer_is_one_line_exit_2_before_the_run_dir(tm
     assert "accepted: a teacher" in err[0] and not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("args, key, what", [
-    (["model=olmoe"], "model", "maps model=olmoe (model_type 'olmoe') to none; accepted: model=mistral"),
-    (["model.lora.enabled=true"], "model.lora.enabled", "accepted: model.lora.enabled=false"),
-])
-def test_a_reward_model_without_a_trainable_scalar_head_is_one_line_before_the_run_dir(tmp_path, args, key, what):
+def test_a_reward_model_without_a_trainable_scalar_head_is_one_line_before_the_run_dir(tmp_path):
     """objective=reward_model needs the family's AutoModelForSequenceClassification class, its head trained:
-    refused in preflight, naming the family (align/models/scalar_head.py)."""
-    p = _run(tmp_path, "objective=reward_model", "allow_dirty=true", *args)
+    refused in preflight, naming the family (align/models/scalar_head.py). LoRA's refusal, the same check:
+    test_a_reward_model_under_lora_is_refused_in_preflight."""
+    p = _run(tmp_path, "objective=reward_model", "allow_dirty=true", "model=olmoe")
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     [line] = [ln for ln in p.stderr.splitlines() if ln.startswith("align: error: ")]
-    assert line.startswith(f"align: error: {key}: objective=reward_model ") and what in line, line
+    assert line.startswith("align: error: model: objective=reward_model ") and \
+        "maps model=olmoe (model_type 'olmoe') to none; accepted: model=mistral" in line, line
     assert "Traceback" not in p.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_reward_model_under_lora_is_refused_in_preflight(compose):
+    """In process: the new score head is no adapter target, so LoRA would leave it at its random init."""
+    from align.config import to_typed
+    from align.errors import ConfigError
+    from align.run.preflight_checks import run_preflight
+
+    cfg = to_typed(compose(["objective=reward_model", "allow_dirty=true", "logger=none", "model.lora.enabled=true"]))
+    with pytest.raises(ConfigError) as e:
+        run_preflight(cfg)
+    assert e.value.key == "model.lora.enabled" and "accepted: model.lora.enabled=false" in str(e.value)
+    assert "\n" not in str(e.value)

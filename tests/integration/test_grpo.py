@@ -80,8 +80,8 @@ def test_an_unknown_verifier_exits_2_before_any_work(tmp_path):
     assert p.returncode == 2, p.stderr[-2000:]
     errors = [line for line in p.stderr.splitlines() if line.strip()]
     assert errors == ["align: error: reward.weights.exactness: unknown verifier or function; accepted: exact_int, "
-                      "format, gsm8k, math, a name of reward.functions, or python with reward.function (got "
-                      "'exactness')"], errors
+                      "format, gsm8k, math, a name of reward.functions, python with reward.function, or model "
+                      "with reward.path (got 'exactness')"], errors
     assert not (tmp_path / "run").exists()
 
 
