@@ -164,6 +164,10 @@ class DPO:
     def micro_loss(self, forward: Callable[..., torch.Tensor], batch: Batch) -> torch.Tensor:
         out = preference_loss(self.loss, self.pair_logps(forward, batch), beta=self.cfg.beta,
                               label_smoothing=self.cfg.label_smoothing, simpo_gamma=self.cfg.simpo_gamma)
+        return self._accumulate(out, batch)
+
+    def _accumulate(self, out: Any, batch: Batch) -> torch.Tensor:
+        """Add a micro-batch's metric sums to the window's; the summed loss it returns is the step's."""
         truncated = torch.as_tensor(self.pairs.truncated[batch.pair_rows], device=out.losses.device)
         for k, v in out.metric_sums(truncated).items():
             if k != "loss":  # the loop logs the loss itself
@@ -171,9 +175,10 @@ class DPO:
         self._pairs += batch.pairs
         return out.losses.sum()
 
-    def window_metrics(self) -> dict[str, Any]:
+    def _window_sums(self) -> Optional[tuple[dict[str, float], float]]:
+        """The window's metric sums and its pair count, summed over ranks, then reset; None if empty."""
         if not self._sums:
-            return {}
+            return None
         names = sorted(self._sums)
         device = self._sums[names[0]].device
         vec = torch.stack([torch.as_tensor(self._sums[k], device=device, dtype=torch.float32) for k in names]
@@ -181,9 +186,15 @@ class DPO:
         if self.env is not None and self.env.distributed:
             self.env.all_reduce_sum(vec)
         values = vec.tolist()
-        pairs = max(values[-1], 1.0)
         self._sums, self._pairs = {}, 0
-        return {"pairs": int(values[-1]), **{k: v / pairs for k, v in zip(names, values[:-1])}}
+        return dict(zip(names, values[:-1])), values[-1]
+
+    def window_metrics(self) -> dict[str, Any]:
+        window = self._window_sums()
+        if window is None:
+            return {}
+        sums, n = window
+        return {"pairs": int(n), **{k: v / max(n, 1.0) for k, v in sums.items()}}
 
     # ------------------------------------------------------------------------ checkpoints
 

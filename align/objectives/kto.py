@@ -92,26 +92,13 @@ class KTO(DPO):
         return t[0] / self.env.world
 
     def micro_loss(self, forward: Callable[..., torch.Tensor], batch: Batch) -> torch.Tensor:
-        out = self.loss_of(self.logps(forward, batch), self._mean_over_ranks)
-        truncated = torch.as_tensor(self.pairs.truncated[batch.pair_rows], device=out.losses.device)
-        for k, v in out.metric_sums(truncated).items():
-            if k != "loss":  # the loop logs the loss itself
-                self._sums[k] = self._sums.get(k, 0) + v
-        self._pairs += batch.pairs
-        return out.losses.sum()
+        return self._accumulate(self.loss_of(self.logps(forward, batch), self._mean_over_ranks), batch)
 
     def window_metrics(self) -> dict[str, Any]:
-        if not self._sums:
+        window = self._window_sums()
+        if window is None:
             return {}
-        names = sorted(self._sums)
-        device = self._sums[names[0]].device
-        vec = torch.stack([torch.as_tensor(self._sums[k], device=device, dtype=torch.float32) for k in names]
-                          + [torch.tensor(float(self._pairs), device=device)])
-        if self.env is not None and self.env.distributed:
-            self.env.all_reduce_sum(vec)
-        s = dict(zip(names, vec.tolist()[:-1]))
-        n = vec[-1].item()
-        self._sums, self._pairs = {}, 0
+        s, n = window
         out = {"examples": int(n), "kl": s["kl"] / max(s["n/kl"], 1.0),
                "desirable_fraction": s["n/chosen"] / max(n, 1.0),
                "truncated_fraction": s["truncated_fraction"] / max(n, 1.0)}
