@@ -81,19 +81,12 @@ class Distill(RolloutMaker):
         self.train_cfg = cfg
         self.beta = 1.0 if self.cfg.loss == DistillLoss.reverse_kl else self.cfg.beta
         self.chunk = cfg.trainer.loss_chunk_tokens
-        self.env: Optional[DistEnv] = None
+        self._start_rollouts()
         self.teacher: Any = None
         self.teacher_id: Optional[dict[str, Any]] = None
-        self.engine: Any = None
         self.router_gen = None  # no router flip record: the update's forward is not compared with it
-        self.rollout: Optional[Rollout] = None
-        self.rollouts = 0
         self.softcaps: tuple[Optional[float], Optional[float]] = (None, None)
         self.gate_report: Optional[dict[str, Any]] = None
-        self._sums = Sums()
-        self._row: dict[str, Any] = {}
-        self._t_window: Optional[float] = None
-        self._timers: dict[str, float] = {}
 
     # ----------------------------------------------------------------------------- building
 

@@ -67,18 +67,10 @@ class GRPO(RolloutMaker):
                              aggregation=Aggregation(self.cfg.loss_agg.value), kl_coef=self.cfg.kl_coef)
         self.reference_kind = kl_reference(cfg)
         self.chunk = cfg.trainer.loss_chunk_tokens
-        self.env: Optional[DistEnv] = None
+        self._start_rollouts()
         self.reference: Any = None
         self.reference_sha256: Optional[str] = None
-        self.engine: Any = None
-        self.rollout: Optional[Rollout] = None
-        self.rollouts = 0
-        """Rollouts generated so far (every rank the same): the next one's index, hence its seed."""
         self.softcap: Optional[float] = None
-        self._sums = Sums()
-        self._row: dict[str, Any] = {}
-        self._t_window: Optional[float] = None
-        self._timers: dict[str, float] = {}
 
     # ----------------------------------------------------------------------------- building
 

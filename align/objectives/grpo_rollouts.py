@@ -24,7 +24,7 @@ from align.objectives.advantages import zero_variance
 from align.objectives.grpo_metrics import add_rollout
 from align.objectives.rollout import Rollout, RolloutBatch
 from align.objectives.rollout_rewards import score_rollout
-from align.objectives.rollout_stats import state_sha256
+from align.objectives.rollout_stats import Sums, state_sha256
 from align.objectives.router_flips import generation_topk
 from align.telemetry.progress import Phase
 
@@ -44,6 +44,18 @@ class RolloutMaker:
     rollout: Optional[Rollout]
     multi_turn: Any = None
     """A `MultiTurn` (align/objectives/multi_turn.py) where the rollouts call tools; None: single-turn."""
+
+    def _start_rollouts(self) -> None:
+        """The state every rollout-making objective starts with (GRPO's and distillation's constructors)."""
+        self.env = None
+        self.engine = None
+        self.rollout = None
+        self.rollouts = 0
+        """Rollouts generated so far (every rank the same): the next one's index, hence its seed."""
+        self._sums = Sums()
+        self._row: dict[str, Any] = {}
+        self._t_window: Optional[float] = None
+        self._timers: dict[str, float] = {}
 
     def _seed(self, index: int, round_: int) -> int:
         from align.generation import derive_seed
