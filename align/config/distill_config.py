@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Optional
 
-from align.config.objective import GenerationDtype, ObjectiveConfig
+from align.config.objective import GenerationDtype, ObjectiveConfig, require_rollout_keys
 from align.config.rules import AUTO, _require
 from align.generation.engine import Backend
 
@@ -62,14 +62,7 @@ class DistillConfig(ObjectiveConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("group_size", "prompts_per_rollout", "updates_per_rollout", "max_new_tokens"):
-            _require(getattr(self, key) >= 1, f"objective.{key}", "must be >= 1", getattr(self, key))
-        rows = self.generation_batch_size
-        _require(rows == AUTO or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1),
-                 "objective.generation_batch_size", "must be an int >= 1 or auto", rows)
-        _require(math.isfinite(self.temperature) and self.temperature > 0, "objective.temperature",
-                 "must be a finite number > 0", self.temperature)
-        _require(0 < self.top_p <= 1, "objective.top_p", "must be in (0, 1]", self.top_p)
+        require_rollout_keys(self, "must be a finite number > 0")
         _require(math.isfinite(self.beta) and 0 <= self.beta <= 1, "objective.beta", "must be in [0, 1]", self.beta)
         _require(self.teacher is None or bool(str(self.teacher).strip()), "objective.teacher",
                  "must be a local checkpoint dir", self.teacher)

@@ -75,6 +75,19 @@ def accepted_kinds() -> str:
     return ", ".join(OBJECTIVE_SCHEMAS)
 
 
+def require_rollout_keys(o: Any, temperature_rule: str) -> None:
+    """The sampling and rollout-size keys every objective that samples its own completions reads
+    (objective=grpo's, objective=distill's), each refused in one line naming it."""
+    for key in ("group_size", "prompts_per_rollout", "updates_per_rollout", "max_new_tokens"):
+        _require(getattr(o, key) >= 1, f"objective.{key}", "must be >= 1", getattr(o, key))
+    rows = o.generation_batch_size
+    _require(rows == AUTO or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1),
+             "objective.generation_batch_size", "must be an int >= 1 or auto", rows)
+    _require(math.isfinite(o.temperature) and o.temperature > 0, "objective.temperature", temperature_rule,
+             o.temperature)
+    _require(0 < o.top_p <= 1, "objective.top_p", "must be in (0, 1]", o.top_p)
+
+
 @dataclass
 class ObjectiveConfig:
     """What the run optimises (the `objective` group); align/objectives/interface.py is the seam. The keys
@@ -276,14 +289,7 @@ class GRPOConfig(ObjectiveConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("group_size", "prompts_per_rollout", "updates_per_rollout", "max_new_tokens"):
-            _require(getattr(self, key) >= 1, f"objective.{key}", "must be >= 1", getattr(self, key))
-        rows = self.generation_batch_size
-        _require(rows == AUTO or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1),
-                 "objective.generation_batch_size", "must be an int >= 1 or auto", rows)
-        _require(math.isfinite(self.temperature) and self.temperature > 0, "objective.temperature",
-                 "must be a finite number > 0 (a group of greedy completions would all be the same)", self.temperature)
-        _require(0 < self.top_p <= 1, "objective.top_p", "must be in (0, 1]", self.top_p)
+        require_rollout_keys(self, "must be a finite number > 0 (a group of greedy completions would all be the same)")
         _require(0 <= self.clip_low < 1, "objective.clip_low", "must be in [0, 1)", self.clip_low)
         _require(math.isfinite(self.clip_high) and self.clip_high >= 0, "objective.clip_high", "must be >= 0",
                  self.clip_high)
