@@ -41,7 +41,7 @@ from align.generation.engine import (
     derive_seed,
     resolve_mode,
 )
-from align.generation.slot_attention import ALIGN_SLOTS, reading, register
+from align.generation.slot_attention import ALIGN_SLOTS, prepare, reading, register
 from align.generation.slots import SlotCache, StepRows, layer_geometry
 from align.generation.weights import ModelWeights
 
@@ -70,10 +70,13 @@ class AlignEngine(ModelWeights):
         self._pool = None
         self.graph_failure: Optional[str] = None
         self.compile_failure: Optional[str] = None
+        self.graph_break: Optional[str] = None
+        self._broke = False
         self._compiled: Optional[tuple] = None
         self._reserved = (0, 0)
         self.last_call: dict[str, Any] = {}
         register()
+        prepare(self.device)
 
     # ---------------------------------------------------------------------------------------- calls
 
@@ -160,6 +163,13 @@ class AlignEngine(ModelWeights):
         state.rows[bucket].fill_(state.scratch)  # capture on the spare slot: live rows do not advance
         fn = self._step_fn(state, bucket)
         graph = self._capture(state, fn, bucket, law)
+        if graph is None and fn is not state.decode and self.graph_break is None and self._broke:
+            # One graph broke in two: the step compiles in pieces, and a piece that sits inside a layer
+            # recompiles for each layer (its module's `layer_idx` is a guarded constant) until dynamo's
+            # recompile limit leaves the rest eager. Said in describe(), then compiled in pieces anyway.
+            self.graph_break, self.compile_failure, self._compiled = self.compile_failure, None, None
+            fn = self._step_fn(state, bucket)
+            graph = self._capture(state, fn, bucket, law)
         if graph is None and fn is not state.decode:  # the compiled step failed: the eager step's graph
             graph = self._capture(state, state.decode, bucket, law)
         state.rows[bucket].copy_(saved)
@@ -172,7 +182,7 @@ class AlignEngine(ModelWeights):
         if bucket != self.num_slots or self.compile_failure is not None:
             return state.decode
         if self._compiled is None or self._compiled[0] is not state:
-            self._compiled = (state, torch.compile(state.decode, dynamic=False))
+            self._compiled = (state, torch.compile(state.decode, dynamic=False, fullgraph=self.graph_break is None))
         return self._compiled[1]
 
     def _capture(self, state: "_State", fn, bucket: int, law: Law):
@@ -200,6 +210,7 @@ class AlignEngine(ModelWeights):
             why = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             if compiled:
                 self.compile_failure = why
+                self._broke = isinstance(exc, torch._dynamo.exc.Unsupported)
             else:
                 self.graph_failure = why
             return None
@@ -241,6 +252,7 @@ class AlignEngine(ModelWeights):
             "cuda_graph_failure": self.graph_failure,
             "compiled_step": self.graphs and self.graph_failure is None and self.compile_failure is None,
             "compile_failure": self.compile_failure,
+            "compile_graph_break": self.graph_break,
             "sync_every": self.cfg.sync_every,
             "device": str(self.device),
             "dtype": str(dtype).removeprefix("torch."),

@@ -105,8 +105,10 @@ def _(query, k_buf, v_buf, slots, lengths, scale):
 
 def _triton_ok(query: torch.Tensor, k_buf: torch.Tensor) -> bool:
     head_dim = query.shape[-1]
-    # float32 engines (exact copies) take the reference: tl.dot would round them to tf32.
-    return (query.dtype in (torch.bfloat16, torch.float16) and _kernel() is not None and head_dim >= 16
+    # float32 engines (exact copies) take the reference: tl.dot would round them to tf32. The kernel's
+    # presence is a plain flag (set by `prepare`, outside any trace): tracing `_kernel()` would reach into
+    # Triton's module, which dynamo cannot trace, and break the compiled step's graph inside every layer.
+    return (query.dtype in (torch.bfloat16, torch.float16) and _kernel_ready and head_dim >= 16
             and head_dim & (head_dim - 1) == 0 and query.dtype == k_buf.dtype and query.shape[1] % k_buf.shape[1] == 0)
 
 
@@ -130,6 +132,15 @@ def _decode_triton(query, k_buf, v_buf, slots, lengths, scaling):
 
 
 _compiled_kernel: list = []
+_kernel_ready = False
+
+
+def prepare(device: torch.device) -> bool:
+    """Define the kernel where a CUDA device will run it, before any step is traced; whether it exists."""
+    global _kernel_ready
+    if device.type == "cuda":
+        _kernel_ready = _kernel() is not None
+    return _kernel_ready
 
 
 def _kernel():

@@ -91,3 +91,32 @@ def test_seeded_sampling_repeats_itself():
     a = _engine(model, GenerateMode.compiled, slots=8).generate(ps, spec)
     b = _engine(model, GenerateMode.compiled, slots=8).generate(ps, spec)
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
+
+
+def test_a_copy_of_training_compiled_blocks_decodes_in_one_graph_without_recompiles():
+    """GRPO's engine is a bf16 copy of a policy whose decoder blocks the trainer compiled. The engine's
+    compiled step must trace the whole model as one graph: a break inside a layer leaves that layer's
+    attention a frame of its own, guarded on its `layer_idx`, which recompiles per layer until dynamo's
+    limit (8) runs the deeper layers eager. Ten layers, so a per-layer recompile would hit the limit."""
+    import torch._dynamo.utils
+
+    from align.data.tokenizer import load_tokenizer
+    from align.models import build_model
+    from align.parallel.compile import compile_blocks
+
+    tok = load_tokenizer(ModelConfig())
+    torch.manual_seed(0)
+    cuda = torch.device("cuda")
+    cfg = ModelConfig(family=Family.mistral, overrides={"num_hidden_layers": 10})
+    policy = build_model(cfg, AttentionConfig(), tok, cuda).model.to(cuda)
+    compile_blocks(policy, None)
+    engine = build_engine(EngineConfig(backend=Backend.align, mode=GenerateMode.compiled, batch_size=8), policy,
+                          pad_token_id=0, eos_token_ids=(2,), copy=True, copy_dtype=torch.bfloat16)
+    torch._dynamo.utils.counters.clear()
+    ps = prompts(8, hi=30, vocab=policy.get_input_embeddings().num_embeddings)
+    engine.generate(ps, SamplingSpec(max_new_tokens=12, temperature=1.0, seed=1, stop_token_ids=()))
+    d = engine.describe()
+    assert d["compiled_step"] and d["compile_graph_break"] is None, (d["compile_graph_break"], d["compile_failure"])
+    limit_hits = {k: v for k, v in torch._dynamo.utils.counters["unimplemented"].items()
+                  if str(k).startswith("Dynamo recompile limit exceeded")}
+    assert not limit_hits, limit_hits
