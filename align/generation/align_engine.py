@@ -41,7 +41,7 @@ from align.generation.engine import (
     derive_seed,
     resolve_mode,
 )
-from align.generation.slot_attention import ALIGN_SLOTS, prepare, reading, register
+from align.generation.slot_attention import ALIGN_SLOTS, prepare, reading, register, varlen_usable
 from align.generation.slots import SlotCache, StepRows, layer_geometry
 from align.generation.weights import ModelWeights
 
@@ -77,6 +77,10 @@ class AlignEngine(ModelWeights):
         self.last_call: dict[str, Any] = {}
         register()
         prepare(self.device)
+        dtype = next(model.parameters()).dtype
+        self.packed_prefill = all(varlen_usable(dtype, self.device, d) for _, d in _kv_shapes(model).values())
+        """Prefill the admitted prompts end to end in one row (no padding) where every layer's attention
+        can run packed at speed (align/generation/slot_attention.py); else left-padded."""
 
     # ---------------------------------------------------------------------------------------- calls
 
@@ -124,20 +128,38 @@ class AlignEngine(ModelWeights):
     # --------------------------------------------------------------------------------- the forwards
 
     def _prefill(self, state: "_State", prompts, admitted, spec: SamplingSpec, law: Law) -> None:
-        multiple = self.cfg.pad_to_multiple_of
-        width = -(-max(len(p) for p in prompts) // multiple) * multiple
-        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        pad = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
-        for row, p in enumerate(prompts):
-            ids[row, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
         fanout = torch.tensor([slots for _, slots in admitted], dtype=torch.long)
         keys = torch.tensor([[derive_seed(spec.seed, p, s) for s in range(spec.n)] for p, _ in admitted])
-        ids, pad, fanout, keys = (t.to(self.device) for t in (ids, pad, fanout, keys))
-        positions = (torch.arange(width, device=self.device)[None, :] - pad[:, None]).clamp(min=0)
-        state.cache.rows = StepRows(slots=fanout[:, 0], positions=positions, prefill=True, pad=pad, fanout=fanout)
-        logits = self.model(input_ids=ids, position_ids=positions, cache=state.cache, use_cache=True,
-                            logits_to_keep=1).logits[:, -1].float()
-        state.start(fanout.flatten(), keys.flatten(), logits.repeat_interleave(spec.n, 0), width - pad, law)
+        fanout, keys = fanout.to(self.device), keys.to(self.device)
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        if self.packed_prefill:
+            ids = torch.cat([torch.as_tensor(p, dtype=torch.long) for p in prompts])[None]
+            positions = torch.cat([torch.arange(n) for n in lengths.tolist()])[None]
+            cu = torch.zeros(len(prompts) + 1, dtype=torch.int32)
+            cu[1:] = lengths.cumsum(0)
+            doc = torch.repeat_interleave(torch.arange(len(prompts)), lengths)
+            ids, positions, cu, doc = (t.to(self.device) for t in (ids, positions, cu, doc))
+            state.cache.rows = StepRows(slots=fanout[:, 0], positions=positions, prefill=True, fanout=fanout, cu=cu,
+                                        doc=doc, longest=int(lengths.max()))
+            last = (cu[1:] - 1).long()  # each prompt's last column: its next-token logits
+            logits = self.model(input_ids=ids, position_ids=positions, cache=state.cache, use_cache=True,
+                                logits_to_keep=last).logits[0].float()
+        else:
+            multiple = self.cfg.pad_to_multiple_of
+            width = -(-int(lengths.max()) // multiple) * multiple
+            ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+            for row, p in enumerate(prompts):
+                ids[row, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+            pad = (width - lengths).to(self.device)
+            ids = ids.to(self.device)
+            positions = (torch.arange(width, device=self.device)[None, :] - pad[:, None]).clamp(min=0)
+            state.cache.rows = StepRows(slots=fanout[:, 0], positions=positions, prefill=True, pad=pad, fanout=fanout)
+            # The last column as a tensor, not `1`: given an int, Gemma-4 feeds its KV-sharing layers the last
+            # column alone, whose query the mask here (built for the full width) would let read the padding.
+            last = torch.tensor([width - 1], device=self.device)
+            logits = self.model(input_ids=ids, position_ids=positions, cache=state.cache, use_cache=True,
+                                logits_to_keep=last).logits[:, -1].float()
+        state.start(fanout.flatten(), keys.flatten(), logits.repeat_interleave(spec.n, 0), lengths.to(self.device), law)
 
     def _set_rows(self, state: "_State", rows: list[int]) -> int:
         """Put the live slots in the smallest bucket that holds them (the spare fills the rest)."""
@@ -248,6 +270,8 @@ class AlignEngine(ModelWeights):
             "cache_positions": None if state is None else state.cache.max_len,
             "cache_bytes": None if state is None else state.cache.nbytes,
             "decode_attention": kernel,
+            "prefill": "packed" if self.packed_prefill else "left-padded",
+            "prefill_attention": None if state is None else " + ".join(sorted(state.cache.prefill_paths)) or None,
             "cuda_graphs": self.graphs and self.graph_failure is None,
             "cuda_graph_failure": self.graph_failure,
             "compiled_step": self.graphs and self.graph_failure is None and self.compile_failure is None,

@@ -1,8 +1,12 @@
 """The attention function the align engine registers with transformers (`ALIGN_SLOTS`), reading the
 `SlotCache` of align/generation/slots.py.
 
-- Prefill: left-padded prompts attend over their own fresh keys under a causal mask that also hides the
-  padding (and, on a sliding layer, keys older than the window), through torch's SDPA.
+- Prefill: the admitted prompts attend over their own fresh keys, causally (and, on a sliding layer, not
+  to keys older than the window). Packed (the prompts end to end in one row, no padding): on CUDA in
+  bf16/fp16 torch's variable-length flash attention (`torch.nn.attention.varlen`), which skips the
+  other prompts' keys; elsewhere SDPA under a block-diagonal causal mask, the reference it is tested
+  against. Left-padded (where the engine does not pack, `packed_prefill`): SDPA under a causal mask that
+  also hides the padding.
 - Decode: one query token per row attends over its row's live keys only: `min(position + 1, ring)`
   entries of its slot. On CUDA a Triton kernel streams just those keys (one program per row and KV
   head, every query head of the group at once, an online softmax over blocks of keys); elsewhere the
@@ -51,7 +55,10 @@ def slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         raise ValueError("the align engine's attention has no logit soft-capping; generate with backend=hf")
     cache = _active[-1]
     rows = cache.rows
-    if rows.prefill:
+    if rows.prefill and rows.packed:
+        out = _prefill_packed(query, key, value, rows, scaling, sliding_window, cache.prefill_paths)
+    elif rows.prefill:
+        cache.prefill_paths.add("left-padded, sdpa")
         out = _prefill(query, key, value, rows.pad, scaling, sliding_window)
     else:
         lengths = torch.clamp(rows.positions + 1, max=key.shape[2])
@@ -68,6 +75,57 @@ def _prefill(query, key, value, pad, scaling, window):
     allowed = allowed | torch.eye(width, dtype=torch.bool, device=query.device)[None]  # padding rows: no NaN
     return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed[:, None], scale=scaling,
                                           enable_gqa=query.shape[1] != key.shape[1])
+
+
+def _prefill_packed(query, key, value, rows, scaling, window, paths: set):
+    """(1, heads, total, head_dim): each packed prompt over its own keys, causal, within `window`."""
+    if varlen_usable(query.dtype, query.device, query.shape[-1]):
+        paths.add("packed, varlen flash")
+        return _varlen(query, key, value, rows, scaling, window)
+    paths.add("packed, sdpa block-diagonal")
+    doc, i = rows.doc, torch.arange(query.shape[2], device=query.device)
+    allowed = (doc[:, None] == doc[None, :]) & (i[None, :] <= i[:, None])
+    if window is not None:
+        allowed = allowed & (i[:, None] - i[None, :] < window)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed[None, None], scale=scaling,
+                                          enable_gqa=query.shape[1] != key.shape[1])
+
+
+def _varlen(query, key, value, rows, scaling, window):
+    from torch.nn.attention.varlen import varlen_attn
+
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (total, heads, head_dim)
+    kw = {"scale": scaling, "window_size": (-1 if window is None else window - 1, 0)}  # flash: keys i-left..i
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in _VARLEN_PARAMS:
+            kw["enable_gqa"] = True
+        else:
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    out = varlen_attn(q, k, v, rows.cu, rows.cu, rows.longest, rows.longest, **kw)
+    return out.transpose(0, 1)[None]
+
+
+def _varlen_params() -> frozenset:
+    try:
+        import inspect
+
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return frozenset()
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+_VARLEN_PARAMS = _varlen_params()
+VARLEN_HEAD_DIM = 256
+"""Flash attention's largest head dim: a model with a wider head (Gemma-4's global layers) prefills left-padded."""
+
+
+def varlen_usable(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """Whether torch's variable-length attention runs this prefill: CUDA, half precision, a head flash takes,
+    and an installed signature that says causal and sliding as a window (`window_size`) and takes `scale`."""
+    return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and head_dim <= VARLEN_HEAD_DIM
+            and {"window_size", "scale"} <= _VARLEN_PARAMS)
 
 
 def decode_attention(query: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,

@@ -36,6 +36,17 @@ class StepRows:
     fanout: Optional[torch.Tensor] = None
     """Prefill only: (batch, n) int64, every slot a prompt's keys are copied into (its samples share the
     prompt's prefill); `slots` is then `fanout[:, 0]`."""
+    cu: Optional[torch.Tensor] = None
+    """Packed prefill only: (prompts + 1,) int32, where each prompt starts in the one packed row (its
+    cumulative lengths); `fanout` then has a row per prompt and `positions` is (1, total tokens)."""
+    doc: Optional[torch.Tensor] = None
+    """Packed prefill only: (total tokens,) int64, the prompt each column belongs to."""
+    longest: int = 0
+    """Packed prefill only: the longest prompt's length (the attention kernel's bound)."""
+
+    @property
+    def packed(self) -> bool:
+        return self.cu is not None
 
 
 def layer_geometry(config: Any) -> list[Optional[int]]:
@@ -69,6 +80,8 @@ class SlotCache:
             self.values[layer] = torch.zeros_like(self.keys[layer])
         self.rows: Optional[StepRows] = None
         self.decode_paths: set[str] = set()
+        self.prefill_paths: set[str] = set()
+        """Which prefill attention paths wrote this cache (align/generation/slot_attention.py)."""
         """Which decode attention paths read this cache (align/generation/slot_attention.py)."""
 
     @property
@@ -90,6 +103,8 @@ class SlotCache:
 
     def _write_prefill(self, key, value, k_buf, v_buf, ring: int) -> None:
         rows = self.rows
+        if rows.packed:
+            return self._write_packed(key, value, k_buf, v_buf, ring)
         width = key.shape[2]
         col = torch.arange(width, device=key.device)
         pos = col[None, :] - rows.pad[:, None]  # (batch, width): position of each column, < 0 on padding
@@ -101,6 +116,18 @@ class SlotCache:
         k_rows, v_rows = key[b_idx, :, c_idx].to(k_buf.dtype), value[b_idx, :, c_idx].to(v_buf.dtype)
         for j in range(rows.fanout.shape[1]):
             slots = rows.fanout[b_idx, j]
+            k_buf[slots, :, where] = k_rows
+            v_buf[slots, :, where] = v_rows
+
+    def _write_packed(self, key, value, k_buf, v_buf, ring: int) -> None:
+        rows = self.rows
+        pos, doc = rows.positions[0], rows.doc  # (total,): each column's position and prompt
+        length = (rows.cu[1:] - rows.cu[:-1]).long()[doc]
+        keep = (pos >= length - ring).nonzero(as_tuple=True)[0]  # a ring keeps its prompt's last `ring` positions
+        where = pos[keep] % ring
+        k_rows, v_rows = key[0].transpose(0, 1)[keep].to(k_buf.dtype), value[0].transpose(0, 1)[keep].to(v_buf.dtype)
+        for j in range(rows.fanout.shape[1]):
+            slots = rows.fanout[doc[keep], j]
             k_buf[slots, :, where] = k_rows
             v_buf[slots, :, where] = v_rows
 

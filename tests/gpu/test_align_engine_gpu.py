@@ -77,6 +77,10 @@ def test_the_compiled_graphs_decode_what_a_teacher_forced_forward_scores(family)
     d = graphed_engine.describe()
     assert d["cuda_graphs"] and d["compiled_step"], (d["cuda_graph_failure"], d["compile_failure"])
     assert d["decode_attention"] == "triton, live keys only"
+    # Prompts end to end through flash's variable-length kernel wherever every head fits it (not Gemma-4's
+    # 512-wide global heads, which prefill left-padded).
+    wide = any(getattr(m, "head_dim", 0) > 256 for m in model.modules())
+    assert d["prefill_attention"] == ("left-padded, sdpa" if wide else "packed, varlen flash"), d["prefill_attention"]
     assert [c.token_ids[0] for c in eager] == [c.token_ids[0] for c in graphed]  # one prefill path
     hf = build_engine(EngineConfig(backend=Backend.hf, mode=GenerateMode.compiled, batch_size=8), model,
                       pad_token_id=0, eos_token_ids=(2,)).generate(ps, spec)

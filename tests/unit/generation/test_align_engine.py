@@ -34,9 +34,14 @@ from tests.unit.generation.conftest import argmax_loop, prompts, teacher_forced_
 EOS = 2
 
 
-def align_engine(model, batch_size: int = 3, sync_every: int = 2, eos=(EOS,)) -> AlignEngine:
+def align_engine(model, batch_size: int = 3, sync_every: int = 2, eos=(EOS,), packed=None) -> AlignEngine:
+    """`packed`: prefill the prompts end to end in one row (the CPU takes the block-diagonal mask path);
+    None: as the engine chooses (left-padded on the CPU)."""
     cfg = EngineConfig(backend=Backend.align, batch_size=batch_size, sync_every=sync_every)
-    return build_engine(cfg, model, pad_token_id=0, eos_token_ids=eos)
+    engine = build_engine(cfg, model, pad_token_id=0, eos_token_ids=eos)
+    if packed is not None:
+        engine.packed_prefill = packed
+    return engine
 
 
 def hf_engine(model, eos=(EOS,)):
@@ -67,12 +72,13 @@ def redrawn(model, prompt, completion, spec: SamplingSpec, p: int, s: int) -> tu
 # ------------------------------------------------------------------------------------------ greedy
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["left-padded", "packed"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_greedy_equals_transformers_generate_and_an_argmax_loop_with_slots_reused(tiny_model, family):
+def test_greedy_equals_transformers_generate_and_an_argmax_loop_with_slots_reused(tiny_model, family, packed):
     model = tiny_model(family)
     ps = prompts(7, hi=14, vocab=vocab_of(model))  # 7 prompts through 3 slots: three waves
     spec = SamplingSpec(max_new_tokens=8, temperature=0, stop_token_ids=())
-    eng = align_engine(model, batch_size=3, sync_every=2)
+    eng = align_engine(model, batch_size=3, sync_every=2, packed=packed)
     out = eng.generate(ps, spec)
     ref = hf_engine(model).generate(ps, spec)
     assert [c.prompt_index for c in out] == list(range(7))
@@ -222,13 +228,14 @@ def test_continuous_batching_keeps_each_sampled_row_with_its_prompt_and_sample(t
 # ------------------------------------------------------------------------------------ sliding rings
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["left-padded", "packed"])
 @pytest.mark.parametrize("family", [Family.mistral, Family.gemma4])
-def test_a_sliding_window_ring_gives_transformers_greedy_tokens(build, family):
+def test_a_sliding_window_ring_gives_transformers_greedy_tokens(build, family, packed):
     model = build(family, overrides={"sliding_window": 4}).model
     windows = model.config.layer_types if family is Family.gemma4 else None
     ps = prompts(5, lo=6, hi=15, vocab=vocab_of(model))  # every prompt longer than the window
     spec = SamplingSpec(max_new_tokens=10, temperature=0, stop_token_ids=())
-    eng = align_engine(model, batch_size=2, sync_every=3)
+    eng = align_engine(model, batch_size=2, sync_every=3, packed=packed)
     out = eng.generate(ps, spec)
     ring = eng._state.cache.ring
     if windows is None:
@@ -238,6 +245,23 @@ def test_a_sliding_window_ring_gives_transformers_greedy_tokens(build, family):
         assert all((ring[i] == 4) == (t == "sliding_attention") for i, t in enumerate(windows) if i in ring)
     for c, r, p in zip(out, hf_engine(model).generate(ps, spec), ps):
         assert list(c.token_ids) == list(r.token_ids) == argmax_loop(model, p, 10)
+        torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(r.logprobs), atol=1e-5, rtol=0)
+    assert eng.describe()["prefill_attention"] == ("packed, sdpa block-diagonal" if packed else "left-padded, sdpa")
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["left-padded", "packed"])
+def test_gemma4_layers_that_share_keys_give_transformers_greedy_tokens(build, packed):
+    """Gemma-4's last layers read the keys an earlier layer wrote (`num_kv_shared_layers`); prompts of
+    different lengths, so a left-padded prefill has padding those layers must not read."""
+    types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    shared = {"num_hidden_layers": 4, "layer_types": types, "num_kv_shared_layers": 2}
+    model = build(Family.gemma4, overrides=shared).model
+    assert any(getattr(m, "is_kv_shared_layer", False) for m in model.modules())
+    ps = prompts(5, lo=3, hi=15, vocab=vocab_of(model))
+    spec = SamplingSpec(max_new_tokens=8, temperature=0, stop_token_ids=())
+    out = align_engine(model, batch_size=3, sync_every=2, packed=packed).generate(ps, spec)
+    for c, r, p in zip(out, hf_engine(model).generate(ps, spec), ps):
+        assert list(c.token_ids) == list(r.token_ids) == argmax_loop(model, p, 8)
         torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(r.logprobs), atol=1e-5, rtol=0)
 
 
