@@ -124,3 +124,27 @@ def test_a_copy_of_training_compiled_blocks_decodes_in_one_graph_without_recompi
     limit_hits = {k: v for k, v in torch._dynamo.utils.counters["unimplemented"].items()
                   if str(k).startswith("Dynamo recompile limit exceeded")}
     assert not limit_hits, limit_hits
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_the_varlen_prefill_scores_what_the_left_padded_one_does(window):
+    """Flash's variable-length kernel over packed prompts against SDPA over left-padded ones, on one bf16
+    model: the first token (the prefill's) and its log-prob; a window of 4 under prompts up to 40 long
+    checks the kernel's `window_size` says the window the model's mask says."""
+    from align.data.tokenizer import load_tokenizer
+    from align.models import build_model
+
+    tok = load_tokenizer(ModelConfig())
+    torch.manual_seed(0)
+    cuda = torch.device("cuda")
+    cfg = ModelConfig(family=Family.mistral, overrides={"sliding_window": window})
+    model = build_model(cfg, AttentionConfig(), tok, cuda).model.to(cuda, torch.bfloat16)
+    ps = prompts(12, lo=5, hi=40, vocab=model.get_input_embeddings().num_embeddings)
+    spec = SamplingSpec(max_new_tokens=1, temperature=0, stop_token_ids=())
+    packed, padded = _engine(model, GenerateMode.static), _engine(model, GenerateMode.static)
+    padded.packed_prefill = False
+    a, b = packed.generate(ps, spec), padded.generate(ps, spec)
+    assert packed.describe()["prefill_attention"] == "packed, varlen flash"
+    assert padded.describe()["prefill_attention"] == "left-padded, sdpa"
+    gaps = [abs(x.logprobs[0] - y.logprobs[0]) for x, y in zip(a, b)]
+    assert sum(x.token_ids == y.token_ids for x, y in zip(a, b)) >= 11 and max(gaps) < 0.05, gaps
