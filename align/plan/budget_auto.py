@@ -159,8 +159,8 @@ def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: 
                                   prompt_tokens: Optional[int] = None) -> tuple[int, str]:
     """The rows per engine call `auto` stands for on `device`, and why. `device_bytes`: the device's
     memory (default: read from the device)."""
-    from align.plan.generation_auto import CPU_ROWS, rollout_rows
-    from align.plan.memory import kv_cache_bytes, resident_bytes
+    from align.plan.generation_auto import CPU_ROWS, cache_held, rollout_rows
+    from align.plan.memory import estimate_memory, kv_cache_bytes, resident_bytes
 
     key, rollout = "objective.generation_batch_size", rollout_rows(cfg)
     requested = cfg.objective.generation_batch_size
@@ -177,10 +177,20 @@ def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: 
     share, kind = headroom(cfg, device)
     limit, resident = int(share * total), resident_bytes(cfg, device)
     per_row = kv_cache_bytes(cfg, device, 1, prompt_tokens)
+    beside = "weights, optimizer state, reference and generation copy"
+    if cache_held(cfg):  # the engine keeps its cache through the update: the step's working set beside it
+        from align.plan.chunk_auto import plan_loss_chunk
+
+        sized = plan_loss_chunk(cfg, device)[0]  # resolved before this in plan_sizes; here for direct callers
+        if sized.trainer.compile_memory_budget == AUTO:  # resolved after this: its largest, torch's default
+            sized = _with_memory_budget(sized, None)
+        est = estimate_memory(sized, device, prompt_tokens=prompt_tokens)
+        resident = dataclasses.replace(est, kv_cache=0, kv_cache_held=False).total
+        beside += " and the update's working set (the cache is held between calls)"
     fit = max(limit - resident, 0) // max(per_row, 1)
     gib = 2**30
-    within = (f"{share:.2f} x {total / gib:.1f} GiB ({kind} blocks) less {resident / gib:.1f} GiB of weights, "
-              f"optimizer state, reference and generation copy, at {per_row / 2**20:.1f} MiB of KV cache per row")
+    within = (f"{share:.2f} x {total / gib:.1f} GiB ({kind} blocks) less {resident / gib:.1f} GiB of {beside}, "
+              f"at {per_row / 2**20:.1f} MiB of KV cache per row")
     if fit >= rollout:
         return rollout, f"{key}=auto on {device}: {whole} in one call: its KV cache fits {within}"
     rows = max(1, fit)

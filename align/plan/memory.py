@@ -37,6 +37,7 @@ from align.config.trainer_config import require_chunk_resolved, require_memory_b
 from align.models.family import family_spec
 from align.models.family_table import MoEShape, ParamCount, count_params
 from align.objectives.plan_terms import terms_for
+from align.plan.generation_auto import cache_held
 
 GiB = 1024**3
 
@@ -95,7 +96,9 @@ class MemoryEstimate:
     `generation_copy`, the engine's copy of the weights (held for the whole run), and `kv_cache`, the KV
     cache of one engine call; a rollout is generated before the step's first forward, when the last
     step's gradients are freed and no activations are held, so the peak holds the larger of the KV
-    cache and the step's working set (activations, logits, gradients)."""
+    cache and the step's working set (activations, logits, gradients), unless the engine keeps its cache
+    between calls (`kv_cache_held`: align's engine, align/plan/generation_auto.py `cache_held`): then
+    the cache is held beside the working set."""
 
     params: ParamCount
     tokens_per_micro_batch: int
@@ -110,12 +113,14 @@ class MemoryEstimate:
     grads_accumulate: bool = False
     generation_copy: int = 0
     kv_cache: int = 0
+    kv_cache_held: bool = False
 
     @property
     def total(self) -> int:
         working = self.activations + self.logits
         held = working + self.grads if self.grads_accumulate else max(working, self.grads)
-        return self.weights + self.optimizer + self.reference + self.generation_copy + max(held, self.kv_cache)
+        step = held + self.kv_cache if self.kv_cache_held else max(held, self.kv_cache)
+        return self.weights + self.optimizer + self.reference + self.generation_copy + step
 
     @property
     def fits(self) -> Optional[bool]:
@@ -130,7 +135,8 @@ class MemoryEstimate:
         dev = "unknown" if self.device_bytes is None else f"{self.device_bytes / GiB:.1f} GiB"
         ref = f", reference {self.reference / GiB:.1f}" if self.reference else ""
         ref += f", generation copy {self.generation_copy / GiB:.1f}" if self.generation_copy else ""
-        ref += f", KV cache {self.kv_cache / GiB:.1f}" if self.kv_cache else ""
+        ref += (f", KV cache {self.kv_cache / GiB:.1f}{' (held between calls)' if self.kv_cache_held else ''}"
+                if self.kv_cache else "")
         return (f"params {p.total / 1e9:.3f}B{act}, {p.trainable / 1e9:.3f}B trainable; training memory ~"
                 f"{self.total / GiB:.1f} GiB at peak (weights {self.weights / GiB:.1f}, grads {self.grads / GiB:.1f}, "
                 f"optimizer {self.optimizer / GiB:.1f}{ref}, activations {self.activations / GiB:.1f} and logits "
@@ -328,7 +334,8 @@ def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1,
                           device_memory(device), logits=logits, reference=ref // s,
                           grads_accumulate=cfg.trainer.grad_accum > 1,
                           generation_copy=generation_copy_bytes(cfg, counts.total, device.type),
-                          kv_cache=kv_cache_bytes(cfg, device, prompt_tokens=prompt_tokens))
+                          kv_cache=(kv := kv_cache_bytes(cfg, device, prompt_tokens=prompt_tokens)),
+                          kv_cache_held=bool(kv) and cache_held(cfg, s))
 
 
 def _states(cfg: TrainConfig, model: torch.nn.Module, moe: Optional[MoEShape], wbytes: int

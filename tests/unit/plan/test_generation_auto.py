@@ -74,12 +74,23 @@ def test_generation_batch_size_auto_on_cuda_is_the_whole_rollout_capped_where_it
                "data.max_seq_len=1024")
     rows, why = resolve_generation_batch_size(cfg, CUDA, H200)
     assert rows == 512 and "the whole rollout (64 x 8 = 512 rows) in one call" in why
-    resident, per_row = memory.resident_bytes(cfg, CUDA), memory.kv_cache_bytes(cfg, CUDA, 1)
+    from align.plan.chunk_auto import plan_loss_chunk
+
+    sized = plan_loss_chunk(cfg, CUDA)[0]
+    sized = dataclasses.replace(sized, trainer=dataclasses.replace(sized.trainer, compile_memory_budget=None))
+    est = memory.estimate_memory(sized, CUDA)
+    working = max(est.activations + est.logits, est.grads)  # one micro-batch a step: grads replace activations
+    assert not est.grads_accumulate and est.kv_cache_held  # auto: align's engine, which keeps its cache
     share = 0.85  # compiled blocks on CUDA (trainer.compile=auto beside the copy auto resolves to)
-    small = int((resident + 100.5 * per_row) / share)  # the headroom holds 100 rows' KV cache and half a row
-    rows, why = resolve_generation_batch_size(cfg, CUDA, small)
-    assert rows == 100 and "100 rows per call, the most of the whole rollout" in why
-    assert resolve_generation_batch_size(cfg, CUDA, resident)[0] == 1  # nothing left: one row, the estimate refuses
+    hf = grpo("objective.prompts_per_rollout=64", "objective.group_size=8", "objective.max_new_tokens=256",
+              "data.max_seq_len=1024", "objective.generation_backend=hf")
+    # hf frees its cache after a call: it fits beside the resident states alone; align's beside the update too
+    for c, beside in ((hf, memory.resident_bytes(cfg, CUDA)), (cfg, memory.resident_bytes(cfg, CUDA) + working)):
+        per_row = memory.kv_cache_bytes(c, CUDA, 1)
+        small = int((beside + 100.5 * per_row) / share)  # the headroom holds 100 rows' KV cache and half a row
+        rows, why = resolve_generation_batch_size(c, CUDA, small)
+        assert rows == 100 and "100 rows per call, the most of the whole rollout" in why, (c.objective, why)
+        assert resolve_generation_batch_size(c, CUDA, beside)[0] == 1  # nothing left: one row, the estimate refuses
 
 
 def test_plan_generation_records_requested_resolved_and_why_and_leaves_other_objectives_alone():
@@ -135,15 +146,19 @@ def test_the_memory_estimate_counts_the_kv_cache_of_one_engine_call():
 
     est = memory.estimate_memory(cfg, CUDA)
     assert est.kv_cache == want(512)
-    assert est.kv_cache > est.activations + est.logits + est.grads  # the cache outweighs the update's working set
-    assert est.total == est.weights + est.optimizer + est.reference + est.generation_copy + est.kv_cache
+    working = est.activations + est.logits + est.grads
+    assert est.kv_cache > working  # the cache outweighs the update's working set
+    resident = est.weights + est.optimizer + est.reference + est.generation_copy
+    # align's engine (auto) keeps its cache through the update; hf's lives in place of the working set
+    assert est.kv_cache_held and est.total == resident + est.kv_cache + working and "(held between calls)" in est.line()
+    assert dataclasses.replace(est, kv_cache_held=False).total == resident + est.kv_cache
     assert dataclasses.replace(est, kv_cache=0).total < est.total
     smaller = memory.estimate_memory(grpo(*KV_ROLLOUT, "objective.generation_batch_size=256"), CUDA)
     assert smaller.kv_cache == want(256) and "KV cache" in est.line()
     assert memory.estimate_memory(grpo(*KV_ROLLOUT), CUDA).kv_cache == want(1024)  # auto: the rollout
     hf = memory.estimate_memory(grpo(*KV_ROLLOUT, "objective.generation_batch_size=512",
                                      "objective.generation_backend=hf"), CUDA)
-    assert hf.kv_cache == 512 * tokens * per_position
+    assert hf.kv_cache == 512 * tokens * per_position and not hf.kv_cache_held
 
 
 RESOLVED = ["trainer.loss_chunk_tokens=0", "trainer.compile_memory_budget=null"]  # the estimate reads numbers
