@@ -200,7 +200,9 @@ class GRPO(RolloutMaker):
 
     def state_dict(self) -> dict[str, Any]:
         ref = None if self.reference_kind is None else self.reference_kind.value
-        return {"rollouts": self.rollouts, "reference": ref, "reference_sha256": self.reference_sha256}
+        scorer = self.reward.model  # loaded by bind: the manifest's sha256 of its weight files
+        return {"rollouts": self.rollouts, "reference": ref, "reference_sha256": self.reference_sha256,
+                "reward_model_sha256": None if scorer is None else scorer.identity_files["weights_sha256"]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from align.errors import ConfigError
@@ -210,6 +212,11 @@ class GRPO(RolloutMaker):
             if state.get(k) != mine[k]:
                 raise ConfigError(f"objective.{k}", f"the checkpoint was trained against {state.get(k)!r}, "
                                   f"this run resolves {mine[k]!r}: resume with the run's own reference", mine[k])
+        was, now = state.get("reward_model_sha256"), mine["reward_model_sha256"]
+        if was != now:  # the rollouts so far were scored by another model: the advantages would change meaning
+            said = lambda sha: "no reward model" if sha is None else f"a reward model of weights sha256 {sha}"  # noqa: E731
+            raise ConfigError("reward.path", f"the checkpoint was scored by {said(was)}, this run by {said(now)}: "
+                              "resume with the run's own reward model", self.reward.model_path)
         self.rollouts = int(state["rollouts"])
 
     def rank_state_dict(self) -> dict[str, Any]:

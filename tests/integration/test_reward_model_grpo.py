@@ -1,7 +1,7 @@
 """A trained reward model as GRPO's reward on the tiny model (`reward=model reward.path=<dir>`): the run's
 rewards are the reward model's own forward of each prompt's messages and completion rendered through ITS
-chat template, the step's row reports its part as `reward/model`, and the manifest names it by the sha256
-of its weight files."""
+chat template, the step's row reports its part as `reward/model`, the manifest names it by the sha256
+of its weight files, and a checkpoint records that sha256: a resume against a changed reward model is refused."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import recorded_run
+from align.errors import ConfigError
+from tests.conftest import build_trainer, recorded_run
 from tests.unit.rewards.conftest import reward_model_checkpoint
 
 SMALL = ["objective=grpo", "objective.group_size=4", "objective.prompts_per_rollout=4", "trainer.device=cpu",
@@ -49,3 +50,23 @@ def test_a_grpo_run_trains_on_the_reward_models_scores_and_records_its_part_and_
     assert (loaded["dtype"], loaded["device"], loaded["batch_size"]) == ("float32", "cpu", 5)
     assert loaded["weights_sha256"] == record["weights_sha256"]
     assert manifest["run"]["exit_code"] == 0 and "reward" not in manifest["null_reasons"]
+
+
+def test_a_resume_against_a_changed_reward_model_is_refused(tmp_path):
+    from align.core.hashing import sha256_files
+
+    rm = reward_model_checkpoint(tmp_path / "rm")
+    cfg = [*SMALL, "reward=model", f"reward.path={rm}", "trainer.export=false", "trainer.save_every=1"]
+    assert build_trainer(tmp_path, *cfg, "trainer.max_steps=1").fit() == 0
+    meta = json.loads((tmp_path / "run" / "checkpoints" / "step_00000001" / "meta.json").read_text())
+    was = meta["objective"]["reward_model_sha256"]
+    assert was == sha256_files([rm / "model.safetensors"], rm)  # the manifest's hash of it
+    reward_model_checkpoint(rm, seed=2)  # retrained in place: the same reward.path, other weights
+    now = sha256_files([rm / "model.safetensors"], rm)
+    with pytest.raises(ConfigError) as e:
+        build_trainer(tmp_path, *cfg, "trainer.max_steps=2")
+    assert str(e.value) == (f"reward.path: the checkpoint was scored by a reward model of weights sha256 {was}, this "
+                            f"run by a reward model of weights sha256 {now}: resume with the run's own reward model "
+                            f"(got {str(rm)!r})")
+    reward_model_checkpoint(rm)  # the run's own reward model again: the resume goes on
+    assert build_trainer(tmp_path, *cfg, "trainer.max_steps=2").state.step == 1

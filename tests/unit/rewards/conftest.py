@@ -55,11 +55,11 @@ RM_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }} says: {{ m
 """A chat template other than the bundled tokenizer's: a reward model's texts must be rendered through its own."""
 
 
-def reward_model_checkpoint(d, num_labels: int = 1, template: str | None = RM_TEMPLATE):
+def reward_model_checkpoint(d, num_labels: int = 1, template: str | None = RM_TEMPLATE, seed: int = 1):
     """A tiny reward model at `d`, as objective=reward_model exports one: the tiny mistral preset's backbone
-    under its AutoModelForSequenceClassification class (align/models/scalar_head.py), `save_pretrained`, and
-    the bundled tokenizer beside it with the chat template `template` (None: none). `num_labels` other than 1
-    rewrites config.json only (for the checks that read no weight)."""
+    (random init under `seed`) under its AutoModelForSequenceClassification class (align/models/scalar_head.py),
+    `save_pretrained`, and the bundled tokenizer beside it with the chat template `template` (None: none).
+    `num_labels` other than 1 rewrites config.json only (for the checks that read no weight)."""
     import json
 
     from transformers import AutoTokenizer
@@ -71,7 +71,7 @@ def reward_model_checkpoint(d, num_labels: int = 1, template: str | None = RM_TE
     from tests.conftest import build_tiny
 
     tok = AutoTokenizer.from_pretrained(str(bundled_tokenizer_dir()))
-    to_scalar_head(build_tiny(seed=1).model, family_spec(ModelConfig()), tok.pad_token_id).save_pretrained(d)
+    to_scalar_head(build_tiny(seed=seed).model, family_spec(ModelConfig()), tok.pad_token_id).save_pretrained(d)
     tok.chat_template = template
     tok.save_pretrained(d)
     if template is None:
