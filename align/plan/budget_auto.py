@@ -175,12 +175,13 @@ def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: 
         return min(rollout, CPU_ROWS), (f"{key}=auto: the memory of {device} cannot be read: {whole}, at most "
                                         f"{CPU_ROWS} rows per call")
     share, kind = headroom(cfg, device)
-    limit, resident = int(share * total), resident_bytes(cfg, device)
+    limit, resident = int(share * total), resident_bytes(cfg, device, prompt_tokens)
     per_row = kv_cache_bytes(cfg, device, 1, prompt_tokens)
     fit = max(limit - resident, 0) // max(per_row, 1)
     gib = 2**30
     within = (f"{share:.2f} x {total / gib:.1f} GiB ({kind} blocks) less {resident / gib:.1f} GiB of weights, "
-              f"optimizer state, reference and generation copy, at {per_row / 2**20:.1f} MiB of KV cache per row")
+              f"optimizer state, reference, generation copy and reward model, at {per_row / 2**20:.1f} MiB of KV "
+              "cache per row")
     if fit >= rollout:
         return rollout, f"{key}=auto on {device}: {whole} in one call: its KV cache fits {within}"
     rows = max(1, fit)
