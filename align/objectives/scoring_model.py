@@ -82,8 +82,14 @@ def scoring_dtype(device_type: str) -> str:
 def meta_scoring_model(path: str) -> Any:
     """The reward model of `path` on the meta device (shapes only, no weight read), built from its config.json
     with the class the load uses: what the plan counts its weights and forward from."""
+    from align.errors import ConfigError
+
     d = Path(path).expanduser().resolve()
-    return _meta_scoring_model(str(d), (d / "config.json").stat().st_mtime_ns)
+    try:
+        return _meta_scoring_model(str(d), (d / "config.json").stat().st_mtime_ns)
+    except (OSError, ValueError, KeyError) as e:  # preflight's check of reward.path says why in full
+        raise ConfigError(KEY, f"cannot build the reward model from {d / 'config.json'} to count it in the memory "
+                               f"estimate ({_said(e)})") from None
 
 
 @functools.lru_cache(maxsize=4)

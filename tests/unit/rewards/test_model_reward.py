@@ -169,6 +169,9 @@ def test_the_plan_counts_the_reward_models_own_weights_and_its_forward(compose, 
     loaded = load_model_reward(str(rm_dir), "cpu", 4).identity()["dtype"]
     assert loaded == scoring_dtype("cpu") == "float32" and scoring_dtype("cuda") == "bfloat16"
     assert n != est.params.total and est.scoring_model == n * 4
+    with pytest.raises(ConfigError) as e:  # preflight's plan on a path its reward model check refuses: one line
+        estimate("reward=model", f"reward.path={rm_dir.parent / 'missing'}")
+    assert e.value.key == "reward.path" and "to count it in the memory estimate" in one_line(e)
     plain = estimate("reward=exact_int")
     assert (plain.scoring_model, plain.scoring_activations) == (0, 0)
     assert est.total >= plain.total + est.scoring_model
