@@ -111,6 +111,9 @@ class ObjectiveConfig:
     reads_unpaired = False
     """The objective reads a preference source's records as unpaired examples (align/data/unpaired.py):
     preflight parses them as it does, not as pairs."""
+    reads_margin = False
+    """The objective reads a pair's `margin` (TRL's RewardTrainer margin column, align/data/margins.py): pairs
+    that carry one are refused under any objective that does not, rather than trained as if it were not there."""
     samples_prompts = False
     """The objective reads prompts (align/data/prompts.py) and samples completions of them with the
     generation engine (objective=grpo's rollouts): the root config holds the prompt and rollout keys to it."""
