@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Optional
 
 from align.config.objective import ObjectiveConfig, ReferenceDtype, ReferenceKind
 from align.config.rules import _require
+
+
+class KTOLoss(StrEnum):
+    kto = "kto"
+    """TRL's loss_type kto: each completion's log-ratio against the KL reference point z estimated from the
+    KL sequences (align/objectives/kto_loss.py)."""
+    apo_zero_unpaired = "apo_zero_unpaired"
+    """TRL's loss_type apo_zero_unpaired (APO-zero, unpaired): kto's loss with the reference point fixed
+    at 0, desirable log-ratios pushed above 0 and undesirable ones below; the KL sequences are not read
+    by the loss."""
 
 
 @dataclass
@@ -17,10 +28,12 @@ class KTOConfig(ObjectiveConfig):
 
     kind: str = "kto"
     """kto: each completion's log-ratio to the reference pushed up (desirable) or down (undesirable)
-    against a KL reference point estimated from mismatched prompt/completion pairs (TRL's loss_type
-    kto; definitions in align/objectives/kto_loss.py)."""
+    against a KL reference point estimated from mismatched prompt/completion pairs (TRL's KTOTrainer, its
+    loss_type as `loss`; definitions in align/objectives/kto_loss.py)."""
     reads_pairs = True
     reads_unpaired = True
+    loss: KTOLoss = KTOLoss.kto
+    """kto or apo_zero_unpaired: TRL's KTOConfig.loss_type (definitions in align/objectives/kto_loss.py)."""
     beta: float = 0.1
     """The loss's beta: the scale of the log-ratios inside the sigmoid."""
     desirable_weight: float = 1.0

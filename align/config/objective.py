@@ -111,6 +111,9 @@ class ObjectiveConfig:
     reads_unpaired = False
     """The objective reads a preference source's records as unpaired examples (align/data/unpaired.py):
     preflight parses them as it does, not as pairs."""
+    reads_margin = False
+    """The objective reads a pair's `margin` (TRL's RewardTrainer margin column, align/data/margins.py): pairs
+    that carry one are refused under any objective that does not, rather than trained as if it were not there."""
     samples_prompts = False
     """The objective reads prompts (align/data/prompts.py) and samples completions of them with the
     generation engine (objective=grpo's rollouts): the root config holds the prompt and rollout keys to it."""
@@ -272,7 +275,7 @@ class GRPOConfig(ObjectiveConfig):
     """Rows (prompt x completion) per call of the engine's backend: an int >= 1, or auto. auto: the
     whole rollout (prompts_per_rollout x group_size rows) in one call, capped on CUDA where the KV
     cache of that many rows at the longest prompt + max_new_tokens would not fit what the memory
-    estimate leaves beside the weights, optimizer state, reference and generation copy within the
+    estimate leaves beside the weights, optimizer state, reference, generation copy and reward model within the
     token budget's headroom (align/plan/budget_auto.py `resolve_generation_batch_size`); on a CPU, or
     where the device's memory cannot be read, capped at 256 rows, the fixed default before auto: every
     CPU rollout keeps the calls it had. The manifest's `model.extra.generation.batch_size` says what it

@@ -20,6 +20,7 @@ class RewardModelConfig(ObjectiveConfig):
     """reward_model: the model is the family's AutoModelForSequenceClassification class with num_labels=1
     (align/models/scalar_head.py); per pair -logsigmoid(r_chosen - r_rejected), TRL's RewardTrainer loss."""
     reads_pairs = True
+    reads_margin = True
     scalar_head = True
     center_rewards_coefficient: Optional[float] = None
     """TRL's center_rewards_coefficient: adds coefficient x mean((r_chosen + r_rejected)^2), which keeps

@@ -53,6 +53,8 @@ class Batch:
     """Pairs of this micro-batch with a side cut at data.max_seq_len (data.truncation=truncate)."""
     pair_rows: Optional[np.ndarray] = None
     """[P] the pairs' indices in the encoded pairs (EncodedPairs), e.g. to look up per-pair state."""
+    margin: Optional[torch.Tensor] = None
+    """[P] float32: each pair's `margin` (align/data/margins.py); None where the data carry none."""
 
     @property
     def packed(self) -> bool:
@@ -79,7 +81,7 @@ class Batch:
                 self.attention_mask = self.padding_mask
         if self.attention_mask is not None and self.attention_mask.device != device:
             self.attention_mask = self.attention_mask.to(device, non_blocking=nb)
-        for name in ("position_ids", "seq_ids", "chosen_seq", "rejected_seq"):
+        for name in ("position_ids", "seq_ids", "chosen_seq", "rejected_seq", "margin"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.to(device, non_blocking=nb))

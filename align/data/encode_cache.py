@@ -52,11 +52,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.txt", "merges.txt")
 """Files a transformers tokenizer reads from its directory (plus additional_chat_templates/*)."""
 
-PAIRING_VERSION = 2
+PAIRING_VERSION = 3
 """Bump whenever the pair encoder's output can change for identical inputs: how a record becomes a
 prompt and two completions (the implicit-prompt rule), the sequence layout (2i chosen, 2i+1 rejected),
 which tokens carry loss (the completion and its closing EOS), truncation of a pair, which pairs are
-dropped (2: a pair whose sides encode to the same tokens, e.g. once cut at max_seq_len). Part of the key
+dropped (2: a pair whose sides encode to the same tokens, e.g. once cut at max_seq_len; 3: each pair's
+`margin`, align/data/margins.py, kept beside its sequences). Part of the key
 of every preference encoding (align/data/preference.py) and of no chat encoding."""
 
 _ARRAYS = ("tokens", "loss_mask", "offsets", "source_index")

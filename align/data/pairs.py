@@ -10,7 +10,7 @@ one unit per pair, whose length is what the pair costs in the micro-batch:
 stream, its resume position and checkpoint, the padding and roots-per-window statistics and the
 manifest's sampler stats all work on what collate builds. `collate_pairs` is collate (padded, or
 packed with restarting position ids and no mask: sequences never attend to each other) plus the pair
-fields of `Batch` (seq_ids, chosen_seq, rejected_seq, pairs, truncated_pairs, pair_rows).
+fields of `Batch` (seq_ids, chosen_seq, rejected_seq, pairs, truncated_pairs, pair_rows, margin).
 """
 
 from __future__ import annotations
@@ -104,6 +104,9 @@ def collate_pairs(data: EncodedPairs, rows: np.ndarray, pad_id: int, pad_to_mult
     b.pairs = n // 2
     b.pair_rows = rows[0::2] // 2
     b.truncated_pairs = int(data.truncated[b.pair_rows].sum())
+    margin = getattr(data, "margin", None)
+    if margin is not None:  # float32 as TRL's collator makes the column (DataCollatorForPreference)
+        b.margin = torch.as_tensor(margin[b.pair_rows], dtype=torch.float32)
     return b
 
 
@@ -131,7 +134,8 @@ def hold_out(pairs: EncodedPairs, k: int) -> tuple[EncodedPairs, EncodedPairs]:
                            roots=pairs.roots[2 * lo: 2 * hi], stats=stats,
                            source_index=pairs.source_index[2 * lo: 2 * hi],
                            meta={**pairs.meta, "fingerprint": None}, truncated=pairs.truncated[lo:hi],
-                           pair_ids=pairs.pair_ids[lo:hi])
+                           pair_ids=pairs.pair_ids[lo:hi],
+                           margin=None if pairs.margin is None else pairs.margin[lo:hi])
         pairs_fingerprint(sub)
         return sub
 

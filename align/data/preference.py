@@ -7,7 +7,8 @@ there is refused as a whole file, align/data/formats.py), in one of two forms:
   list holding one assistant message.
 - implicit prompt: `{"chosen": [chat], "rejected": [chat]}`, two whole conversations that share every
   turn but their last: the shared turns are the prompt, the two last (assistant) turns the completions.
-A message's content is a string or a list of text parts (align.data.formats.content_of).
+Either form may carry a `margin`, TRL's RewardTrainer margin column (align/data/margins.py). A message's
+content is a string or a list of text parts (align.data.formats.content_of).
 
 Encoding renders prompt + completion through the tokenizer's chat template. The prompt's tokens are
 those of the prompt rendered with the generation prompt, and they must be a token prefix of each side
@@ -31,13 +32,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from align.config import DataConfig, DataFormat, OnBadRecord, TrainConfig, Truncation
-from align.data import formats
+from align.data import formats, margins
 from align.data.encode import EncodedDataset, dataset_fingerprint, map_with_tokenizer, resolve_workers
 from align.data.encode_cache import (
     ENCODE_VERSION,
@@ -83,6 +84,8 @@ class PreferenceRecord:
     """The dispreferred completion: one assistant message."""
     source: int = 0
     """Index of the record's source in `source_specs(cfg)`."""
+    margin: Optional[float] = None
+    """The record's `margin` (TRL's RewardTrainer margin column, align/data/margins.py); None: it has none."""
 
 
 # --------------------------------------------------------------------------------------- parsing
@@ -157,7 +160,8 @@ def parse_record(row: dict, spec: SourceSpec, lineno: int, index: int) -> Prefer
     if chosen == rejected:
         raise BadPair("identical", "'chosen' and 'rejected' are identical: the pair prefers nothing")
     return PreferenceRecord(id=_field_id(row, spec, lineno), root=_root(row, spec), where=f"{spec.path}:{lineno}",
-                            prompt=prompt, chosen=chosen, rejected=rejected, source=index)
+                            prompt=prompt, chosen=chosen, rejected=rejected, source=index,
+                            margin=margins.parse_margin(row))
 
 
 def _field_id(row: dict, spec: SourceSpec, lineno: int) -> str:
@@ -258,6 +262,8 @@ class EncodedPairs(EncodedDataset):
     """bool per pair: a side was cut at data.max_seq_len (data.truncation=truncate)."""
     pair_ids: list[str] = field(default_factory=list)
     """Record id per pair (the sequences' ids are `<pair id>/chosen` and `<pair id>/rejected`)."""
+    margin: Optional[np.ndarray] = None
+    """float64 per pair: its record's `margin` (align/data/margins.py); None: the data carry no margin."""
 
     @property
     def pairs(self) -> int:
@@ -385,6 +391,7 @@ def _assemble(kept: list[PreferenceRecord], seqs: list[np.ndarray], masks: list[
         "truncated_ids": [r.id for r, t in zip(kept, truncated) if t][:100],
         "loss_tokens": int(sum(int(mk.sum()) for mk in masks)),
         "tokens": int(lengths.sum()),
+        "margin": margins.stats(kept),
     }
     return EncodedPairs(
         tokens=np.concatenate(seqs), loss_mask=np.concatenate(masks),
@@ -392,6 +399,7 @@ def _assemble(kept: list[PreferenceRecord], seqs: list[np.ndarray], masks: list[
         ids=[f"{r.id}/{side}" for r in kept for side in SIDES], roots=[r.root for r in kept for _ in SIDES],
         source_index=np.repeat(np.asarray([r.source for r in kept], dtype=np.int32), 2), stats=stats,
         truncated=flags, pair_ids=[r.id for r in kept],
+        margin=None if stats["margin"] is None else np.array([r.margin for r in kept], dtype=np.float64),
     )
 
 
@@ -403,6 +411,8 @@ def pairs_fingerprint(pairs: EncodedPairs) -> str:
                                                   source_index=pairs.source_index))
         h = hashlib.sha256(f"pairs:{PAIRING_VERSION}:{base}|".encode())
         h.update(np.ascontiguousarray(pairs.truncated).tobytes() + "\n".join(pairs.pair_ids).encode())
+        if pairs.margin is not None:  # a resume on other margins is other data
+            h.update(b"margin" + np.ascontiguousarray(pairs.margin, dtype=np.float64).tobytes())
         pairs.meta["fingerprint"] = h.hexdigest()
     return pairs.meta["fingerprint"]
 
@@ -410,8 +420,10 @@ def pairs_fingerprint(pairs: EncodedPairs) -> str:
 # ----------------------------------------------------------------------------------------- cache
 
 
-_PAIR_ARRAYS = ("truncated",)
+_PAIR_ARRAYS = ("truncated", "margin")
 _PAIR_META = ("pair_ids",)
+NO_MARGIN = np.zeros(0, dtype=np.float64)
+"""A cache entry's margin array for pairs without one (no pair set is empty)."""
 
 
 def load_pairs(cfg: TrainConfig, tokenizer) -> EncodedPairs:
@@ -428,12 +440,15 @@ def load_pairs(cfg: TrainConfig, tokenizer) -> EncodedPairs:
     hit = data_cfg.cache and (entry / "meta.json").is_file()
     if hit:
         meta, arrays = _read_raw(entry, key, _PAIR_ARRAYS)
+        arrays["margin"] = arrays["margin"] if len(arrays["margin"]) else None
         pairs = EncodedPairs(ids=meta["ids"], roots=meta["roots"], stats=meta["stats"], meta=dict(meta["content"]),
                              pair_ids=meta["pair_ids"], **arrays)
     else:
         pairs = _encode(data_cfg, tokenizer, parts)
         if data_cfg.cache:
-            _write_entry(entry, pairs, pairs.meta, _PAIR_ARRAYS, _PAIR_META)
+            stored = pairs if pairs.margin is not None else replace(pairs, margin=NO_MARGIN)
+            _write_entry(entry, stored, pairs.meta, _PAIR_ARRAYS, _PAIR_META)
+    margins.refuse_unread(pairs.stats.get("margin"), cfg.objective)
     provenance(pairs, parts, entry, data_cfg.cache, hit, time.perf_counter() - t0)
     log.info("data: %d pairs, %d tokens, encode cache %s (%s), %.2fs", pairs.pairs, pairs.stats["tokens"],
              "hit" if hit else "miss", key[:12], pairs.meta["load_seconds"])
@@ -444,6 +459,7 @@ def _encode(data_cfg: DataConfig, tokenizer, parts: dict[str, Any]) -> EncodedPa
     bad = BadRecords(data_cfg.on_bad_record)
     chosen: dict[str, Any] = {}
     records = load_preference_records(data_cfg, bad, chosen)
+    margins.check_column(records)
     pairs = encode_pairs(records, tokenizer, data_cfg, bad, data_cfg.encode_workers)
     pairs.stats.update(bad.report())
     per_source = np.bincount(pairs.source_index[0::2], minlength=len(parts["sources"]))

@@ -5,7 +5,8 @@ A record (one JSON object per line, or a row of any file align/data/files.py rea
   P a string or a chat that does not end with an assistant turn, C a string or a list holding one
   assistant message, `label` a JSON boolean (true: desirable);
 - a preference pair in either form align/data/preference.py reads, unpaired as TRL's
-  `unpair_preference_dataset` does: the chosen completion is desirable, the rejected one undesirable.
+  `unpair_preference_dataset` does: the chosen completion is desirable, the rejected one undesirable (a
+  pair's `margin` has nowhere to go: refused, align/data/margins.py).
   A source's pairs give its chosen examples first, then its rejected ones, each in record order (TRL's
   order within one of its map batches), so neighbours hold different prompts.
 A source holds one form or the other. Bad records (a missing key, a label that is not a boolean, an
@@ -34,6 +35,7 @@ from typing import Any, Optional
 import numpy as np
 
 from align.config import DataConfig, TrainConfig, Truncation
+from align.data import margins
 from align.data.encode import map_with_tokenizer, resolve_workers
 from align.data.encode_cache import (
     ENCODE_VERSION,
@@ -128,6 +130,8 @@ def load_examples(cfg: DataConfig, bad: BadRecords, formats: Optional[dict[str, 
                     raise row
                 if pairs:
                     rec = parse_record(row, spec, lineno, index)
+                    if rec.margin is not None:
+                        margins.refuse_unpaired(rec.where)
                     side = {"id": rec.id, "root": rec.root, "where": rec.where, "prompt": rec.prompt, "source": index}
                     new = [Example(**side, completion=rec.chosen, label=True),
                            Example(**side, completion=rec.rejected, label=False)]

@@ -1,6 +1,7 @@
 """GRPO's terms of the job's plan (align/objectives/plan_terms.py): a rollout's micro-batches, a KL
-reference, and the engine's copy and KV cache; the keys that lower them, and its auto rules. Read from the
-config alone (no torch), before any objective is built."""
+reference, the engine's copy and KV cache, and the reward model it scores with (`reward.path`); the keys
+that lower them, and its auto rules. Read from the config alone (no torch; the reward model's shapes from
+its config.json, on the meta device), before any objective is built."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 from align.config import GenerationDtype, ReferenceKind
-from align.objectives.plan_terms import Lever, PlanTerms, budget_cut, frozen_copy
+from align.objectives.plan_terms import Lever, PlanTerms, ScoringModel, budget_cut, frozen_copy
 from align.plan.generation_auto import (
     COPY_BYTES,
     generation_rows,
     kv_cache_tokens,
     resolve_generation_dtype,
+    rollout_rows,
     rollout_width,
 )
 
@@ -49,6 +51,19 @@ class GRPOTerms(PlanTerms):
         dtype = resolve_generation_dtype(cfg, device_type)[0]
         rows = generation_rows(cfg) if rows is None else rows
         return kv_cache_tokens(cfg, rows, prompt_tokens), COPY_BYTES.get(dtype)
+
+    def scoring_model(self, cfg: Any, device_type: str, prompt_tokens: Optional[int]) -> Optional[ScoringModel]:
+        """`reward.path`'s model (align/objectives/scoring_model.py) in the dtype it loads in on `device_type`,
+        run on `reward.model_batch_size` completions at a time (at most a generation round's) at the rollout's
+        width: the prompt and completion in the policy's tokens, which the reward model's template and
+        tokenizer may render a little longer or shorter."""
+        if getattr(cfg.reward, "path", None) is None:
+            return None
+        from align.objectives.scoring_model import meta_scoring_model, scoring_dtype
+
+        rows = min(cfg.reward.model_batch_size, rollout_rows(cfg))
+        nbytes = {"bfloat16": 2, "float32": 4}[scoring_dtype(device_type)]
+        return ScoringModel(meta_scoring_model(cfg.reward.path), nbytes, rows * rollout_width(cfg, prompt_tokens))
 
     def levers(self, cfg: Any, budget: bool) -> list[Lever]:
         """What cuts a rollout's micro-batches and its generation: `sampler.micro_batch_size` and

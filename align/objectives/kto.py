@@ -14,8 +14,11 @@ reference) over both sequences of every example, and the loss's own: with the po
 reference (every log-ratio and the KL reference point 0), the loss the run computes on the batch's
 labels must be desirable_weight / 2 per desirable and undesirable_weight / 2 per undesirable example,
 its gradient -beta x desirable_weight / 4 on a desirable completion's log-prob and +beta x
-undesirable_weight / 4 on an undesirable one's, and none on the KL sequences'. A loss that ignores
-beta, a weight or the labels, or that lets the gradient through the KL point, fails it.
+undesirable_weight / 4 on an undesirable one's, and none on the KL sequences'; then, with the KL
+sequences' log-ratios moved to 1 / beta, desirable_weight x sigmoid(1) and undesirable_weight x
+sigmoid(-1) under loss=kto (its point follows them) and the halves again under apo_zero_unpaired (it
+reads no point). A loss that ignores beta, a weight, the labels or the KL point (or, under
+apo_zero_unpaired, reads it), or that lets the gradient through the KL point, fails it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from align.config import TrainConfig
-from align.config.kto_config import KTOConfig
+from align.config.kto_config import KTOConfig, KTOLoss
 from align.data.collate import Batch
 from align.objectives import register
 from align.objectives.dpo import DPO, DPOTerms
@@ -34,6 +37,14 @@ from align.objectives.gate import GateError, run_gate
 from align.objectives.kto_loss import KTOLogps, KTOLossOutput, kl_reference_point, kto_loss
 from align.objectives.reference import preference_reference_why
 from align.objectives.views import example_view
+
+LOSS_DEFINITIONS = {
+    KTOLoss.kto: "desirable: desirable_weight x (1 - sigmoid(beta (r - z))), undesirable: undesirable_weight x "
+                 "(1 - sigmoid(beta (z - r))), r the completion's log-ratio, z the KL point (TRL's loss_type kto)",
+    KTOLoss.apo_zero_unpaired: "desirable: desirable_weight x (1 - sigmoid(beta r)), undesirable: undesirable_weight "
+                               "x sigmoid(beta r), r the completion's log-ratio (TRL's loss_type apo_zero_unpaired)"}
+KL_POINT = {KTOLoss.kto: "kto's reference point follows the KL sequences",
+            KTOLoss.apo_zero_unpaired: "apo_zero_unpaired reads no KL point"}
 
 
 class KTOTerms(DPOTerms):
@@ -50,7 +61,7 @@ class KTO(DPO):
     def __init__(self, cfg: TrainConfig) -> None:  # DPO's state, without its pair losses
         self.cfg: KTOConfig = cfg.objective
         self.train_cfg = cfg
-        self.loss = "kto"
+        self.loss = cfg.objective.loss.value
         self.reference_kind, self.reference_why = preference_reference_why(cfg)
         self.chunk = cfg.trainer.loss_chunk_tokens
         self.env = None
@@ -81,7 +92,7 @@ class KTO(DPO):
         """The configured loss of one micro-batch's log-probs: what `micro_loss` and the gate both run."""
         kl = kl_reference_point(x.policy_kl, x.reference_kl, reduce)
         return kto_loss(x, kl, beta=self.cfg.beta, desirable_weight=self.cfg.desirable_weight,
-                        undesirable_weight=self.cfg.undesirable_weight)
+                        undesirable_weight=self.cfg.undesirable_weight, loss=self.cfg.loss.value)
 
     def _mean_over_ranks(self, kl: torch.Tensor) -> torch.Tensor:
         """TRL's gather of the per-process KL means, then their mean (align/objectives/kto_loss.py)."""
@@ -144,25 +155,35 @@ class KTO(DPO):
         loss_err = abs(loss.item() - want.item())
         grad_err = (grad - want_grad).abs().max().item()
         kl_grad = 0.0 if grad_kl is None else grad_kl.abs().max().item()
+        # The KL sequences moved by 1 / beta: kto's point follows them (beta z = 1), apo_zero_unpaired's stays 0.
+        shifted = self.loss_of(dataclasses.replace(x, policy_kl=x.reference_kl + 1 / c.beta)).losses.sum().item()
+        z = 1.0 if c.loss == KTOLoss.kto else 0.0
+        want_shifted = (torch.where(d, c.desirable_weight * torch.sigmoid(torch.tensor(z)),
+                                    c.undesirable_weight * torch.sigmoid(torch.tensor(-z)))).sum().item()
+        shifted_err = abs(shifted - want_shifted)
         tol = 1e-5 * max(1.0, want.item())
-        ok = loss_err <= tol and grad_err <= tol and kl_grad == 0.0
-        return {"loss_at_reference": loss.item(), "loss_expected": want.item(), "loss_grad_max_abs_error": grad_err,
-                "loss_kl_grad_max_abs": kl_grad, "loss_ok": ok,
+        ok = loss_err <= tol and grad_err <= tol and kl_grad == 0.0 and shifted_err <= tol
+        return {"loss": c.loss.value, "loss_at_reference": loss.item(), "loss_expected": want.item(),
+                "loss_grad_max_abs_error": grad_err, "loss_kl_grad_max_abs": kl_grad,
+                "loss_kl_shifted": shifted, "loss_kl_shifted_expected": want_shifted, "loss_ok": ok,
                 "loss_why": None if ok else (
                     f"the loss at policy = reference is {loss.item():.6g} with its gradient off by {grad_err:.3g} "
-                    f"and {kl_grad:.3g} through the KL point; kto with beta={c.beta}, desirable_weight="
-                    f"{c.desirable_weight}, undesirable_weight={c.undesirable_weight} on this batch's "
-                    f"{int(d.sum())} desirable and {int((~d).sum())} undesirable examples gives {want.item():.6g}, "
-                    "a gradient of -beta x desirable_weight / 4 and +beta x undesirable_weight / 4, none through it "
-                    "(the loss that runs is not the loss configured)")}
+                    f"and {kl_grad:.3g} through the KL point, and {shifted:.6g} with the KL sequences' log-ratios "
+                    f"at 1 / beta; {c.loss.value} with beta={c.beta}, desirable_weight={c.desirable_weight}, "
+                    f"undesirable_weight={c.undesirable_weight} on this batch's {int(d.sum())} desirable and "
+                    f"{int((~d).sum())} undesirable examples gives {want.item():.6g}, a gradient of -beta x "
+                    f"desirable_weight / 4 and +beta x undesirable_weight / 4, none through the KL point, and "
+                    f"{want_shifted:.6g} ({KL_POINT[c.loss]}) (the loss that runs is not the loss configured)")}
 
     def describe(self) -> dict[str, Any]:
         data = self.pairs
         return {
             "kind": self.name, "loss": self.loss, "beta": self.cfg.beta,
             "desirable_weight": self.cfg.desirable_weight, "undesirable_weight": self.cfg.undesirable_weight,
+            "loss_definition": LOSS_DEFINITIONS[self.cfg.loss],
             "kl": {"estimate": "mean over each micro-batch's KL sequences (another example's completion) of "
                                "policy - reference summed log-probs, averaged over ranks, clamped at 0, no gradient",
+                   "in_loss": self.cfg.loss == KTOLoss.kto,
                    "kl_sequences_truncated": data.stats.get("kl_truncated")},
             "logps": {"chunk_tokens": self.chunk or None, "final_logit_softcapping": self.softcap},
             "reference": self._describe_reference("kto always reads a reference"),

@@ -13,7 +13,10 @@ point of the micro-batch:
     reward:       b r
 
 This is TRL 1.16's KTOTrainer with loss_type="kto" (`_compute_loss`: the KL mean is detached, averaged
-over processes and clamped at 0; tested against it in tests/unit/objectives/test_kto_loss.py). Under data
+over processes and clamped at 0; tested against it in tests/unit/objectives/test_kto_loss.py). Its
+loss_type="apo_zero_unpaired" is the same with z = 0: desirable 1 - s(b r), undesirable s(b r) (which
+is 1 - s(b (0 - r))), each times its weight; TRL computes no KL point for it, and here `z` is then the
+estimate reported beside the loss, not read by it. Under data
 parallelism `reduce` averages the per-rank means as TRL's gather does. TRL averages the losses of its
 batch (`nanmean`); here `KTOLossOutput.losses` holds one loss per example, which the objective sums and
 divides by the window's global example count: the same as TRL's where a window is one micro-batch on one
@@ -26,6 +29,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+
+LOSSES = ("kto", "apo_zero_unpaired")
+"""TRL's KTOConfig.loss_type values, as align/config/kto_config.py `KTOLoss` names them."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,8 @@ class KTOLossOutput:
     logps: torch.Tensor
     """Policy's summed log-prob of each completion; detached."""
     kl: torch.Tensor
-    """The micro-batch's KL reference point (0-d, detached, >= 0)."""
+    """The micro-batch's KL estimate (0-d, detached, >= 0): kto's reference point; apo_zero_unpaired's
+    loss does not read it."""
     desirable: torch.Tensor
     """bool per example."""
 
@@ -81,8 +88,11 @@ def kl_reference_point(policy_kl: torch.Tensor, reference_kl: torch.Tensor,
 
 
 def kto_loss(x: KTOLogps, kl: torch.Tensor, *, beta: float, desirable_weight: float = 1.0,
-             undesirable_weight: float = 1.0) -> KTOLossOutput:
-    """Per-example losses, rewards and log-probs of one micro-batch against the KL reference point `kl`."""
+             undesirable_weight: float = 1.0, loss: str = "kto") -> KTOLossOutput:
+    """Per-example losses, rewards and log-probs of one micro-batch against the KL reference point `kl`
+    (`loss` "kto"), or against 0 (`loss` "apo_zero_unpaired", where `kl` is only reported)."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss: {loss!r}; accepted: {', '.join(LOSSES)}")
     if x.policy.dim() != 1:
         raise ValueError(f"policy: must be 1-D, one entry per example (got shape {tuple(x.policy.shape)})")
     for name in ("reference", "policy_kl", "reference_kl", "desirable"):
@@ -92,8 +102,9 @@ def kto_loss(x: KTOLogps, kl: torch.Tensor, *, beta: float, desirable_weight: fl
     dtype = torch.promote_types(x.policy.dtype, torch.float32)
     ratio = x.policy.to(dtype) - x.reference.to(dtype)
     z = kl.to(dtype)
+    point = z if loss == "kto" else torch.zeros_like(z)
     desirable = x.desirable.bool()
-    chosen = desirable_weight * (1 - torch.sigmoid(beta * (ratio - z)))
-    rejected = undesirable_weight * (1 - torch.sigmoid(beta * (z - ratio)))
+    chosen = desirable_weight * (1 - torch.sigmoid(beta * (ratio - point)))
+    rejected = undesirable_weight * (1 - torch.sigmoid(beta * (point - ratio)))
     return KTOLossOutput(losses=torch.where(desirable, chosen, rejected), rewards=(beta * ratio).detach(),
                          logps=x.policy.detach(), kl=z.detach(), desirable=desirable)

@@ -11,12 +11,23 @@ built), and none imports the plan's estimate: the plan hands a term what it need
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from align.config import ReferenceDtype, SamplerKind
 
 Lever = tuple[str, Any]
 """(dotted config key, the value to try) of a change that may lower the estimate (align/plan/memory_levers.py)."""
+
+
+class ScoringModel(NamedTuple):
+    """A reward model an objective loads to score its completions (`reward=model`), as the plan counts it."""
+
+    model: Any
+    """The model on the meta device: its parameters and decoder layers, no weights."""
+    element_bytes: int
+    """Bytes per parameter and per activation: the dtype it is loaded and run in."""
+    tokens: int
+    """The most tokens one forward holds: rows per forward x the widest text."""
 
 
 def budget_cut(cfg: Any) -> bool:
@@ -57,6 +68,11 @@ class PlanTerms:
         """(positions the KV cache of one engine call of `rows` rows holds, bytes per element or None for
         the training model's compute dtype); (0, None) where the objective generates nothing."""
         return 0, None
+
+    def scoring_model(self, cfg: Any, device_type: str, prompt_tokens: Optional[int]) -> Optional[ScoringModel]:
+        """The reward model the objective scores its completions with, held beside the policy; None where it
+        scores with none."""
+        return None
 
     def levers(self, cfg: Any, budget: bool) -> list[Lever]:
         """The objective's keys that cut its micro-batches, each halved (`budget`: sampler=budget, whose

@@ -32,5 +32,5 @@ def independent_losses(chosen: torch.Tensor, rejected: torch.Tensor, margin: Opt
     """The same losses by another formula, in float64 (the step-0 gate's check of the loss that runs):
     log(1 + exp(-(r_c - r_r - m))) + c x (r_c + r_r)^2."""
     c, r = chosen.detach().double(), rejected.detach().double()
-    m = torch.zeros_like(c) if margin is None else margin.detach().double()
+    m = torch.zeros_like(c) if margin is None else margin.detach().double().to(c.device)
     return torch.log1p(torch.exp(-(c - r - m))) + (center_rewards_coefficient or 0.0) * (c + r) ** 2

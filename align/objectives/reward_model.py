@@ -10,13 +10,17 @@ padded, per document when packed). The per-pair loss is TRL's RewardTrainer loss
 `objective.eval_pairs` holds the first K pairs out of training: every `eval_every` steps the share of
 them whose chosen side scores above the rejected one is `heldout/accuracy` in the step's row.
 
+Each pair's `margin`, where the data carry one (align/data/margins.py), is subtracted inside the loss as
+TRL's RewardTrainer does; the manifest's `margin` says whether it was.
+
 The step-0 gate, before any update, on the first micro-batch this rank trains on:
 - batching: every sequence's batched reward equals the reward transformers' own forward of the class gives
   that sequence alone (its pooled logit, no mask, no position ids). A reward read at the wrong token (a
   prompt's, a pad's, another document's) or documents attending to each other breaks it;
-- loss: the loss the run computes on the batch's rewards equals the configured loss computed by another
-  formula (align/objectives/reward_loss.py `independent_losses`). A loss that drops the centring term,
-  swaps the sides or ignores the margin breaks it.
+- loss: the loss the run computes on the batch's rewards (and margins) equals the configured loss computed by
+  another formula (align/objectives/reward_loss.py `independent_losses`) on the margins read from the encoded
+  pairs by row. A loss that drops the centring term, swaps the sides, or ignores or misreads the margins breaks
+  it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 
 from align.config import TrainConfig
 from align.config.reward_model_config import RewardModelConfig
+from align.data import margins
 from align.data.collate import Batch
 from align.errors import ConfigError
 from align.models.scalar_head import head_record, reward_positions, token_scores
@@ -37,7 +42,7 @@ from align.objectives.gate import BF16_TOLERANCE, FP32_TOLERANCE, GateError, _ma
 from align.objectives.plan_terms import PlanTerms
 from align.objectives.reward_loss import bradley_terry_losses, independent_losses
 
-NO_MARGIN = "the pair data carries no margin column: the loss is -logsigmoid(r_chosen - r_rejected)"
+NO_MARGIN = "the pairs carry no 'margin' field: the loss is -logsigmoid(r_chosen - r_rejected)"
 
 
 class RewardModelTerms(PlanTerms):
@@ -118,13 +123,14 @@ class RewardModel(DPO):
         r = scores[torch.as_tensor(at, device=scores.device)]
         return r[batch.chosen_seq], r[batch.rejected_seq]
 
-    def loss_of(self, chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
-        """[P] the configured per-pair losses: what `micro_loss` and the gate both run."""
-        return bradley_terry_losses(chosen, rejected, None, self.cfg.center_rewards_coefficient)
+    def loss_of(self, chosen: torch.Tensor, rejected: torch.Tensor, margin: Optional[torch.Tensor]) -> torch.Tensor:
+        """[P] the configured per-pair losses (`margin`: the batch's, None without): what `micro_loss` and the
+        gate both run."""
+        return bradley_terry_losses(chosen, rejected, margin, self.cfg.center_rewards_coefficient)
 
     def micro_loss(self, forward: Callable[..., torch.Tensor], batch: Batch) -> torch.Tensor:
         chosen, rejected = self.rewards(forward, batch)
-        losses = self.loss_of(chosen, rejected)
+        losses = self.loss_of(chosen, rejected, batch.margin)
         with torch.no_grad():
             for k, v in (("rewards/accuracy", (chosen > rejected).float()), ("rewards/margin", chosen - rejected),
                          ("rewards/chosen", chosen), ("rewards/rejected", rejected)):
@@ -153,6 +159,17 @@ class RewardModel(DPO):
         finally:
             self.model.train(was)
         return right / self.heldout.pairs
+
+    def _describe_margin(self) -> dict[str, Any]:
+        """The manifest's `margin`: whether the loss subtracted each pair's, from which field, and their range
+        over the pairs trained on (present-and-null: the same keys either way)."""
+        m = self.pairs.margin
+        if m is None:
+            return {"present": False, "column": None, "pairs": 0, "min": None, "max": None, "mean": None,
+                    "why": NO_MARGIN}
+        return {"present": True, "column": margins.COLUMN, "pairs": len(m), "min": float(m.min()),
+                "max": float(m.max()), "mean": float(m.mean()),
+                "why": f"each pair's '{margins.COLUMN}': the loss is -logsigmoid(r_chosen - r_rejected - margin)"}
 
     def _batches(self, data: Any, per_batch: int = 8) -> Iterator[Batch]:
         from align.data.pairs import collate_pairs, sequence_rows
@@ -189,11 +206,12 @@ class RewardModel(DPO):
         tol = self.cfg.gate_tolerance or (BF16_TOLERANCE if self._autocast_dtype() == torch.bfloat16
                                           else FP32_TOLERANCE)
         err = (batched - alone).abs().max().item()
-        runs = self.loss_of(chosen, rejected).double()
-        want = independent_losses(chosen, rejected, None, self.cfg.center_rewards_coefficient)
+        runs = self.loss_of(chosen, rejected, batch.margin).double()
+        want = independent_losses(chosen, rejected, self._margin_of(batch), self.cfg.center_rewards_coefficient)
         loss_err = (runs - want).abs().max().item()
         loss_tol = 1e-5 * max(1.0, want.abs().max().item())
-        report = {"ran": True, "pairs": int(batch.pairs), "tolerance": tol, "batching_max_abs": err,
+        report = {"ran": True, "pairs": int(batch.pairs), "margin": batch.margin is not None, "tolerance": tol,
+                  "batching_max_abs": err,
                   "batching_ok": err <= tol, "loss_run": runs.sum().item(), "loss_expected": want.sum().item(),
                   "loss_max_abs_error": loss_err, "loss_ok": loss_err <= loss_tol}
         self.gate_report = report
@@ -202,12 +220,20 @@ class RewardModel(DPO):
             why.append(f"batched rewards differ from each sequence's alone by {err:.3g} > tolerance {tol:g} (the "
                        "reward read at another token, or packed documents attending to each other)")
         if not report["loss_ok"]:
+            with_margin = "the pairs' margins" if self.pairs.margin is not None else "no margin"
             why.append(f"the loss on this batch's rewards is {runs.sum().item():.6g}, the configured loss gives "
-                       f"{want.sum().item():.6g} (center_rewards_coefficient={self.cfg.center_rewards_coefficient}): "
-                       "the loss that runs is not the loss configured")
+                       f"{want.sum().item():.6g} (center_rewards_coefficient={self.cfg.center_rewards_coefficient}, "
+                       f"{with_margin}): the loss that runs is not the loss configured")
         if why:
             raise GateError("; ".join(why))
         return report
+
+    def _margin_of(self, batch: Batch) -> Optional[torch.Tensor]:
+        """The batch's pairs' margins read from the encoded pairs by their rows, not from the batch's own field
+        (the gate's independent path: a batch that lost or misordered them fails it)."""
+        if self.pairs.margin is None:
+            return None
+        return torch.as_tensor(self.pairs.margin[batch.pair_rows], dtype=torch.float64)
 
     def _alone_rewards(self, rows: np.ndarray) -> torch.Tensor:
         """Each sequence's reward from the class's own forward of it alone (pooled at transformers' rule);
@@ -230,7 +256,7 @@ class RewardModel(DPO):
             "loss_definition": "per pair -logsigmoid(r_chosen - r_rejected) + center_rewards_coefficient x "
                                "(r_chosen + r_rejected)^2, averaged over pairs (TRL's RewardTrainer.compute_loss)",
             "center_rewards_coefficient": self.cfg.center_rewards_coefficient,
-            "margin": {"present": False, "why": NO_MARGIN},
+            "margin": self._describe_margin(),
             "head": head_record(self.model) if hasattr(self, "model") else None,
             "reference": {"resolved": None, "why_null": "a reward model reads no reference"},
             "data": {"pairs": data.pairs, "truncated_pairs": int(data.truncated.sum()),

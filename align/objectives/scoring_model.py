@@ -5,10 +5,14 @@ before any weight is read, and its load on the training device.
 Refused in one line naming `reward.path` (exit 2): a path that is not there or not a loadable checkpoint
 dir, a config.json whose architectures name no `...ForSequenceClassification` class (a causal LM has no
 reward head) or whose num_labels is not 1, a tokenizer that does not load, has no pad or eos token, or
-whose chat template cannot render a prompt and its completion."""
+whose chat template cannot render a prompt and its completion.
+
+The plan counts it beside the policy (align/objectives/grpo_terms.py `scoring_model`): its weights in the
+dtype it is loaded in, from its config alone (`meta_scoring_model`), and one forward's activations."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any, Optional
@@ -70,16 +74,44 @@ def model_problem(path: str) -> tuple[Optional[str], str]:
     return None, f"{d}: {next(a for a in arch if a.endswith(SUFFIX))}, num_labels=1, its tokenizer's chat template"
 
 
+def scoring_dtype(device_type: str) -> str:
+    """The dtype the reward model is loaded in on a device of `device_type` (the load and the plan read it)."""
+    return "bfloat16" if device_type == "cuda" else "float32"
+
+
+def meta_scoring_model(path: str) -> Any:
+    """The reward model of `path` on the meta device (shapes only, no weight read), built from its config.json
+    with the class the load uses: what the plan counts its weights and forward from."""
+    from align.errors import ConfigError
+
+    d = Path(path).expanduser().resolve()
+    try:
+        return _meta_scoring_model(str(d), (d / "config.json").stat().st_mtime_ns)
+    except (OSError, ValueError, KeyError) as e:  # preflight's check of reward.path says why in full
+        raise ConfigError(KEY, f"cannot build the reward model from {d / 'config.json'} to count it in the memory "
+                               f"estimate ({_said(e)})") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _meta_scoring_model(path: str, mtime_ns: int) -> Any:  # the plan asks once per candidate: built once per file
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    with torch.device("meta"):
+        return AutoModelForSequenceClassification.from_config(config)
+
+
 def load_model_reward(path: str, device: Any, batch_size: int) -> ModelReward:
-    """The reward model on `device`, once: bf16 on CUDA, fp32 elsewhere; frozen, eval mode, every tensor checked
-    to land (align/models/checkpoint_fit.py `load_checked`)."""
+    """The reward model on `device`, once: bf16 on CUDA, fp32 elsewhere (`scoring_dtype`); frozen, eval mode,
+    every tensor checked to land (align/models/checkpoint_fit.py `load_checked`)."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
     from align.models.checkpoint_fit import load_checked
 
     device = torch.device(device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, scoring_dtype(device.type))
     tok = load_tokenizer(path)
     model, _ = load_checked(AutoModelForSequenceClassification, path, KEY, local_files_only=True, dtype=dtype)
     # transformers pools at each row's last token that is not pad_token_id: the tokenizer's pad (TRL's rule).

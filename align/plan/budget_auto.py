@@ -175,9 +175,9 @@ def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: 
         return min(rollout, CPU_ROWS), (f"{key}=auto: the memory of {device} cannot be read: {whole}, at most "
                                         f"{CPU_ROWS} rows per call")
     share, kind = headroom(cfg, device)
-    limit, resident = int(share * total), resident_bytes(cfg, device)
+    limit, resident = int(share * total), resident_bytes(cfg, device, prompt_tokens)
     per_row = kv_cache_bytes(cfg, device, 1, prompt_tokens)
-    beside = "weights, optimizer state, reference and generation copy"
+    beside = "weights, optimizer state, reference, generation copy and reward model"
     if cache_held(cfg):  # the engine keeps its cache through the update: the step's working set beside it
         from align.plan.chunk_auto import plan_loss_chunk
 

@@ -15,7 +15,9 @@ cannot drift from transformers. Memory is arithmetic on those counts plus an act
   at the longest prompt + `max_new_tokens`), which lives between optimizer steps, in place of the
   step's working set. Its sequences are at most the longest prompt + `max_new_tokens` wide
   (align/plan/generation_auto.py `rollout_width`): where the prompts have been read (`prompt_tokens`,
-  at plan time) that, else the bound `data.max_seq_len`.
+  at plan time) that, else the bound `data.max_seq_len`. A reward model grpo scores with (`reward.path`):
+  its weights in the dtype it is loaded in, held for the whole run, and one no-grad forward of
+  `reward.model_batch_size` completions, which runs in the rollout beside the KV cache.
 
 It is an estimate: the GPU smoke runs print it beside `torch.cuda.max_memory_allocated` to keep it
 honest (docs/models.md). The check refuses a config whose estimate exceeds the visible device's
@@ -98,7 +100,9 @@ class MemoryEstimate:
     step's gradients are freed and no activations are held, so the peak holds the larger of the KV
     cache and the step's working set (activations, logits, gradients), unless the engine keeps its cache
     between calls (`kv_cache_held`: align's engine, align/plan/generation_auto.py `cache_held`): then
-    the cache is held beside the working set."""
+    the cache is held beside the working set. `scoring_model`: the weights of a reward model grpo scores
+    with (held for the whole run); `scoring_activations`: one no-grad forward of it at its batch, which
+    runs in the rollout, beside the KV cache the engine keeps."""
 
     params: ParamCount
     tokens_per_micro_batch: int
@@ -114,13 +118,18 @@ class MemoryEstimate:
     generation_copy: int = 0
     kv_cache: int = 0
     kv_cache_held: bool = False
+    scoring_model: int = 0
+    scoring_activations: int = 0
 
     @property
     def total(self) -> int:
         working = self.activations + self.logits
         held = working + self.grads if self.grads_accumulate else max(working, self.grads)
-        step = held + self.kv_cache if self.kv_cache_held else max(held, self.kv_cache)
-        return self.weights + self.optimizer + self.reference + self.generation_copy + step
+        if self.kv_cache_held:  # the cache through the rollout (beside the scorer's forward) and the update
+            step = self.kv_cache + max(held, self.scoring_activations)
+        else:
+            step = max(held, self.kv_cache + self.scoring_activations)
+        return self.weights + self.optimizer + self.reference + self.generation_copy + self.scoring_model + step
 
     @property
     def fits(self) -> Optional[bool]:
@@ -137,6 +146,8 @@ class MemoryEstimate:
         ref += f", generation copy {self.generation_copy / GiB:.1f}" if self.generation_copy else ""
         ref += (f", KV cache {self.kv_cache / GiB:.1f}{' (held between calls)' if self.kv_cache_held else ''}"
                 if self.kv_cache else "")
+        ref += (f", reward model {self.scoring_model / GiB:.1f} + its forward {self.scoring_activations / GiB:.1f}"
+                if self.scoring_model else "")
         return (f"params {p.total / 1e9:.3f}B{act}, {p.trainable / 1e9:.3f}B trainable; training memory ~"
                 f"{self.total / GiB:.1f} GiB at peak (weights {self.weights / GiB:.1f}, grads {self.grads / GiB:.1f}, "
                 f"optimizer {self.optimizer / GiB:.1f}{ref}, activations {self.activations / GiB:.1f} and logits "
@@ -301,14 +312,30 @@ def kv_cache_bytes(cfg: TrainConfig, device: torch.device, rows: Optional[int] =
     return positions * kv_elements_per_token(model) * (nbytes or compute_bytes(cfg, device))
 
 
-def resident_bytes(cfg: TrainConfig, device: torch.device) -> int:
-    """What an engine call runs beside (unsharded): weights, optimizer state, a frozen reference and the
-    generation copy, as `estimate_memory` counts them."""
+def resident_bytes(cfg: TrainConfig, device: torch.device, prompt_tokens: Optional[int] = None) -> int:
+    """What an engine call runs beside (unsharded): weights, optimizer state, a frozen reference, the
+    generation copy and a reward model with its forward, as `estimate_memory` counts them."""
     model, config = meta_model(cfg.model)
     wbytes = _nbytes(cfg.model.dtype)
     counts, weights, _, optimizer = _states(cfg, model, family_spec(cfg.model).moe_shape(config), wbytes)
     return (weights + optimizer + reference_bytes(cfg, counts.total, wbytes)
-            + generation_copy_bytes(cfg, counts.total, device.type))
+            + generation_copy_bytes(cfg, counts.total, device.type) + sum(scoring_bytes(cfg, device, prompt_tokens)))
+
+
+def scoring_bytes(cfg: TrainConfig, device: torch.device, prompt_tokens: Optional[int] = None) -> tuple[int, int]:
+    """(weights, forward activations) of the reward model the objective scores with (align/objectives/plan_terms.py
+    `scoring_model`; (0, 0) where none): its parameters at the bytes of the dtype it is loaded in, and what a
+    no-grad forward holds at once per token, the residual stream in and out plus one decoder layer's
+    intermediates (`activation_elements_per_token`'s count for one layer: each layer's are freed before the
+    next runs), at the tokens of one forward, in that dtype."""
+    found = terms_for(cfg).scoring_model(cfg, device.type, prompt_tokens)
+    if found is None:
+        return 0, 0
+    model, nbytes, tokens = found
+    weights = sum(p.numel() for p in model.parameters()) * nbytes
+    text = model.config.get_text_config()
+    per_layer = activation_elements_per_token(model, None) // max(len(decoder_layers(model)), 1)
+    return weights, (per_layer + 2 * text.hidden_size) * nbytes * tokens
 
 
 def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1,
@@ -329,13 +356,15 @@ def estimate_memory(cfg: TrainConfig, device: torch.device, shards: int = 1,
     logits = logits_bytes(chunk, tokens, config.vocab_size, getattr(config, "final_logit_softcapping", None),
                           nbytes)
     ref = reference_bytes(cfg, counts.total, wbytes)
+    scoring, scoring_acts = scoring_bytes(cfg, device, prompt_tokens)
     s = max(1, shards)
     return MemoryEstimate(counts, tokens, weights // s, grads // s, optimizer // s, acts, str(device),
                           device_memory(device), logits=logits, reference=ref // s,
                           grads_accumulate=cfg.trainer.grad_accum > 1,
                           generation_copy=generation_copy_bytes(cfg, counts.total, device.type),
                           kv_cache=(kv := kv_cache_bytes(cfg, device, prompt_tokens=prompt_tokens)),
-                          kv_cache_held=bool(kv) and cache_held(cfg, s))
+                          kv_cache_held=bool(kv) and cache_held(cfg, s),
+                          scoring_model=scoring, scoring_activations=scoring_acts)
 
 
 def _states(cfg: TrainConfig, model: torch.nn.Module, moe: Optional[MoEShape], wbytes: int

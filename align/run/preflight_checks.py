@@ -70,6 +70,8 @@ def check_files(cfg: TrainConfig, ctx: Context) -> Iterable[Check]:
         yield from _unpaired_records(cfg, specs)
     else:
         yield from _record_formats(specs)
+        if cfg.data.holds_pairs:
+            yield from _pair_records(cfg, specs)
     for m in cfg.data.mask_files:
         ok = Path(m).is_file()
         yield Check(
@@ -149,6 +151,30 @@ def _unpaired_records(cfg: TrainConfig, specs: list) -> Iterable[Check]:
         return
     yield Check("config", "unpaired records", Status.passed,
                 f"{len(examples)} examples, {sum(e.label for e in examples)} desirable", "data")
+
+
+def _pair_records(cfg: TrainConfig, specs: list) -> Iterable[Check]:
+    """Every pair parsed as the run parses it (no torch, no tokenizer): a bad record, and for its `margin`
+    (align/data/margins.py) one that is not a finite number, a margin on some pairs and not others, or margins
+    under an objective that reads none, are refused naming the record's file:line before the run dir exists."""
+    from align.data import margins
+    from align.data.preference import BadRecords, load_preference_records
+    from align.data.sources import path_problem
+
+    if any(path_problem(s) for s in specs):
+        return
+    try:
+        records = load_preference_records(cfg.data, BadRecords(cfg.data.on_bad_record))
+        margins.check_column(records)
+        column = margins.stats(records)
+        margins.refuse_unread(column, cfg.objective)
+    except ConfigError as e:
+        yield Check("config", "pair records", Status.failed, e.message, e.key)
+        return
+    yield Check("config", "pair records", Status.passed,
+                f"{len(records)} pairs, " + (f"'{margins.COLUMN}' on every pair (from {column['min']:g} to "
+                                             f"{column['max']:g}), read by {cfg.objective.option}" if column
+                                             else f"no '{margins.COLUMN}' field"), "data")
 
 
 def _record_formats(specs: list) -> Iterable[Check]:

@@ -276,6 +276,22 @@ def test_an_unpaired_record_whose_label_is_not_a_boolean_is_one_line_naming_its_
     assert "TRANSFORMERS_IMPORTED=False" in p.stdout and not (tmp_path / "run").exists()
 
 
+def test_pairs_with_margins_under_an_objective_that_reads_none_are_one_line_naming_the_line_before_the_run_dir(
+        tmp_path):
+    """objective=dpo would train as if a pair's `margin` were not there (align/data/margins.py): refused in preflight,
+    before torch (the in-process cases, a non-finite margin among them: tests/unit/data/test_margins.py)."""
+    f = tmp_path / "pairs.jsonl"
+    f.write_text('{"prompt": "2+2?", "chosen": "4", "rejected": "5", "margin": 1.5}\n'
+                 '{"prompt": "2+3?", "chosen": "5", "rejected": "6", "margin": 0.5}\n')
+    p = _run(tmp_path, "objective=dpo", "data=preference", f"data.path={f}", "allow_dirty=true")
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert err == [f"align: error: {f}:1: the pair has a 'margin' (TRL's RewardTrainer margin), which objective=dpo "
+                   "does not read: it would train as if the margins were not there; accepted: pairs without 'margin', "
+                   "or an objective that reads it (objective=reward_model)"], err
+    assert "TRANSFORMERS_IMPORTED=False" in p.stdout and not (tmp_path / "run").exists()
+
+
 def test_a_teacher_of_another_tokenizer_is_one_line_exit_2_before_the_run_dir(tmp_path):
     """objective=distill compares two distributions id by id: preflight holds the teacher's tokenizer to the
     student's (the in-process cases: tests/unit/objectives/test_distill.py)."""

@@ -76,8 +76,14 @@ def _ignores_beta(obj):
                                            undesirable_weight=obj.cfg.undesirable_weight)
 
 
+def _ignores_the_kl_point(obj):
+    return lambda x, reduce=None: kto_loss(x, kl_reference_point(x.policy_kl, x.reference_kl), beta=obj.cfg.beta,
+                                           desirable_weight=obj.cfg.desirable_weight,
+                                           undesirable_weight=obj.cfg.undesirable_weight, loss="apo_zero_unpaired")
+
+
 @pytest.mark.parametrize("wrong", [_ignores_the_undesirable_weight, _flips_the_labels, _kl_point_with_gradient,
-                                   _ignores_beta])
+                                   _ignores_beta, _ignores_the_kl_point])
 def test_a_loss_other_than_the_configured_one_fails_the_gate(trainer, monkeypatch, wrong):
     monkeypatch.setattr(trainer.objective, "loss_of", wrong(trainer.objective))
     with pytest.raises(GateError, match="the loss that runs is not the loss configured"):
@@ -88,12 +94,50 @@ def test_the_manifest_records_what_resolved(trainer):
     d = trainer.objective.describe()
     assert (d["kind"], d["loss"], d["beta"], d["desirable_weight"], d["undesirable_weight"]) == ("kto", "kto", 0.2,
                                                                                                  1.5, 0.5)
+    assert d["kl"]["in_loss"] is True
     assert d["reference"]["requested"] == d["reference"]["resolved"] == "model"
     assert d["reference"]["weights_sha256"] and d["reference"]["dtype"] == "same"
     data = trainer.objective.pairs
     assert d["data"] == {"examples": data.pairs, "desirable": int(data.labels.sum()),
                          "undesirable": int((~data.labels).sum()), "truncated_examples": 0}
     assert d["data"]["desirable"] == d["data"]["undesirable"]  # the bundled pairs, each side one example
+
+
+@pytest.fixture(scope="module")
+def apo(tmp_path_factory):
+    return kto_trainer(tmp_path_factory.mktemp("apo"), "objective.loss=apo_zero_unpaired")
+
+
+def test_apo_zero_unpaired_passes_its_gate_and_fails_kto_s_loss_in_its_place(apo, monkeypatch):
+    """The gate holds apo_zero_unpaired's loss, which reads no KL point: kto's (which does) fails it."""
+    obj = apo.objective
+    report = obj.gate(first_batch(apo))
+    assert report["loss_ok"] and report["loss"] == "apo_zero_unpaired", report
+    assert report["loss_kl_shifted"] == pytest.approx(report["loss_expected"], rel=1e-5)  # the point moved nothing
+    monkeypatch.setattr(obj, "loss_of", lambda x, reduce=None: kto_loss(
+        x, kl_reference_point(x.policy_kl, x.reference_kl), beta=obj.cfg.beta,
+        desirable_weight=obj.cfg.desirable_weight, undesirable_weight=obj.cfg.undesirable_weight))
+    with pytest.raises(GateError, match="apo_zero_unpaired reads no KL point"):
+        obj.gate(first_batch(apo))
+
+
+def test_apo_zero_unpaired_trains_its_loss_and_the_manifest_records_it(apo):
+    """micro_loss is apo_zero_unpaired's: with the policy moved off its reference, it differs from kto's on the
+    same log-probs (whose KL point is not 0) and equals the definition recomputed by hand."""
+    obj, b = apo.objective, first_batch(apo)
+    with torch.no_grad():
+        for p in obj.model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+        x = obj.logps(obj.forward, b)
+        ran = obj.micro_loss(obj.forward, b).item()
+    r, beta, d = (x.policy - x.reference).double(), obj.cfg.beta, x.desirable
+    want = torch.where(d, 1.5 * (1 - torch.sigmoid(beta * r)), 0.5 * torch.sigmoid(beta * r)).sum().item()
+    kl = kl_reference_point(x.policy_kl, x.reference_kl)
+    kto = kto_loss(x, kl, beta=beta, desirable_weight=1.5, undesirable_weight=0.5).losses.sum().item()
+    assert kl.item() > 0 and ran == pytest.approx(want, rel=1e-5) and ran != pytest.approx(kto, rel=1e-3)
+    d = obj.describe()
+    assert d["loss"] == "apo_zero_unpaired" and d["kl"]["in_loss"] is False
+    assert "sigmoid(beta r)" in d["loss_definition"]
 
 
 def test_desirable_completions_rise_relative_to_undesirable_ones(tmp_path):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from align.objectives.kto_loss import KTOLogps, kl_reference_point, kto_loss
+from align.objectives.kto_loss import LOSSES, KTOLogps, kl_reference_point, kto_loss
 from tests.unit.data.conftest import write_jsonl
 
 N = 6
@@ -56,21 +56,22 @@ class _LM(_Model):
         return SimpleNamespace(log_probs=lp, entropy=torch.zeros_like(lp), mean_logits=torch.zeros_like(lp))
 
 
-def _trl_trainer(model, ref_model, *, beta, desirable_weight, undesirable_weight, precompute):
+def _trl_trainer(model, ref_model, *, beta, desirable_weight, undesirable_weight, precompute, loss_type="kto"):
     from trl.trainer.kto_trainer import KTOTrainer
 
     assert list(inspect.signature(KTOTrainer._compute_loss).parameters) == ["self", "model", "inputs",
                                                                            "return_outputs"]
     trainer = object.__new__(KTOTrainer)
     trainer.__dict__.update(model=model, ref_model=ref_model, accelerator=_accelerator(), aux_loss_enabled=False,
-                            precompute_ref_logps=precompute, calculate_KL=True, loss_type="kto", beta=beta,
+                            precompute_ref_logps=precompute, loss_type=loss_type, beta=beta,
+                            calculate_KL=loss_type not in ["apo_zero_unpaired"],  # KTOTrainer.__init__'s rule
                             desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
                             args=SimpleNamespace(gradient_checkpointing_kwargs=None),
                             _metrics={"train": defaultdict(list)}, _total_train_tokens=0, _tp_size=1)
     return trainer
 
 
-def _trl_on_sums(x: KTOLogps, **hp) -> tuple[torch.Tensor, dict]:
+def _trl_on_sums(x: KTOLogps, loss_type: str = "kto", **hp) -> tuple[torch.Tensor, dict]:
     """TRL on sequences whose completions are one token each: the table holds each sequence's sum."""
     ids = torch.arange(2 * N).reshape(2, N)  # completion token of example e: e; of its KL sequence: N + e
     table = torch.cat([x.policy, x.policy_kl])
@@ -81,7 +82,7 @@ def _trl_on_sums(x: KTOLogps, **hp) -> tuple[torch.Tensor, dict]:
               "completion_mask": torch.tensor([[0, 1]] * N), "KL_completion_mask": torch.tensor([[0, 1]] * N),
               "label": x.desirable, "ref_logps": x.reference, "ref_KL_logps": x.reference_kl}
     model = _Model(torch.cat([table, table.new_zeros(1)]))
-    trainer = _trl_trainer(model, None, precompute=True, **hp)
+    trainer = _trl_trainer(model, None, precompute=True, loss_type=loss_type, **hp)
     loss = trainer._compute_loss(model, inputs, return_outputs=False)
     return loss, {k: v[-1] for k, v in trainer._metrics["train"].items()}
 
@@ -104,21 +105,25 @@ CASES = [  # (seed, KL shift: a positive, and a negative point that TRL clamps a
 ]
 
 
+@pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("seed,shift,labels,hp", CASES, ids=["equal", "clamped", "desirable_only", "undesirable_only"])
-def test_the_loss_its_gradient_and_metrics_equal_trls(seed, shift, labels, hp):
+def test_the_loss_its_gradient_and_metrics_equal_trls(seed, shift, labels, hp, loss):
     x = _batch(seed, shift, labels)
-    out = kto_loss(x, kl_reference_point(x.policy_kl, x.reference_kl), **hp)
+    out = kto_loss(x, kl_reference_point(x.policy_kl, x.reference_kl), loss=loss, **hp)
     ours = out.losses.mean()  # TRL's nanmean of one batch: the window of one micro-batch on one rank
     ours_grad, ours_kl_grad = torch.autograd.grad(ours, [x.policy, x.policy_kl], allow_unused=True)
 
     y = _batch(seed, shift, labels)
-    theirs, metrics = _trl_on_sums(y, **hp)
+    theirs, metrics = _trl_on_sums(y, loss, **hp)
     theirs_grad, theirs_kl_grad = torch.autograd.grad(theirs, [y.policy, y.policy_kl], allow_unused=True)
     torch.testing.assert_close(ours, theirs, **TOL)
     torch.testing.assert_close(ours_grad, theirs_grad, **TOL)
     for g in (ours_kl_grad, theirs_kl_grad):  # the KL point carries no gradient
         assert g is None or not g.any(), g
-    assert out.kl.item() == pytest.approx(metrics["kl"], abs=1e-5)
+    if loss == "kto":
+        assert out.kl.item() == pytest.approx(metrics["kl"], abs=1e-5)
+    else:  # TRL computes no KL point (logs 0); align reports the estimate its loss does not read
+        assert metrics["kl"] == 0.0 and out.kl.item() == kl_reference_point(x.policy_kl, x.reference_kl).item()
     if shift < 0:
         assert out.kl.item() == 0.0
     s = out.metric_sums(torch.zeros(N, dtype=torch.bool))

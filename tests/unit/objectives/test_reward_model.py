@@ -6,6 +6,7 @@ what resolved."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from types import SimpleNamespace
@@ -107,7 +108,7 @@ def test_the_gate_passes_and_holds_the_rewards_and_the_loss(trainer):
 
 def test_the_gate_fails_a_loss_that_is_not_the_configured_one(trainer, monkeypatch):
     obj = trainer.objective
-    monkeypatch.setattr(obj, "loss_of", lambda c, r: bradley_terry_losses(c, r))  # the centring term dropped
+    monkeypatch.setattr(obj, "loss_of", lambda c, r, m: bradley_terry_losses(c, r, m))  # the centring term dropped
     with pytest.raises(GateError, match="the loss that runs is not the loss configured"):
         obj.gate(first_batch(trainer))
 
@@ -184,3 +185,45 @@ def test_the_export_loads_as_a_sequence_classifier_with_the_same_rewards(tmp_pat
     assert o["head"]["class"] == "MistralForSequenceClassification" and o["head"]["num_labels"] == 1
     assert o["loss"] == "bradley_terry" and o["margin"]["present"] is False and o["gate"]["loss_ok"]
     assert manifest["serving"]["architecture"] == "MistralForSequenceClassification"
+
+
+# ------------------------------------------------------------------------------------------- margins
+
+
+def margin_pairs(path, margins):
+    """Pairs whose line n carries margins[n - 1] (TRL's margin column)."""
+    with open(path, "w") as f:
+        for i, m in enumerate(margins):
+            f.write(json.dumps({"prompt": f"what is {i} and {i + 3}?", "chosen": f"it is {2 * i + 3} good",
+                                "rejected": f"it is {2 * i + 4} bad", "margin": m}) + "\n")
+    return path
+
+
+def test_a_run_on_pairs_with_margins_trains_on_trls_loss_with_them(tmp_path):
+    """End to end: the loss step 1 logs is TRL's RewardTrainer.compute_loss on the rewards of that step's pairs and
+    their margins as the file gives them (read here by line, not through align's arrays), and not the loss
+    without them; the gate holds the margins the batch carries to those of the encoded pairs, and the manifest
+    entry says the loss read them."""
+    margins = [round(0.25 * i + 0.5, 2) for i in range(12)]
+    t = rm_trainer(tmp_path, "data=preference", f"data.path={margin_pairs(tmp_path / 'pairs.jsonl', margins)}",
+                   "data.max_records=null", "trainer.max_steps=1", "trainer.grad_accum=1")
+    obj, b = t.objective, first_batch(t)
+    from_file = torch.tensor([margins[int(obj.pairs.pair_ids[p].rsplit(":", 1)[1]) - 1] for p in b.pair_rows])
+    torch.testing.assert_close(b.margin.cpu(), from_file.float(), atol=0, rtol=0)
+    assert obj.gate(b)["loss_ok"] and obj.gate_report["margin"] is True
+    dropped = dataclasses.replace(b, margin=None)  # a batch that lost its pairs' margins
+    with pytest.raises(GateError, match="the pairs' margins"):
+        obj.gate(dropped)
+
+    was = obj.model.training
+    with torch.no_grad():
+        chosen, rejected = obj.rewards(obj.forward, b)
+    obj.model.train(was)
+    with_margin = trl_loss(chosen, rejected, from_file.float()).item()
+    without = trl_loss(chosen, rejected).item()
+    assert abs(with_margin - without) > 0.05  # the margins matter on this batch
+    assert t.fit() == 0
+    [row] = [json.loads(line) for line in (t.run_dir / "history.jsonl").read_text().splitlines()]
+    assert row["step"] == 1 and row["loss"] == pytest.approx(with_margin, rel=1e-5, abs=1e-6)
+    d = obj.describe()["margin"]
+    assert (d["present"], d["column"], d["pairs"], d["min"], d["max"]) == (True, "margin", 12, 0.5, 3.25)

@@ -145,3 +145,43 @@ def test_a_reward_model_weighted_other_than_0_is_a_reward_that_can_vary(compose)
                                 *extra]))
         assert cfg.reward.path == "/rm" and cfg.reward.weights["model"] == 0.5
         assert WeightedReward.of(cfg.reward).constant() is None
+
+
+def test_the_plan_counts_the_reward_models_own_weights_and_its_forward(compose, rm_dir):
+    """As objective=distill's teacher: the estimate holds the reward model's own parameters (counted here from
+    the loaded model) at the bytes of the dtype it loads in on this device, and one forward of
+    `reward.model_batch_size` completions (at most a generation round's), which the rollout holds beside the
+    KV cache."""
+    from transformers import AutoModelForSequenceClassification
+
+    from align.config import to_typed
+    from align.objectives.scoring_model import load_model_reward, scoring_dtype
+    from align.plan.planner import plan
+
+    def estimate(*overrides):
+        cfg = to_typed(compose(["objective=grpo", "objective.group_size=4", "objective.prompts_per_rollout=4",
+                                *overrides]))
+        return plan(cfg, torch.device("cpu")).estimate
+
+    rm = ["reward=model", f"reward.path={rm_dir}"]
+    est = estimate(*rm, "reward.model_batch_size=4")
+    n = sum(p.numel() for p in AutoModelForSequenceClassification.from_pretrained(str(rm_dir)).parameters())
+    loaded = load_model_reward(str(rm_dir), "cpu", 4).identity()["dtype"]
+    assert loaded == scoring_dtype("cpu") == "float32" and scoring_dtype("cuda") == "bfloat16"
+    assert n != est.params.total and est.scoring_model == n * 4
+    with pytest.raises(ConfigError) as e:  # preflight's plan on a path its reward model check refuses: one line
+        estimate("reward=model", f"reward.path={rm_dir.parent / 'missing'}")
+    assert e.value.key == "reward.path" and "to count it in the memory estimate" in one_line(e)
+    plain = estimate("reward=exact_int")
+    assert (plain.scoring_model, plain.scoring_activations) == (0, 0)
+    assert est.total >= plain.total + est.scoring_model
+
+    # its forward: linear in the completions per forward, capped at a round's 4 x 4 rows
+    acts = {b: estimate(*rm, f"reward.model_batch_size={b}").scoring_activations for b in (2, 4, 16, 64)}
+    assert acts[4] == 2 * acts[2] > 0 and acts[64] == acts[16] == 4 * acts[4]
+    # long completions, one per micro-batch: the rollout (KV cache and the reward model's forward) is the peak
+    wide = estimate(*rm, "reward.model_batch_size=16", "trainer.grad_accum=16", "objective.max_new_tokens=512",
+                    "data.max_seq_len=640")
+    assert wide.kv_cache + wide.scoring_activations > wide.activations + wide.logits + wide.grads
+    assert wide.total == (wide.weights + wide.optimizer + wide.reference + wide.generation_copy
+                          + wide.scoring_model + wide.kv_cache + wide.scoring_activations)
