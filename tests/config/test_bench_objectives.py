@@ -78,15 +78,18 @@ def test_the_trl_arms_need_the_pairs_their_steps_read(out, capsys):
     assert not out.exists()
 
 
-def test_one_command_writes_one_teacher(capsys):
-    def arm(name, *overrides):
-        return harness.Arm(name, "bench/distill_default", data_file=TEACHER_DIR,
-                           typed=compose_typed(["experiment=bench/distill_default", *overrides]))
-
-    harness.check_one_teacher([arm("a"), arm("b"), harness.Arm("c", "bench/dense_eager")])  # one student: fine
+def test_one_command_writes_one_teacher(out, capsys, monkeypatch):
+    argv = ["--dry-run", "distill_default", "trl_gkd", "--steps", "3", "--warmup", "1", "--hf-steps", "2",
+            "--hf-warmup", "1"]
+    assert harness.main(argv) == 0  # one student: one teacher
+    capsys.readouterr()
+    # the TRL arm's student at another seed: the command cannot write a teacher for both
+    monkeypatch.setattr(harness, "experiment_config",
+                        lambda e, tiny: compose_typed([f"experiment={e}", "trainer.seed=7"]))
     with pytest.raises(SystemExit) as e:
-        harness.check_one_teacher([arm("a"), arm("b", "trainer.seed=7")])
-    assert e.value.code == 2 and "a, b: their students differ" in capsys.readouterr().err
+        harness.main(argv)
+    assert e.value.code == 2 and "distill_default, trl_gkd: their students differ" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_the_teacher_is_the_students_model_at_another_init_and_align_accepts_it(tmp_path):
