@@ -78,14 +78,19 @@ def tiny_overrides(typed) -> list[str]:
     the CPU: they drop the experiment's model-shape overrides (a null one stays: Hydra cannot delete a
     null), so the harness's code path runs but nothing is measured."""
     drop = [f"~model.overrides.{k}" for k, v in typed.model.overrides.items() if v is not None]
-    grpo = TINY_GRPO if typed.objective.kind == "grpo" else []
-    return ["model.preset=tiny", *drop, "trainer.device=cpu", *grpo]
+    rollout = TINY_ROLLOUT.get(typed.objective.kind, [])
+    return ["model.preset=tiny", *drop, "trainer.device=cpu", *rollout]
 
 
 TINY_GRPO = ["objective.prompts_per_rollout=4", "objective.group_size=4", "objective.max_new_tokens=16",
              "trainer.grad_accum=2", "objective.generation_batch_size=8"]
 """A GRPO experiment's tiny rollout: 4 prompts x 4 completions of 16 tokens, two micro-batches, two engine
 calls (align's arms and TRL's read the same preset)."""
+TINY_DISTILL = ["objective.prompts_per_rollout=16", "objective.max_new_tokens=16", "trainer.grad_accum=2",
+                "objective.generation_batch_size=8"]
+"""A distillation experiment's tiny rollout: GRPO's 16 completions of 16 tokens as 16 prompts x its own
+group_size of 1, two micro-batches, two engine calls (align's arms and TRL's GKD arm read the same preset)."""
+TINY_ROLLOUT = {"grpo": TINY_GRPO, "distill": TINY_DISTILL}
 
 
 def experiment_config(experiment: str, tiny: bool = False):
@@ -110,12 +115,17 @@ def model_class(typed):
 
 def model_flops(typed):
     """align's FLOPs counter over a meta-device build of the experiment's model (no memory, no init),
+    under its scalar head for an objective that trains one (a reward model has no LM head to count),
     with the experiment's LoRA adapters when it has them: a frozen base earns no weight gradients."""
+    from align.models.family import family_spec
+    from align.models.scalar_head import to_scalar_head
     from align.telemetry.throughput import ModelFlops
 
     config = hf_config(typed)
     with torch.device("meta"):
         model = model_class(typed)._from_config(config)
+        if type(typed.objective).scalar_head:
+            model = to_scalar_head(model, family_spec(typed.model), config.pad_token_id)
         if typed.model.lora.enabled:
             model = lora_model(model, typed)
     return ModelFlops.from_model(model)
@@ -188,14 +198,16 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 def summarise(m: dict[str, Any], ceiling_tflops: Optional[float]) -> dict[str, Any]:
-    """Rates (pairs/s too when the measurement counts pairs: a DPO arm), padding waste and both MFUs of a
-    measurement, against the command's matmul ceiling."""
+    """Rates (pairs/s too when the measurement counts pairs: a DPO or reward-model arm; examples/s when it
+    counts unpaired examples: a KTO arm), padding waste and both MFUs of a measurement, against the
+    command's matmul ceiling."""
     sec = m["seconds"]
     useful_tflops = m["useful_flops"] / sec / 1e12 if m.get("useful_flops") is not None else None
     counted_tflops = m["counted_flops"] / sec / 1e12 if m.get("counted_flops") is not None else None
-    pairs = m.get("pairs")
+    pairs, examples = m.get("pairs"), m.get("examples")
     return {**m, "real_tokens_per_s": m["real_tokens"] / sec, "tokens_per_s": m["tokens"] / sec,
             "pairs_per_s": pairs / sec if pairs is not None else None,
+            "examples_per_s": examples / sec if examples is not None else None,
             "tokens_per_step": m["tokens"] / m["steps_measured"],
             "padding_waste": 1 - m["real_tokens"] / m["tokens"] if m["tokens"] else 0.0,
             "useful_tflops": useful_tflops, "useful_mfu": _ratio(useful_tflops, ceiling_tflops),
@@ -204,12 +216,13 @@ def summarise(m: dict[str, Any], ceiling_tflops: Optional[float]) -> dict[str, A
 
 
 def rate_key(r: dict[str, Any], base: dict[str, Any]) -> str:
-    """What a ratio of two arms compares: samples/s when both count completions (GRPO arms), pairs/s when
-    both count pairs (DPO arms), else real tokens/s."""
-    if r.get("samples_per_s") is not None and base.get("samples_per_s") is not None:
-        return "samples_per_s"
-    both = r.get("pairs_per_s") is not None and base.get("pairs_per_s") is not None
-    return "pairs_per_s" if both else "real_tokens_per_s"
+    """What a ratio of two arms compares: samples/s when both count completions (GRPO and distillation
+    arms), pairs/s when both count pairs (DPO and reward-model arms), examples/s when both count unpaired
+    examples (KTO arms), else real tokens/s."""
+    for key in ("samples_per_s", "pairs_per_s", "examples_per_s"):
+        if r.get(key) is not None and base.get(key) is not None:
+            return key
+    return "real_tokens_per_s"
 
 
 def add_ratios(results: list[dict[str, Any]], baselines: Sequence[str]) -> None:

@@ -1,5 +1,7 @@
-"""The GRPO arms of bench/run.py: reading an align GRPO run, the engine's own eval throughput at the
-rollout's shape (bench/generation.py in the same command), and the GRPO table.
+"""The GRPO arms of bench/run.py, and the distillation arms with them (the same rollout, one optimizer step
+per rollout, the teacher's forwards in the rollout phases as `time/reference_s`): reading an align run,
+the engine's own eval throughput at the rollout's shape (bench/generation.py in the same command), and
+the table of these arms.
 
 A GRPO arm's row: samples/s (completions per second of the whole optimizer step, one rollout per step),
 the generation share of the step, rollout tokens/s (completion tokens per second of generation), update
@@ -24,8 +26,12 @@ ROLLOUT_PHASES = ("time/generation_s", "time/sync_s", "time/scoring_s", "time/ol
 """The rollout phases of align's GRPO step row (align/objectives/grpo_metrics.py `PHASES`); the update is the rest."""
 
 
-def is_grpo(typed) -> bool:
-    return typed is not None and typed.objective.kind == "grpo"
+ROLLOUT_KINDS = ("grpo", "distill")
+"""The objectives whose arms count completions (samples/s) and go to this table."""
+
+
+def is_rollout(typed) -> bool:
+    return typed is not None and typed.objective.kind in ROLLOUT_KINDS
 
 
 def read_grpo_run(name: str, run_dir: Path, warmup: int, gpus: int) -> dict[str, Any]:
@@ -66,10 +72,10 @@ def engine_batch(typed: Any) -> int:
 
 
 def engine_shapes(arms: Sequence[Any]) -> dict[str, tuple[int, int, int]]:
-    """align GRPO arm -> (rows per rollout, engine batch size, new tokens) of its rollouts."""
+    """align GRPO or distillation arm -> (rows per rollout, engine batch size, new tokens) of its rollouts."""
     out = {}
     for x in arms:
-        if x.experiment is not None and is_grpo(x.typed):
+        if x.experiment is not None and is_rollout(x.typed):
             o = x.typed.objective
             out[x.name] = (o.prompts_per_rollout * o.group_size, engine_batch(x.typed), o.max_new_tokens)
     return out
@@ -126,8 +132,9 @@ def table(results: list[dict[str, Any]], baselines: Sequence[str], notes: Callab
                  _fmt(g("completion_len_mean"), ".1f"), _fmt(g("stop_frac"), ".2f"), _fmt(g("peak_mem_gib"), ".1f"),
                  *ratio, _fmt(eng, ".2f") + ("x" if eng is not None else ""), _fmt(g("bound_share"), ".0%"), notes(r)]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "GRPO arms: samples/s = completions per second of the whole step (one rollout per step); ratios "
-                  "between GRPO arms are of samples/s; vs engine eval = rollout tok/s over bench/generation.py's "
+    lines += ["", "GRPO and distillation arms: samples/s = completions per second of the whole step (one rollout per "
+                  "step); ratios between these arms are of samples/s; a distillation arm's rollout phase holds its "
+                  "teacher's forwards; vs engine eval = rollout tok/s over bench/generation.py's "
                   "engine (bf16 weights, 128-token prompts) at the same rows, batch and new tokens; share of bound = "
                   "rollout tok/s over that shape's floor (bench/decode_bound.py: weights and live keys/values read "
                   "once per decode step at the copy bandwidth measured in the same process)."]

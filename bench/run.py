@@ -1,7 +1,8 @@
 """One benchmark harness: align arms are experiment configs (conf/experiment/bench/<name>.yaml, run as
 `python -m align.train experiment=bench/<name>`), reference arms are code (bench/hf_arm.py: HF Trainer
-and transformers' model; bench/trl_arm.py: TRL's DPOTrainer; bench/handwritten_arm.py: a hand-written
-loop on uniform rows). One command runs the arms it is given,
+and transformers' model; bench/trl_arm.py: TRL's DPOTrainer; bench/trl_grpo.py: TRL's GRPOTrainer;
+bench/trl_objectives.py: TRL's KTOTrainer, RewardTrainer and GKDTrainer; bench/handwritten_arm.py: a
+hand-written loop on uniform rows). One command runs the arms it is given,
 one after another, each in its own process (clean allocator, honest peak memory), on data it writes
 once, and prints and writes one table.
 
@@ -9,8 +10,11 @@ The data an arm reads is named by its experiment's `data.path` (or its reference
 writes that file under $OUT and points the arm at it.
 - rows.jsonl: bimodal token rows (bench/common.py), the dense, MoE and vocabulary arms' and hf_arm's;
 - pairs.jsonl: the DPO bench pairs (bench/pairs.py, `--pairs` of them), the DPO and TRL arms';
-- pair_rows.jsonl: the sequences of those pairs as token rows, for an SFT arm on what DPO forwards.
-A DPO arm's table row adds pairs/s; ratios between two DPO arms are of pairs/s, else of real tokens/s.
+- pair_rows.jsonl: the sequences of those pairs as token rows, for an SFT arm on what DPO forwards;
+- teacher/: a distillation arm's teacher (bench/teacher.py), the student's model at another init.
+A DPO or reward-model arm's table row adds pairs/s, a KTO arm's examples/s; ratios between two arms that
+count the same unit are of it (GRPO and distillation arms: completions/s, in a table of their own), else
+of real tokens/s.
 
     python bench/run.py hf_padded hf_ceiling dense_best dense_eager     # results under $OUT (default outputs/bench)
     python bench/run.py experiment=bench/moe_fast hf_moe_fwd_bwd         # experiment=... names work too
@@ -18,6 +22,7 @@ A DPO arm's table row adds pairs/s; ratios between two DPO arms are of pairs/s, 
     python bench/run.py --dry-run dense_best hf_padded                  # validate and print the commands only
     python bench/run.py --tiny dense_eager hf_padded --steps 4 --warmup 2 --rows 200   # CPU shake-out
     python bench/run.py trl_dpo_ref dpo_best --hf-steps 20 --hf-warmup 5 --deadline 400   # DPO against TRL
+    python bench/run.py kto_default trl_kto --hf-steps 20 --hf-warmup 5 --deadline 300    # KTO against TRL
 
 An arm whose experiment selects parallel=fsdp or parallel=ep is launched on --nproc processes through
 launchers/torchrun.sh; its rates are per GPU. Each arm's result is $OUT/<arm>.json; the table is
@@ -46,7 +51,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench import grpo_rows, handwritten_arm, hf_arm, trl_arm, trl_grpo  # noqa: E402
+from bench import grpo_rows, handwritten_arm, hf_arm, trl_arm, trl_grpo, trl_objectives  # noqa: E402
 from bench.common import (  # noqa: E402
     MAX_LEN,
     add_ratios,
@@ -65,13 +70,15 @@ from bench.common import (  # noqa: E402
     write_rows,
 )
 from bench.pairs import PAIR_ROWS_FILE, PAIRS_FILE, check_count, gsm8k_triples, write_bench_data  # noqa: E402
+from bench.teacher import TEACHER_DIR, teacher_key, write_teacher  # noqa: E402
 
 LAUNCHER = ROOT / "launchers" / "torchrun.sh"
 ROWS_FILE = "rows.jsonl"
 DATA_FILES = (ROWS_FILE, PAIRS_FILE, PAIR_ROWS_FILE)
 """The files the harness writes; an arm's experiment names one of them as its data.path."""
-REFERENCE_MODULES = {a: m for m in (hf_arm, trl_arm, trl_grpo, handwritten_arm) for a in m.REFERENCE_ARMS}
-REFERENCE_ARMS = {a: e for m in (hf_arm, trl_arm, trl_grpo, handwritten_arm) for a, e in m.REFERENCE_ARMS.items()}
+MODULES = (hf_arm, trl_arm, trl_grpo, trl_objectives, handwritten_arm)
+REFERENCE_MODULES = {a: m for m in MODULES for a in m.REFERENCE_ARMS}
+REFERENCE_ARMS = {a: e for m in MODULES for a, e in m.REFERENCE_ARMS.items()}
 """reference arm -> the align experiment whose model it builds."""
 
 
@@ -90,7 +97,8 @@ class Arm:
     vocab: int = 0
     """Rows drawn for this command must stay below every arm's vocabulary."""
     data_file: str = ROWS_FILE
-    """Which of DATA_FILES the arm reads (written under $OUT); "" for a bundled source (GRPO's GSM8K prompts)."""
+    """Which of DATA_FILES the arm reads (written under $OUT); "" for a bundled source (GRPO's GSM8K prompts);
+    TEACHER_DIR for a distillation arm (its prompts are bundled, its teacher is written under $OUT)."""
     typed: Any = None
 
 
@@ -122,6 +130,10 @@ def align_overrides(arm: Arm, a: argparse.Namespace, out: Path) -> list[str]:
     own = _typed_or_die(arm, experiment)
     tiny = tiny_overrides(own) if a.tiny else []
     steps = [f"trainer.max_steps={a.steps}"] if a.steps is not None else []
+    if own.objective.kind == "distill":  # bundled prompts; the teacher the harness writes
+        arm.data_file = TEACHER_DIR
+        return [*experiment, f"objective.teacher={out / TEACHER_DIR}", f"data.cache_dir={out / 'cache'}",
+                "allow_dirty=true", *steps, *tiny, *artifacts(arm, a)]
     if own.objective.kind == "grpo" and not own.data.path:  # GRPO's bundled prompts: nothing to write
         arm.data_file = ""
         return [*experiment, f"data.cache_dir={out / 'cache'}", "allow_dirty=true", *steps, *tiny, *artifacts(arm, a)]
@@ -172,13 +184,41 @@ def plan_reference(arm: Arm, a: argparse.Namespace, out: Path) -> Arm:
     module = REFERENCE_MODULES[arm.name]
     arm.typed = experiment_config(REFERENCE_ARMS[arm.name], a.tiny)
     arm.run_dir = out / "runs" / arm.name
-    arm.data_file = module.DATA_FILE or ""
-    data = [module.DATA_FLAG, str(out / arm.data_file)] if module.DATA_FILE else []
+    data_file, flag = reference_data(module, arm.name)
+    arm.data_file = data_file or ""
+    data = [flag, str(out / arm.data_file)] if data_file else []
     arm.cmd = [sys.executable, str(Path(module.__file__).resolve()), "--arm", arm.name, "--steps", str(a.hf_steps),
                "--warmup", str(a.hf_warmup), *data, "--out", str(arm.run_dir / "measurement.json"),
                *(["--tiny"] if a.tiny else [])]
     arm.vocab = hf_config(arm.typed).vocab_size
     return arm
+
+
+def reference_data(module, name: str) -> tuple[Optional[str], Optional[str]]:
+    """(what the harness writes for reference arm `name`, the flag that passes it): the module's per-arm
+    DATA where its arms read different things (bench/trl_objectives.py), else its DATA_FILE and DATA_FLAG."""
+    per_arm = getattr(module, "DATA", None)
+    return per_arm[name] if per_arm is not None else (module.DATA_FILE, module.DATA_FLAG)
+
+
+def pairs_needed(arms: list[Arm], hf_steps: int) -> dict[str, int]:
+    """Reference arm -> the bench pairs its --hf-steps steps read (the TRL arms that read pairs.jsonl)."""
+    need = {}
+    for x in arms:
+        module = REFERENCE_MODULES.get(x.name)
+        if module is trl_arm:
+            need[x.name] = hf_steps * trl_arm.PAIRS_PER_STEP
+        elif module is trl_objectives and x.data_file == PAIRS_FILE:
+            need[x.name] = trl_objectives.pairs_needed(x.name, hf_steps)
+    return need
+
+
+def check_one_teacher(arms: list[Arm]) -> None:
+    """One command writes one teacher: its distillation arms must share the student it is built from."""
+    students = {x.name: teacher_key(x.typed) for x in arms if x.data_file == TEACHER_DIR}
+    if any(k != next(iter(students.values())) for k in students.values()):
+        die(f"{', '.join(students)}: their students differ (model or trainer.seed) and one command writes one "
+            f"teacher ($OUT/{TEACHER_DIR}); accepted: distillation arms of one student per command")
 
 
 def plan(tokens: Sequence[str], a: argparse.Namespace, out: Path) -> list[Arm]:
@@ -194,7 +234,9 @@ def plan(tokens: Sequence[str], a: argparse.Namespace, out: Path) -> list[Arm]:
         if n not in names or n in REFERENCE_ARMS:
             die(f"--{'profile' if probe == 'kernels' else probe} {n}: not an align arm of this command "
                 f"({' '.join(names)})")
-    return [plan_reference(x, a, out) if x.experiment is None else plan_align(x, a, out) for x in arms]
+    arms = [plan_reference(x, a, out) if x.experiment is None else plan_align(x, a, out) for x in arms]
+    check_one_teacher(arms)
+    return arms
 
 
 PROBES = {
@@ -232,6 +274,13 @@ class Data:
     lines: list[str] = field(default_factory=list)
 
 
+def write_shared_teacher(arms: list[Arm], out: Path, data: Data) -> None:
+    """The teacher of the command's distillation arms (one student: `check_one_teacher`), once."""
+    student = next((x for x in arms if x.data_file == TEACHER_DIR), None)
+    if student is not None:
+        data.lines.append(write_teacher(out, student.typed))
+
+
 def write_data(arms: list[Arm], a: argparse.Namespace, out: Path) -> Data:
     """Write every file an arm of the command reads, once."""
     need = {x.data_file for x in arms}
@@ -255,6 +304,7 @@ def write_data(arms: list[Arm], a: argparse.Namespace, out: Path) -> Data:
         data.lines.append(f"data: {stats['pairs']} GSM8K pairs ({', '.join(pair_files)}), "
                           f"{stats['tokens_per_pair']:.0f} tokens per pair (both sequences), longest sequence "
                           f"{stats['longest_sequence']}")
+    write_shared_teacher(arms, out, data)
     return data
 
 
@@ -263,8 +313,8 @@ def write_data(arms: list[Arm], a: argparse.Namespace, out: Path) -> Data:
 
 def read_align_run(arm: Arm, warmup: int, useful_per_token: float) -> dict[str, Any]:
     """An align run's measurement from its history.jsonl (wall clock between step boundaries, tokens
-    summed over ranks) and provenance.json; per GPU when it ran on several. A DPO run's rows count
-    its pairs."""
+    summed over ranks) and provenance.json; per GPU when it ran on several. A DPO or reward-model run's
+    rows count its pairs, a KTO run's its examples."""
     rows = [json.loads(line) for line in (arm.run_dir / "history.jsonl").read_text().splitlines() if line.strip()]
     if len(rows) <= warmup:
         raise RuntimeError(f"{arm.name}: history has {len(rows)} steps, not more than --warmup {warmup}")
@@ -277,6 +327,7 @@ def read_align_run(arm: Arm, warmup: int, useful_per_token: float) -> dict[str, 
     extra = model.get("extra") or {}
     counted = [r.get("model_flops") for r in m]
     pairs = [r.get("pairs") for r in m]
+    examples = [r.get("examples") for r in m]
     compiled = [r.get("compile_s") for r in (rows[warmup - 1], m[-1])]
     reference = ((prov.get("objective") or {}).get("reference") or {}).get("resolved")
     return measurement(
@@ -287,7 +338,8 @@ def read_align_run(arm: Arm, warmup: int, useful_per_token: float) -> dict[str, 
         experts=model.get("experts_implementation_resolved"), optimizer=extra.get("optimizer_impl"),
         optimizer_step=(extra.get("optimizer_step") or {}).get("kind"), dynamo=prov.get("dynamo"),
         compile_s_measured=None if None in compiled else compiled[1] - compiled[0], **eval_cost(prov, rows),
-        **({"pairs": sum(pairs) / arm.gpus, "reference": reference} if None not in pairs else {}))
+        **({"pairs": sum(pairs) / arm.gpus, "reference": reference} if None not in pairs else {}),
+        **({"examples": sum(examples) / arm.gpus, "reference": reference} if None not in examples else {}))
 
 
 def eval_cost(prov: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -335,7 +387,7 @@ def run_arm(arm: Arm, a: argparse.Namespace, out: Path, env: dict, data: Data,
         return {"arm": arm.name, "error": f"exit {rc}: {last_words(log)} (log: {log})"}
     if arm.experiment is None:
         return json.loads((arm.run_dir / "measurement.json").read_text())
-    if grpo_rows.is_grpo(arm.typed):
+    if grpo_rows.is_rollout(arm.typed):
         return grpo_rows.read_grpo_run(arm.name, arm.run_dir, a.warmup, arm.gpus)
     return read_align_run(arm, a.warmup, useful_flops_per_token(model_flops(arm.typed), data.lengths[arm.data_file]))
 
@@ -354,7 +406,9 @@ def notes(r: dict[str, Any]) -> str:
                      "(raise --warmup)")
     parts += [f"{k}={r[k]}" for k in ("reference", "attn", "experts", "optimizer_step") if r.get(k)]
     trl = r.get("trl") or {}
-    if trl.get("generation_batch_size") is not None:  # GRPOTrainer's rollout shape and generation backend
+    if r.get("setting"):  # a reference arm that states its own settings (bench/trl_objectives.py)
+        parts.append(r["setting"])
+    elif trl.get("generation_batch_size") is not None:  # GRPOTrainer's rollout shape and generation backend
         parts.append(f"TRL {trl.get('version')}, {trl['generation_batch_size']} completions per step in "
                      f"{trl.get('gradient_accumulation_steps')} x {trl.get('per_device_train_batch_size')}, "
                      f"use_vllm={trl.get('use_vllm')}, gradient_checkpointing={trl.get('gradient_checkpointing')}")
@@ -390,13 +444,16 @@ def table(results: list[dict[str, Any]], ceiling: Optional[float], baselines: Se
 
 def _table(results: list[dict[str, Any]], ceiling: Optional[float], baselines: Sequence[str]) -> str:
     pairs = any(r.get("pairs_per_s") is not None for r in results)
-    head = ["arm", *(["pairs/s"] if pairs else []), "real tok/s", "tok/s", "padding waste", "tokens/step",
+    examples = any(r.get("examples_per_s") is not None for r in results)
+    head = ["arm", *(["pairs/s"] if pairs else []), *(["examples/s"] if examples else []), "real tok/s", "tok/s",
+            "padding waste", "tokens/step",
             "useful MFU", "counted MFU", "peak GiB", *[f"vs {b}" for b in baselines], "notes"]
     lines = [f"bf16 matmul ceiling measured in this command: {_fmt(ceiling, '.0f')} TFLOP/s", "",
              "| " + " | ".join(head) + " |", "| --- " + "| ---: " * (len(head) - 2) + "| --- |"]
     for i, r in enumerate(results, 1):
         g = r.get
         cells = [f"({i}) {r['arm']}", *([_fmt(g("pairs_per_s"), ",.1f")] if pairs else []),
+                 *([_fmt(g("examples_per_s"), ",.1f")] if examples else []),
                  _fmt(g("real_tokens_per_s"), ",.0f"), _fmt(g("tokens_per_s"), ",.0f"),
                  _fmt(g("padding_waste"), ".1%"), _fmt(g("tokens_per_step"), ",.0f"), _fmt(g("useful_mfu"), ".1%"),
                  _fmt(g("counted_mfu"), ".1%"), _fmt(g("peak_mem_gib"), ".1f"),
@@ -407,8 +464,11 @@ def _table(results: list[dict[str, Any]], ceiling: Optional[float], baselines: S
                   "so 6N for full training and 4N plus the adapters' 6N for LoRA, plus attention. counted MFU: the same"
                   " convention over the batches as they were shaped, padding included, as the arm counted them."]
     if pairs:
-        lines += ["", "Ratios between two DPO arms are of pairs/s, else of real tokens/s. MFU counts the policy's "
-                      "training FLOPs of the real tokens (a live reference's forward is not counted)."]
+        lines += ["", "Ratios between two DPO or reward-model arms are of pairs/s, else of real tokens/s. MFU counts "
+                      "the policy's training FLOPs of the real tokens (a live reference's forward is not counted)."]
+    if examples:
+        lines += ["", "Ratios between two KTO arms are of examples/s (an unpaired example: its completion and its "
+                      "KL sequence), else of real tokens/s; real tokens count both sequences of every example."]
     return "\n".join(lines)
 
 
@@ -456,7 +516,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                          "(both recorded as errors); the table is written either way")
     ap.add_argument("--engine-eval", action="store_true",
                     help="after the arms, measure the generation engine's eval throughput (bench/generation.py) at "
-                         "each align GRPO arm's rollout shape, for its `vs engine eval` column")
+                         "each align GRPO or distillation arm's rollout shape, for its `vs engine eval` column")
     ap.add_argument("--compile-artifacts", default=None, metavar="DIR",
                     help="every align arm loads and saves torch.compiler's portable cache artifacts as DIR/<arm>.bin "
                          "(trainer.compile_artifacts): carry DIR to the next fresh machine to skip those compiles")
@@ -484,6 +544,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.list:
         print("reference arms (bench/hf_arm.py):", " ".join(sorted(hf_arm.REFERENCE_ARMS)))
         print("reference arms (bench/trl_arm.py):", " ".join(sorted(trl_arm.REFERENCE_ARMS)))
+        print("reference arms (bench/trl_grpo.py):", " ".join(sorted(trl_grpo.REFERENCE_ARMS)))
+        print("reference arms (bench/trl_objectives.py):", " ".join(sorted(trl_objectives.REFERENCE_ARMS)))
         print("reference arms (bench/handwritten_arm.py):", " ".join(sorted(handwritten_arm.REFERENCE_ARMS)))
         print("align arms (conf/experiment/bench/):", " ".join(experiment_names()))
         return 0
@@ -496,10 +558,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             check_count(a.pairs, len(gsm8k_triples()))
         except ValueError as e:
             die(str(e))
-    trl = [x.name for x in arms if REFERENCE_MODULES.get(x.name) is trl_arm]
-    if trl and a.pairs < a.hf_steps * trl_arm.PAIRS_PER_STEP:
-        die(f"--pairs {a.pairs}: {', '.join(trl)} train {a.hf_steps} steps (--hf-steps) of {trl_arm.PAIRS_PER_STEP} "
-            f"pairs; accepted: --pairs >= {a.hf_steps * trl_arm.PAIRS_PER_STEP}")
+    need = pairs_needed(arms, a.hf_steps)
+    if need and a.pairs < max(need.values()):
+        die(f"--pairs {a.pairs}: {', '.join(f'{n} reads {k}' for n, k in need.items())} in {a.hf_steps} steps "
+            f"(--hf-steps); accepted: --pairs >= {max(need.values())}")
     if a.dry_run:
         for arm in arms:
             print(f"{arm.name}: {shlex.join(arm.cmd)}")
@@ -524,7 +586,7 @@ def measure(arm: Arm, a: argparse.Namespace, out: Path, env: dict, data: Data, c
     except (RuntimeError, OSError, KeyError, ValueError) as e:  # one arm's unreadable output, not the command's
         m = {"arm": arm.name, "error": f"{type(e).__name__}: {e}"}
     r = m if "error" in m else summarise(m, ceiling)
-    if grpo_rows.is_grpo(arm.typed):
+    if grpo_rows.is_rollout(arm.typed):
         r["grpo"] = True  # its row goes to the GRPO table, measured or not
     r.update(command=shlex.join(arm.cmd), wall_s=round(time.time() - t0, 1))
     return r
