@@ -43,6 +43,7 @@ from align.objectives.logps import token_logps
 from align.objectives.policy_loss import Aggregation, LossSpec, RatioLevel, policy_loss
 from align.objectives.reference import AdaptersOff, kl_reference, prepare_reference
 from align.objectives.rollout import Rollout, RolloutBatch
+from align.objectives.rollout_rewards import check_sources
 from align.objectives.rollout_stats import Sums
 from align.objectives.router_flips import flips
 from align.objectives.views import prompt_view
@@ -201,8 +202,11 @@ class GRPO(RolloutMaker):
     def state_dict(self) -> dict[str, Any]:
         ref = None if self.reference_kind is None else self.reference_kind.value
         scorer = self.reward.model  # loaded by bind: the manifest's sha256 of its weight files
+        tools = {} if self.multi_turn is None else {n: t.sha256 for n, t in self.multi_turn.tools.tools.items()}
         return {"rollouts": self.rollouts, "reference": ref, "reference_sha256": self.reference_sha256,
-                "reward_model_sha256": None if scorer is None else scorer.identity_files["weights_sha256"]}
+                "reward_model_sha256": None if scorer is None else scorer.identity_files["weights_sha256"],
+                "reward_functions_sha256": {n: f.sha256 for n, f in self.reward.functions.items()},
+                "tools_sha256": tools}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from align.errors import ConfigError
@@ -217,6 +221,7 @@ class GRPO(RolloutMaker):
             said = lambda sha: "no reward model" if sha is None else f"a reward model of weights sha256 {sha}"  # noqa: E731
             raise ConfigError("reward.path", f"the checkpoint was scored by {said(was)}, this run by {said(now)}: "
                               "resume with the run's own reward model", self.reward.model_path)
+        check_sources(state, mine)
         self.rollouts = int(state["rollouts"])
 
     def rank_state_dict(self) -> dict[str, Any]:

@@ -48,3 +48,22 @@ def score_rollout(reward: Any, prompts: Any, rows: np.ndarray, completions: Sequ
     if failed is not None:
         raise failed
     return totals, parts
+
+
+def check_sources(state: dict[str, Any], mine: dict[str, Any]) -> None:
+    """A resume must score and act with the code the checkpoint's rollouts did: each reward function's and
+    each tool's source file hash (`reward_functions_sha256`, `tools_sha256` of GRPO's state) as recorded, or
+    ConfigError naming the key. A checkpoint that records none while this run has some cannot be vouched for."""
+    from align.rewards.function import function_key
+
+    for key, what, name_key in (("reward_functions_sha256", "reward function", function_key),
+                                ("tools_sha256", "tool", lambda n: "objective.tools")):
+        now = mine[key]
+        was = state.get(key, {} if not now else None)
+        if was is None:
+            raise ConfigError(name_key(next(iter(now))), f"the checkpoint records no {what} source hashes (written "
+                              f"before they were kept): it cannot show its rollouts used this run's {what}s")
+        for n in sorted(set(was) | set(now)):
+            if was.get(n) != now.get(n):
+                raise ConfigError(name_key(n), f"the checkpoint's rollouts used {what} {n!r} of source sha256 "
+                                  f"{was.get(n)}, this run's is {now.get(n)}: resume with the code it trained with")
