@@ -29,7 +29,8 @@ class RewardModelConfig(ObjectiveConfig):
     """The first this many pairs of the data are held out of training: the share of them whose chosen side
     scores above its rejected side is `heldout/accuracy` in the history every `eval_every` steps; 0: none."""
     eval_every: Optional[int] = None
-    """eval_pairs > 0: steps between held-out accuracies (the last step has one too); null: 10."""
+    """eval_pairs > 0: steps between held-out accuracies, and one at `trainer.max_steps` where the run names
+    it (under `trainer.epochs` the length is known only after the objective is built); null: 10."""
     gate_tolerance: Optional[float] = None
     """The step-0 gate's bound on |batched - alone| rewards; null: 1e-4 in fp32, 5e-2 under bf16 autocast."""
 

@@ -141,7 +141,8 @@ class RewardModel(DPO):
     def window_metrics(self) -> dict[str, Any]:
         out = super().window_metrics()  # DPO's: each sum over the window's pairs, reduced over ranks
         self.steps += 1
-        if self.heldout is not None and self.steps % self.cfg.heldout_every() == 0:
+        last = self.train_cfg.trainer.max_steps
+        if self.heldout is not None and (self.steps % self.cfg.heldout_every() == 0 or self.steps == last):
             out["heldout/accuracy"] = self.heldout_accuracy()
         return out
 
