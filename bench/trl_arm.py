@@ -89,8 +89,9 @@ def conversational(pair: dict[str, str]) -> dict[str, list[dict[str, str]]]:
 
 
 class Counting:
-    """Wraps TRL's preference collator; records per batch, in order: real tokens (attention mask),
-    tokens as shaped (padding included) and the model FLOPs of that shape."""
+    """Wraps a TRL collator; records per batch, in order: real tokens (attention masks), tokens as shaped
+    (padding included) and the model FLOPs of those shapes, over the batch's sequences and, for KTO, its
+    KL sequences (`KL_` keys). bench/trl_objectives.py's arms count with it too."""
 
     def __init__(self, fn, flops) -> None:
         self.fn, self.flops = fn, flops
@@ -100,9 +101,10 @@ class Counting:
 
     def __call__(self, examples):
         batch = self.fn(examples)
-        self.real.append(int(batch["attention_mask"].sum()))
-        self.padded.append(int(batch["input_ids"].numel()))
-        self.counted.append(self.flops.per_batch(*batch["input_ids"].shape))
+        keys = [p for p in ("", "KL_") if f"{p}input_ids" in batch]
+        self.real.append(sum(int(batch[f"{p}attention_mask"].sum()) for p in keys))
+        self.padded.append(sum(int(batch[f"{p}input_ids"].numel()) for p in keys))
+        self.counted.append(sum(self.flops.per_batch(*batch[f"{p}input_ids"].shape) for p in keys))
         return batch
 
     def clear(self) -> None:

@@ -79,7 +79,7 @@ from bench.common import (  # noqa: E402
 )
 from bench.pairs import PAIRS_FILE  # noqa: E402
 from bench.teacher import TEACHER_DIR  # noqa: E402
-from bench.trl_arm import conversational, device_of  # noqa: E402
+from bench.trl_arm import Counting, conversational, device_of  # noqa: E402
 
 ARMS = {"trl_kto": "bench/kto_default", "trl_reward": "bench/reward_model_default",
         "trl_gkd": "bench/distill_default"}
@@ -182,26 +182,6 @@ SETTINGS = {"trl_kto": (*COMMON, "loss_type", "beta", "desirable_weight", "undes
 
 
 # --------------------------------------------------------------------------------------- measuring
-
-
-class Counting:
-    """Wraps a TRL collator; records per batch, in order: real tokens (attention masks), tokens as shaped
-    (padding included) and the model FLOPs of those shapes, over the batch's sequences and, for KTO, its
-    KL sequences (`KL_` keys)."""
-
-    def __init__(self, fn, flops) -> None:
-        self.fn, self.flops = fn, flops
-        self.real: list[int] = []
-        self.padded: list[int] = []
-        self.counted: list[float] = []
-
-    def __call__(self, examples):
-        batch = self.fn(examples)
-        keys = [p for p in ("", "KL_") if f"{p}input_ids" in batch]
-        self.real.append(sum(int(batch[f"{p}attention_mask"].sum()) for p in keys))
-        self.padded.append(sum(int(batch[f"{p}input_ids"].numel()) for p in keys))
-        self.counted.append(sum(self.flops.per_batch(*batch[f"{p}input_ids"].shape) for p in keys))
-        return batch
 
 
 class Clock:
