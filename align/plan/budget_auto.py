@@ -159,8 +159,8 @@ def resolve_generation_batch_size(cfg: Any, device: torch.device, device_bytes: 
                                   prompt_tokens: Optional[int] = None) -> tuple[int, str]:
     """The rows per engine call `auto` stands for on `device`, and why. `device_bytes`: the device's
     memory (default: read from the device)."""
-    from align.plan.generation_auto import CPU_ROWS, cache_held, rollout_rows
-    from align.plan.memory import estimate_memory, kv_cache_bytes, resident_bytes
+    from align.plan.generation_auto import CPU_ROWS, rollout_rows
+    from align.plan.memory import cache_held, estimate_memory, kv_cache_bytes, resident_bytes
 
     key, rollout = "objective.generation_batch_size", rollout_rows(cfg)
     requested = cfg.objective.generation_batch_size

@@ -94,25 +94,6 @@ def kv_cache_tokens(cfg: Any, rows: int, prompt_tokens: Optional[int] = None) ->
                         EngineConfig().pad_to_multiple_of)
 
 
-def cache_held(cfg: Any, shards: int = 1) -> bool:
-    """Whether the engine that will run keeps its KV cache allocated between calls, so through every
-    update: align's engine does (its slots and the CUDA graphs captured on them outlive a call:
-    align/generation/align_engine.py); transformers' `generate` builds its cache per call and frees it.
-    auto resolves to align's engine except under sharded weights (lockstep) and for a MoE policy
-    (align/objectives/rollout_engine.py), which generate through hf."""
-    from align.generation.engine import Backend
-
-    backend = cfg.objective.generation_backend
-    if backend == Backend.hf or (backend == Backend.auto and shards > 1):
-        return False
-    if backend == Backend.auto:
-        from align.models.family import family_spec
-        from align.plan.memory import meta_model
-
-        return not family_spec(cfg.model).router_taps(meta_model(cfg.model)[0])
-    return True
-
-
 def generation_rows(cfg: Any) -> int:
     """Rows of one engine call: `objective.generation_batch_size`, at most the rollout's rows (a call
     holds no more); auto, unresolved, counts as the whole rollout, the most it resolves to."""

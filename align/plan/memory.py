@@ -39,7 +39,6 @@ from align.config.trainer_config import require_chunk_resolved, require_memory_b
 from align.models.family import family_spec
 from align.models.family_table import MoEShape, ParamCount, count_params
 from align.objectives.plan_terms import terms_for
-from align.plan.generation_auto import cache_held
 
 GiB = 1024**3
 
@@ -99,7 +98,7 @@ class MemoryEstimate:
     cache of one engine call; a rollout is generated before the step's first forward, when the last
     step's gradients are freed and no activations are held, so the peak holds the larger of the KV
     cache and the step's working set (activations, logits, gradients), unless the engine keeps its cache
-    between calls (`kv_cache_held`: align's engine, align/plan/generation_auto.py `cache_held`): then
+    between calls (`kv_cache_held`: align's engine, `cache_held`): then
     the cache is held beside the working set. `scoring_model`: the weights of a reward model grpo scores
     with (held for the whole run); `scoring_activations`: one no-grad forward of it at its batch, which
     runs in the rollout, beside the KV cache the engine keeps."""
@@ -310,6 +309,22 @@ def kv_cache_bytes(cfg: TrainConfig, device: torch.device, rows: Optional[int] =
         return 0
     model, _ = meta_model(cfg.model)
     return positions * kv_elements_per_token(model) * (nbytes or compute_bytes(cfg, device))
+
+
+def cache_held(cfg: Any, shards: int = 1) -> bool:
+    """Whether the engine that will run keeps its KV cache allocated between calls, so through every
+    update: align's engine does (its slots and the CUDA graphs captured on them outlive a call:
+    align/generation/align_engine.py); transformers' `generate` builds its cache per call and frees it.
+    auto resolves to align's engine except under sharded weights (lockstep) and for a MoE policy
+    (align/objectives/rollout_engine.py), which generate through hf."""
+    from align.generation.engine import Backend
+
+    backend = cfg.objective.generation_backend
+    if backend == Backend.hf or (backend == Backend.auto and shards > 1):
+        return False
+    if backend == Backend.auto:
+        return not family_spec(cfg.model).router_taps(meta_model(cfg.model)[0])
+    return True
 
 
 def resident_bytes(cfg: TrainConfig, device: torch.device, prompt_tokens: Optional[int] = None) -> int:
