@@ -16,6 +16,9 @@ class Source(StrEnum):
     gsm8k = "gsm8k"
     add = "add"
     """The bundled synthetic addition task (align/data/synthetic.py), split train or test."""
+    mul = "mul"
+    """The bundled multiplication task with its calculator demonstrations (align/data/synthetic.py), split
+    train or test."""
     jsonl = "jsonl"
     parquet = "parquet"
     tokens = "tokens"
@@ -26,7 +29,7 @@ class Source(StrEnum):
 
     @property
     def bundled(self) -> bool:
-        return self in (Source.gsm8k, Source.gsm8k_pairs, Source.add)
+        return self in (Source.gsm8k, Source.gsm8k_pairs, Source.add, Source.mul)
 
     @property
     def pairs(self) -> bool:
@@ -72,7 +75,7 @@ class SourceConfig:
     path: Optional[str] = None
     """Local file or directory of a file kind, read as `data.path` is."""
     split: str = "train"
-    """Bundled GSM8K split for kind=gsm8k: train or test."""
+    """Bundled split for kind=gsm8k, add or mul: train or test."""
     weight: float = 1.0
     """Epochs of this source per epoch of the mixture: 2.0 repeats every record twice, 0.5 draws a
     fresh random half each epoch (deterministic from seed and epoch)."""
@@ -103,7 +106,7 @@ class SourceConfig:
         return _read(
             {
                 "path": _only(kind, self.kind, FILE_SOURCES),
-                "split": _only(kind, self.kind, [Source.gsm8k, Source.add]),
+                "split": _only(kind, self.kind, SPLIT_SOURCES),
                 "tokens_field": _only(kind, self.kind, [Source.tokens]),
                 "format": _only(kind, self.kind, FORMAT_SOURCES),
                 **{f: _only(kind, self.kind, CHAT_SOURCES) for f in CHAT_FIELDS},
@@ -116,7 +119,9 @@ FILE_SOURCES = (Source.jsonl, Source.parquet, Source.tokens, Source.preference)
 CHAT_SOURCES = (Source.gsm8k, Source.jsonl, Source.parquet)
 """Sources whose records are chats (fields become messages; a tokens source has none)."""
 CHAT_FIELDS = ("messages_field", "prompt_field", "response_field")
-FORMAT_SOURCES = (*CHAT_SOURCES, Source.add, Source.preference, Source.gsm8k_pairs)
+SPLIT_SOURCES = (Source.gsm8k, Source.add, Source.mul)
+"""Bundled sources with a train and a test split (`split`)."""
+FORMAT_SOURCES = (*CHAT_SOURCES, Source.add, Source.mul, Source.preference, Source.gsm8k_pairs)
 """Sources whose records have a format (`data.format`): all but pre-tokenized rows."""
 
 
@@ -138,13 +143,14 @@ class DataConfig:
     `path`, in any record format (`format`). tokens: a local JSONL file of pre-tokenized rows (no chat
     template; every token after the first is a target unless the row has a `loss_mask`). preference: a
     local file of preference pairs ({prompt, chosen, rejected}, or two chats sharing a prefix);
-    gsm8k_pairs: the bundled pairs. Ignored when `mixture` is set."""
+    gsm8k_pairs: the bundled pairs. add, mul: the bundled synthetic tasks (align/data/synthetic.py). Ignored
+    when `mixture` is set."""
     path: Optional[str] = None
     """Local data file or directory of a file source. Its name sets how it is read: .jsonl (one JSON
     object per line), .json, .parquet, .arrow, or a `datasets` save_to_disk directory; another name
     is read as Parquet under `source=parquet`, else as JSON lines (docs/data.md#files)."""
     split: str = "train"
-    """Bundled GSM8K split: train or test."""
+    """Bundled split (gsm8k, add, mul): train or test."""
     name: Optional[str] = None
     """Source name used in record ids and roots; null: `gsm8k`, or the file's stem."""
     messages_field: str = "messages"
@@ -232,7 +238,7 @@ class DataConfig:
                 **_read(
                     {
                         "path": _only(key, self.source, FILE_SOURCES),
-                        "split": _only(key, self.source, [Source.gsm8k, Source.add]),
+                        "split": _only(key, self.source, SPLIT_SOURCES),
                         "tokens_field": _only(key, self.source, [Source.tokens]),
                         "format": _only(key, self.source, FORMAT_SOURCES),
                         **{f: _only(key, self.source, CHAT_SOURCES) for f in CHAT_FIELDS},

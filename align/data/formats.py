@@ -23,8 +23,12 @@ from align.errors import ConfigError
 
 ROLES = ("system", "user", "assistant")
 """Roles a chat may hold. Assistant turns are trained on; the others are context. Any other role
-(a typo, or `tool`, whose calls and ids a {role, content} record cannot carry) would be rendered
-as the template pleases and trained around: refused."""
+(a typo, or `tool` outside a `messages` record: below) would be rendered as the template pleases and
+trained around: refused."""
+MESSAGES_ROLES = (*ROLES, "tool")
+"""Roles a `messages` record may hold: also `tool`, a tool's result as context (no loss). The call is in
+the assistant turn's text and the result is the tool message's content, the {role, content} form GRPO's
+tool rollouts render (align/objectives/multi_turn.py), so such a record is a demonstration of them."""
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 CHAT_FORMATS = tuple(f for f in DataFormat if f not in (DataFormat.auto, DataFormat.preference))
 PAIR_FORMATS = (DataFormat.preference,)
@@ -178,7 +182,7 @@ def _need(row: dict, fmt: DataFormat, spec: Any, *keys: str) -> None:
 
 def _messages(row: dict, spec: Any) -> Chat:
     _need(row, DataFormat.messages, spec, spec.messages_field)
-    return Chat(_chat(row[spec.messages_field], spec.messages_field))
+    return Chat(_chat(row[spec.messages_field], spec.messages_field, roles={r: r for r in MESSAGES_ROLES}))
 
 
 def _sharegpt(row: dict, spec: Any) -> Chat:

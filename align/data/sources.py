@@ -103,15 +103,15 @@ def bundled_gsm8k_pairs() -> Path:
 
 
 def bundled_path(kind: Source, split: str) -> Optional[Path]:
-    """The packaged file of a bundled source (gsm8k; add: align/data/synthetic.py); None for a user file."""
+    """The packaged file of a bundled source (gsm8k; add, mul: align/data/synthetic.py); None for a user file."""
     if kind == Source.gsm8k:
         return bundled_gsm8k(split)
     if kind == Source.gsm8k_pairs:
         return bundled_gsm8k_pairs()
-    if kind == Source.add:
-        from align.data.synthetic import bundled_add
+    if kind in (Source.add, Source.mul):
+        from align.data.synthetic import bundled_add, bundled_mul
 
-        return bundled_add(split)
+        return (bundled_add if kind == Source.add else bundled_mul)(split)
     return None
 
 

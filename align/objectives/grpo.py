@@ -84,6 +84,8 @@ class GRPO(RolloutMaker):
             from align.objectives.multi_turn import build_multi_turn
 
             self.multi_turn = build_multi_turn(cfg, tokenizer)
+            # the share of trajectories that called a tool is what a tool-using run learns beside its reward
+            self.console_metrics = (*type(self).console_metrics, ("tool calls", "rollout/tool_calls_mean"))
         return self.prompts.data, build_prompt_stream(cfg, self.prompts, tokenizer.pad_token_id, env.rank, env.world)
 
     def prepare(self, model: torch.nn.Module) -> list[torch.nn.Module]:

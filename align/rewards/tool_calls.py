@@ -34,6 +34,12 @@ MAX_RESULT_CHARS = 500
 KEY = "objective.tools"
 
 
+def call_text(name: str, **arguments: Any) -> str:
+    """A tool call as the model writes it (what `parse_call` reads), e.g. the bundled multiplication task's
+    demonstrations (align/data/synthetic.py)."""
+    return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CLOSE}"
+
+
 def tool_name(spec: str, key: str = KEY) -> str:
     """The name the model calls the tool `spec` names by: its attribute path's last part."""
     return split_spec(spec, key)[1].rpartition(".")[2]

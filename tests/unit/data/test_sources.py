@@ -101,7 +101,7 @@ BAD_CHATS = [
     (_msgs({"role": "user", "content": "q"}, {"role": "assistant", "content": None}),
      "'messages'[1].content is null; accepted: a string"),
     (_msgs({"role": "wizard", "content": "abracadabra"}, {"role": "assistant", "content": "a"}),
-     "'messages'[0].role is 'wizard'; accepted: system, user, assistant"),
+     "'messages'[0].role is 'wizard'; accepted: system, user, assistant, tool"),
     (_msgs({"role": "user", "content": 42}, {"role": "assistant", "content": "a"}),
      "'messages'[0].content is of type int; accepted: a string"),
     (_msgs({"role": "user", "content": [{"type": "image", "image": "q.png"}]}, {"role": "assistant", "content": "a"}),

@@ -16,6 +16,7 @@ from align.errors import ConfigError
 from align.generation import Completion, FinishReason, SamplingSpec, derive_seed
 from align.objectives.multi_turn import MultiTurn, ToolMessage
 from align.rewards.tool_calls import CLOSE, OPEN, ToolBox
+from align.telemetry.console import metric_fields, watched
 from tests.conftest import build_trainer
 
 CALC = "align.rewards.calculator:calculator"
@@ -148,6 +149,8 @@ def test_the_rollout_is_its_trajectories_model_tokens_in_the_loss(scripted):
     want = [k < 2 or (k == 2 and ref == "7") or (k == 3 and ref == "0") for k, ref in zip(np.arange(8) % 4, refs)]
     assert [bool(x) for x in r.rewards] == want
     assert trainer.model_info["loss"]["sampling"]["tools"][0]["function"] == CALC
+    # the progress line and the end summary show the calls beside the reward
+    assert metric_fields(watched(trainer.objective), row).endswith(" tool calls 0.7500")
 
 
 def test_tool_tokens_get_no_gradient_and_the_models_tokens_do(scripted):
