@@ -268,9 +268,10 @@ class GRPOConfig(ObjectiveConfig):
     same. The manifest's `model.extra.generation.dtype` says what it resolved to and why."""
     generation_backend: Backend = Backend.auto
     """The rollout engine (align/generation): auto, align or hf. auto: align's own decode loop, except
-    under sharded weights (lockstep decoding, hf) and for MoE models (hf, whose batching the router flip
-    record reads; asked for align, a MoE run records no flip rate). The manifest's generation record
-    (`describe()`: backend, backend_requested, backend_reason) says what ran and why."""
+    under sharded weights (lockstep decoding, hf). A MoE policy's router flip record reads either: align's
+    engine records each token's experts beside it, hf's calls are mapped back to rows by its batching.
+    The manifest's generation record (`describe()`: backend, backend_requested, backend_reason) says what
+    ran and why."""
     generation_batch_size: Any = AUTO
     """Rows (prompt x completion) per call of the engine's backend: an int >= 1, or auto. auto: the
     whole rollout (prompts_per_rollout x group_size rows) in one call, capped on CUDA where the KV

@@ -13,6 +13,9 @@ The life of a call:
 4. Every `sync_every` steps the host reads which rows have stopped (a stop token, or `max_new_tokens`),
    copies their tokens and log-probs out, frees their slots, and admits waiting prompts into them
    (continuous batching): ragged completion lengths do not leave the batch half empty.
+5. Where asked (`record_routers`: GRPO's router flip record of a MoE policy), each step also writes, beside
+   each row's token, the experts every router picked at the position that predicted it; a completion
+   carries them out (`Completion.router_topk`).
 
 Rows that stopped between two looks keep being fed (their writes land where they already were and their
 outputs in a spare column) until the host frees them; nothing they compute is returned.
@@ -41,6 +44,7 @@ from align.generation.engine import (
     derive_seed,
     resolve_mode,
 )
+from align.generation.routing import Routing
 from align.generation.slot_attention import ALIGN_SLOTS, prepare, reading, register, varlen_usable
 from align.generation.slots import SlotCache, StepRows, layer_geometry
 from align.generation.weights import ModelWeights
@@ -75,12 +79,23 @@ class AlignEngine(ModelWeights):
         self._compiled: Optional[tuple] = None
         self._reserved = (0, 0)
         self.last_call: dict[str, Any] = {}
+        self._routing: Optional[Routing] = None
         register()
         prepare(self.device)
         dtype = next(model.parameters()).dtype
         self.packed_prefill = all(varlen_usable(dtype, self.device, d) for _, d in _kv_shapes(model).values())
         """Prefill the admitted prompts end to end in one row (no padding) where every layer's attention
         can run packed at speed (align/generation/slot_attention.py); else left-padded."""
+
+    def record_routers(self, taps: Sequence[Any]) -> None:
+        """Record, per generated token, the experts each MoE router of `taps` picked (align/models/family_table.py
+        `RouterTap`s of this engine's model, in the order the trainer's record reads them): every Completion
+        then carries `router_topk`. The prefill keeps each prompt's last position (it predicts token 0), a
+        decode step its rows' one position, written on the device beside the token, so the record rides in the
+        captured steps and through continuous batching."""
+        self._routing = Routing(taps)
+        self._graphs.clear()
+        self._state = self._compiled = None
 
     # ---------------------------------------------------------------------------------------- calls
 
@@ -95,7 +110,9 @@ class AlignEngine(ModelWeights):
         waiting, free, live = deque(range(len(prompts))), list(range(self.num_slots - 1, -1, -1)), {}
         steps = syncs = 0
         # The loop never wants dynamo: blocks compiled for training would recompile for the decode shapes.
-        with _decoding(self.model), reading(state.cache), torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        routers = self._routing.hooks() if self._routing else contextlib.nullcontext()
+        with _decoding(self.model), reading(state.cache), routers, torch.no_grad(), \
+                torch.compiler.set_stance("force_eager"):
             while waiting or live:
                 admitted = []
                 while waiting and len(free) >= spec.n:
@@ -144,6 +161,7 @@ class AlignEngine(ModelWeights):
             last = (cu[1:] - 1).long()  # each prompt's last column: its next-token logits
             logits = self.model(input_ids=ids, position_ids=positions, cache=state.cache, use_cache=True,
                                 logits_to_keep=last).logits[0].float()
+            experts = state.routed(lambda ids: ids[last])
         else:
             multiple = self.cfg.pad_to_multiple_of
             width = -(-int(lengths.max()) // multiple) * multiple
@@ -159,7 +177,10 @@ class AlignEngine(ModelWeights):
             last = torch.tensor([width - 1], device=self.device)
             logits = self.model(input_ids=ids, position_ids=positions, cache=state.cache, use_cache=True,
                                 logits_to_keep=last).logits[:, -1].float()
-        state.start(fanout.flatten(), keys.flatten(), logits.repeat_interleave(spec.n, 0), lengths.to(self.device), law)
+            experts = state.routed(lambda ids: ids.reshape(len(prompts), width, -1)[:, -1])
+        n = spec.n
+        state.start(fanout.flatten(), keys.flatten(), logits.repeat_interleave(n, 0), lengths.to(self.device), law,
+                    None if experts is None else experts.repeat_interleave(n, 0))
 
     def _set_rows(self, state: "_State", rows: list[int]) -> int:
         """Put the live slots in the smallest bucket that holds them (the spare fills the rest)."""
@@ -250,7 +271,8 @@ class AlignEngine(ModelWeights):
         self._graphs.clear()
         self._state = None
         self._state = _State(self.model, self.num_slots, _round_up(max_len, SLOT_POSITIONS_MULTIPLE),
-                             _round_up(max_new, SLOT_POSITIONS_MULTIPLE), self.device)
+                             _round_up(max_new, SLOT_POSITIONS_MULTIPLE), self.device,
+                             self._routing)
         return self._state
 
     # -------------------------------------------------------------------------------- provenance
@@ -278,6 +300,7 @@ class AlignEngine(ModelWeights):
             "compile_failure": self.compile_failure,
             "compile_graph_break": self.graph_break,
             "sync_every": self.cfg.sync_every,
+            "router_topk": f"recorded per token from {len(self._routing)} MoE routers" if self._routing else None,
             "device": str(self.device),
             "dtype": str(dtype).removeprefix("torch."),
             "attn_implementation": f"{ALIGN_SLOTS} (prefill: sdpa with align's mask)",
@@ -299,7 +322,8 @@ class _State:
     """The device tensors of the decode loop: the cache, per-slot rows state, the outputs, and the
     per-bucket row lists a captured step reads. Slot `num_slots` is a spare that fills short buckets."""
 
-    def __init__(self, model, num_slots: int, max_len: int, max_new: int, device: torch.device) -> None:
+    def __init__(self, model, num_slots: int, max_len: int, max_new: int, device: torch.device,
+                 routing: Optional[Routing] = None) -> None:
         dtype = next(model.parameters()).dtype
         self.cache = SlotCache(num_slots + 1, max_len, _kv_shapes(model), layer_geometry(model.config), dtype, device)
         self.max_new = max_new
@@ -320,6 +344,13 @@ class _State:
         self.top_p = torch.ones((), dtype=torch.float64, device=device)  # 1 - top_p as the warper rounds it
         self.stops = torch.zeros(0, **long)
         self.rows = {b: torch.full((b,), self.scratch, **long) for b in _buckets(num_slots)}
+        self.routing = routing
+        self.experts: Optional[torch.Tensor] = None
+        """[slots, max_new + 1, routers, k] the experts picked for each token (`record_routers`), allocated at
+        the first prefill (which tells k); int16, which holds any expert index a router of today has."""
+
+    def routed(self, pick) -> Optional[torch.Tensor]:
+        return None if self.routing is None else self.routing.picked(pick)
 
     def fits(self, max_len: int, max_new: int) -> bool:
         return max_len <= self.cache.max_len and max_new <= self.max_new
@@ -338,8 +369,14 @@ class _State:
         top_k = self.top_k.clamp(max=logits.shape[-1])
         return device_sampling.sample(logits, keys, steps, law, self.temperature, top_k, self.top_p)
 
-    def start(self, slots, keys, logits, lengths, law: Law) -> None:
-        """First token of freshly prefilled rows: `slots` (rows,), their `keys`, prompt `logits`, prompt `lengths`."""
+    def start(self, slots, keys, logits, lengths, law: Law, experts: Optional[torch.Tensor] = None) -> None:
+        """First token of freshly prefilled rows: `slots` (rows,), their `keys`, prompt `logits`, prompt `lengths`,
+        and (MoE, recorded) the `experts` [rows, routers, k] their prompts' last positions were routed to."""
+        if experts is not None:
+            if self.experts is None:
+                self.experts = torch.zeros(self.tokens.shape[0], self.tokens.shape[1], *experts.shape[1:],
+                                           dtype=torch.int16, device=self.tokens.device)
+            self.experts[slots, 0] = experts.to(torch.int16)
         self.keys[slots] = keys
         token, lp, sp = self._draw(logits, keys, torch.zeros_like(keys), law)
         self.tokens[slots, 0], self.logprobs[slots, 0], self.sampler[slots, 0] = token, lp, sp
@@ -360,6 +397,8 @@ class _State:
         token, lp, sp = self._draw(logits, self.keys[rows], t, law)
         col = torch.where(act, t, self.max_new)
         self.tokens[rows, col], self.logprobs[rows, col], self.sampler[rows, col] = token, lp, sp
+        if self.routing is not None:
+            self.experts[rows, col] = self.routing.picked(lambda ids: ids).to(torch.int16)
         stop = torch.isin(token, self.stops) | (t + 1 >= self.limit)
         self.last[rows] = torch.where(act, token, token_in)
         self.position[rows] = torch.where(act, pos + 1, pos)
@@ -374,12 +413,14 @@ class _State:
         at = torch.tensor(slots, device=self.tokens.device)
         counts, tokens = self.count[at].tolist(), self.tokens[at].tolist()
         logprobs, sampler = self.logprobs[at].tolist(), self.sampler[at].tolist()
+        experts = None if self.experts is None else self.experts[at].cpu()
         out = []
-        for (p, s), n, t, lp, sp in zip(rows, counts, tokens, logprobs, sampler):
+        for i, ((p, s), n, t, lp, sp) in enumerate(zip(rows, counts, tokens, logprobs, sampler)):
             reason = FinishReason.stop if n and t[n - 1] in stops else FinishReason.length
             if reason is FinishReason.length and n != max_new:
                 raise RuntimeError(f"a row ended after {n} of {max_new} tokens without a stop token")
-            out.append(Completion(p, s, tuple(t[:n]), tuple(lp[:n]), tuple(sp[:n]), reason))
+            routed = None if experts is None else experts[i, :n].transpose(0, 1).contiguous()
+            out.append(Completion(p, s, tuple(t[:n]), tuple(lp[:n]), tuple(sp[:n]), reason, routed))
         return out
 
 

@@ -24,7 +24,7 @@ same seed, prompts, spec and engine settings: a resumed RL run re-derives the se
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional, Protocol, Sequence, runtime_checkable
 
@@ -98,6 +98,9 @@ class Completion:
     sampler_logprobs: tuple[float, ...]
     """Per token: log-prob under the truncated distribution actually sampled from (module docstring)."""
     finish_reason: FinishReason
+    router_topk: Any = field(default=None, compare=False)
+    """MoE, where the engine records routing (`AlignEngine.record_routers`): an int tensor [MoE layers,
+    tokens, k], the experts each layer's router picked at the position that predicted each token; else None."""
 
     @property
     def num_tokens(self) -> int:

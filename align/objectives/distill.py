@@ -84,7 +84,6 @@ class Distill(RolloutMaker):
         self._start_rollouts()
         self.teacher: Any = None
         self.teacher_id: Optional[dict[str, Any]] = None
-        self.router_gen = None  # no router flip record: the update's forward is not compared with it
         self.softcaps: tuple[Optional[float], Optional[float]] = (None, None)
         self.gate_report: Optional[dict[str, Any]] = None
 
@@ -113,7 +112,9 @@ class Distill(RolloutMaker):
         self.softcaps = tuple(getattr(m.config, "final_logit_softcapping", None) for m in (model, self.teacher))
         self.device = next(model.parameters()).device
         self.autocast: Callable[[], Any] = autocast_context(self.train_cfg.trainer.precision, self.device.type)
-        self.engine, _, _ = build_rollout_engine(self.cfg, self.train_cfg, model, self.tokenizer, self.env)
+        # No router flip record: the update's forward is not compared with the generation's routing.
+        self.engine, _, _ = build_rollout_engine(self.cfg, self.train_cfg, model, self.tokenizer, self.env,
+                                                 record_routers=False)
 
     # ----------------------------------------------------------------------------- rollouts
 

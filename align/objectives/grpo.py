@@ -112,10 +112,8 @@ class GRPO(RolloutMaker):
             self.reference = AdaptersOff(model)
         from align.objectives.rollout_engine import build_rollout_engine
 
-        self.engine, self.router_train, self.router_gen = build_rollout_engine(self.cfg, self.train_cfg, model,
-                                                                               self.tokenizer, self.env)
-        if self.multi_turn is not None:  # the flip record maps one engine call's rows to completions
-            self.router_train = self.router_gen = None
+        self.engine, self.router_train, self.router_gen = build_rollout_engine(
+            self.cfg, self.train_cfg, model, self.tokenizer, self.env, multi_turn=self.multi_turn is not None)
 
     # ---------------------------------------------- rollouts: align/objectives/grpo_rollouts.py
 

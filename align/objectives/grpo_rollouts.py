@@ -5,7 +5,8 @@ trainer's log-probs before the first update where several updates share the roll
 
 `RolloutMaker` is the half of `GRPO` that makes rollouts; it reads what `GRPO` sets up: `cfg`, `train_cfg`,
 `env`, `device`, `tokenizer`, `prompts`, `reward`, `engine`, `multi_turn`, `model`, `forward`, `autocast`,
-`router_gen`, `rollout`, `rollouts`, `_sums`, `_row`, `_timers`, `_data`, and its `_first_forward` and `_mismatch`."""
+`router_train`, `router_gen`, `rollout`, `rollouts`, `_sums`, `_row`, `_timers`, `_data`, and its `_first_forward`
+and `_mismatch`."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ class RolloutMaker:
         """The state every rollout-making objective starts with (GRPO's and distillation's constructors)."""
         self.env = None
         self.engine = None
+        self.router_train = self.router_gen = None
+        """The router flip record's recorders of the training forward and of generation (MoE:
+        align/objectives/rollout_engine.py); None without a record."""
         self.rollout = None
         self.rollouts = 0
         """Rollouts generated so far (every rank the same): the next one's index, hence its seed."""
@@ -99,11 +103,21 @@ class RolloutMaker:
             else:  # tools: trajectories of several engine calls (align/objectives/multi_turn.py)
                 out = self.multi_turn.run(self.engine, prompts, spec)
         self._timed("generation_s", t0)
-        topk = None
-        if self.router_gen is not None:
-            topk = generation_topk(self.router_gen, [len(p) for p in prompts], spec.n, self.cfg.generation_batch_size,
-                                   [c.num_tokens for c in out])
-        return prompts, out, topk
+        return prompts, out, self._routing(prompts, out, spec.n)
+
+    def _routing(self, prompts: list, out: list, n: int) -> Optional[list[torch.Tensor]]:
+        """Per completion, [MoE layers, its tokens, k] the experts generation routed its tokens to: what align's
+        engine recorded beside each token, or hf's recorded calls mapped back to rows; None without a record."""
+        if self.router_train is None:
+            return None
+        if self.router_gen is None:
+            return None if any(c.router_topk is None for c in out) else [c.router_topk for c in out]
+        flat = generation_topk(self.router_gen, [len(p) for p in prompts], n, self.cfg.generation_batch_size,
+                               [c.num_tokens for c in out])
+        if flat is None:
+            return None
+        ends = np.cumsum([0] + [c.num_tokens for c in out])
+        return [torch.stack([t[a:b] for t in flat]) for a, b in zip(ends[:-1], ends[1:])]
 
     def _score(self, rows: np.ndarray, completions: list) -> tuple[np.ndarray, dict[str, float]]:
         t0 = time.perf_counter()
@@ -118,9 +132,6 @@ class RolloutMaker:
         prompts, out, topk = self._generate(rows, round_)
         rewards, parts = self._score(rows, out)
         g = self.cfg.group_size
-        if topk is not None:  # per completion: [layers, its tokens, k]
-            ends = np.cumsum([0] + [c.num_tokens for c in out])
-            topk = [torch.stack([t[a:b] for t in topk]) for a, b in zip(ends[:-1], ends[1:])]
         return {"rows": rows, "prompts": prompts, "out": out, "rewards": rewards.reshape(len(rows), g), "parts": parts,
                 "topk": topk}
 
@@ -190,7 +201,7 @@ class RolloutMaker:
                                           for _, _, p, o in seqs])
             stats.update({k: float(sum(getattr(o, k) for *_, o in seqs)) for k in ("turns", "tool_calls",
                                                                                   "tool_errors")})
-        if self.router_gen is not None and all(g["topk"] is not None for g in groups):
+        if self.router_train is not None and all(g["topk"] is not None for g in groups):
             r.router_topk = torch.cat([t for g in groups for t in g["topk"]], dim=1)
         if self.train_cfg.sampler.kind == SamplerKind.budget:
             r.cut_budget(self.cfg.updates_per_rollout, self.train_cfg.sampler, self._agree_counts)

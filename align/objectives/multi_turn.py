@@ -14,7 +14,8 @@ A trajectory is one sequence: the prompt, then its turns and tool messages as th
 the model's own generated tokens (1); the prompt's, the tool messages' and the template's tokens between
 them are 0, so nothing the model did not sample enters the loss, the log-prob comparison or the
 importance ratio. `logprobs` and `sampler_logprobs` are the engine's, one per masked token, in order,
-exactly as a single-turn completion's. The reward scores the last turn's text (`token_ids`).
+exactly as a single-turn completion's, and so is the routing an engine records (`router_topk`, MoE: GRPO's
+router flip record). The reward scores the last turn's text (`token_ids`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class Trajectory:
     turns: int
     tool_calls: int
     tool_errors: int
+    router_topk: Any = field(default=None, compare=False)
+    """MoE, where the engine records routing: [MoE layers, masked tokens, k], its turns' `Completion.router_topk`
+    end to end (the tool messages, which no router of the rollout saw, have none); None where a turn has none."""
 
     @property
     def num_tokens(self) -> int:
@@ -96,18 +100,23 @@ class _Running:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    routed: list[Any] = field(default_factory=list)
 
     def add_turn(self, c: Completion) -> None:
         self.body += c.token_ids
         self.mask += [True] * c.num_tokens
         self.logprobs += c.logprobs
         self.sampler_logprobs += c.sampler_logprobs
+        self.routed.append(c.router_topk)
         self.last, self.finish, self.turns = tuple(c.token_ids), c.finish_reason, self.turns + 1
 
     def done(self) -> Trajectory:
+        import torch
+
+        routed = None if any(r is None for r in self.routed) else torch.cat(self.routed, dim=1)
         return Trajectory(self.prompt_index, self.sample_index, self.last, tuple(self.body), tuple(self.mask),
                           tuple(self.logprobs), tuple(self.sampler_logprobs), self.finish, self.turns,
-                          self.tool_calls, self.tool_errors)
+                          self.tool_calls, self.tool_errors, routed)
 
 
 @dataclass

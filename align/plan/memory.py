@@ -315,16 +315,15 @@ def cache_held(cfg: Any, shards: int = 1) -> bool:
     """Whether the engine that will run keeps its KV cache allocated between calls, so through every
     update: align's engine does (its slots and the CUDA graphs captured on them outlive a call:
     align/generation/align_engine.py); transformers' `generate` builds its cache per call and frees it.
-    auto resolves to align's engine except under sharded weights (lockstep) and for a MoE policy
-    (align/objectives/rollout_engine.py), which generate through hf."""
+    auto resolves to align's engine except under sharded weights (lockstep) and for a model whose attention
+    layers its cache cannot address (align/generation/__init__.py `build_engine`): those generate through hf."""
+    from align.generation.align_engine import unsupported
     from align.generation.engine import Backend
 
     backend = cfg.objective.generation_backend
     if backend == Backend.hf or (backend == Backend.auto and shards > 1):
         return False
-    if backend == Backend.auto:
-        return not family_spec(cfg.model).router_taps(meta_model(cfg.model)[0])
-    return True
+    return backend != Backend.auto or unsupported(meta_model(cfg.model)[0]) is None
 
 
 def resident_bytes(cfg: TrainConfig, device: torch.device, prompt_tokens: Optional[int] = None) -> int:

@@ -148,3 +148,31 @@ def test_the_varlen_prefill_scores_what_the_left_padded_one_does(window):
     assert padded.describe()["prefill_attention"] == "left-padded, sdpa"
     gaps = [abs(x.logprobs[0] - y.logprobs[0]) for x, y in zip(a, b)]
     assert sum(x.token_ids == y.token_ids for x, y in zip(a, b)) >= 11 and max(gaps) < 0.05, gaps
+
+
+@pytest.mark.parametrize("family", [Family.olmoe, Family.gemma4_moe])
+def test_the_routing_record_rides_in_the_captured_compiled_steps(family):
+    """MoE with the router record on (GRPO's flip record): the routers' hooks must not break the one-graph
+    step, and what replays of the captured graphs leave in the record must be each token's own routing, as
+    a forward over the whole sequence routes it (bf16: sets at near-ties may differ; a stale buffer, a row
+    mix-up or an off-by-one token agrees with it far less, as the shifted comparison shows)."""
+    from align.models.family_table import FAMILIES
+    from tests.unit.generation.test_align_engine import _routed_by_a_teacher_forced_forward
+
+    model = _model(family)
+    ps = prompts(12, hi=40, vocab=model.get_input_embeddings().num_embeddings)
+    engine = _engine(model, GenerateMode.compiled)
+    engine.record_routers(FAMILIES[family].router_taps(engine.model))
+    out = engine.generate(ps, SamplingSpec(max_new_tokens=20, temperature=1.0, n=2, seed=5, stop_token_ids=()))
+    d = engine.describe()
+    assert d["cuda_graphs"] and d["compiled_step"] and d["compile_graph_break"] is None, \
+        (d["cuda_graph_failure"], d["compile_failure"], d["compile_graph_break"])
+    taps = FAMILIES[family].router_taps(model)
+    same = shifted = total = 0
+    for c in out:
+        got = c.router_topk.to("cuda").long().sort(-1).values
+        want = _routed_by_a_teacher_forced_forward(model, taps, ps[c.prompt_index], c.token_ids)
+        same += int((got[:, 1:] == want[:, 1:]).all(-1).sum())
+        shifted += int((got[:, 1:] == want[:, :-1]).all(-1).sum())
+        total += got[:, 1:].numel() // got.shape[-1]
+    assert same >= 0.9 * total and shifted < 0.5 * total, (same, shifted, total)

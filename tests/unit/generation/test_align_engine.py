@@ -225,6 +225,47 @@ def test_continuous_batching_keeps_each_sampled_row_with_its_prompt_and_sample(t
     assert eng.last_call["decode_steps"] < bound, (eng.last_call, bound)
 
 
+def _routed_by_a_teacher_forced_forward(model, taps, prompt, completion) -> torch.Tensor:
+    """[routers, len(completion), k] the experts a forward over prompt + completion routes the positions
+    that predicted each completion token to (sorted within each set)."""
+    from align.objectives.router_flips import RouterRecorder
+
+    with RouterRecorder(model, taps).record() as rec:
+        teacher_forced_logits(model, prompt, completion)
+    n = len(prompt)
+    return torch.stack([rec.calls[t.layer][0][n - 1:n - 1 + len(completion)] for t in taps]).sort(-1).values
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["left-padded", "packed"])
+@pytest.mark.parametrize("family", [Family.olmoe, Family.gemma4_moe])
+def test_recorded_routing_is_each_rows_own_through_continuous_batching(tiny_model, family, packed):
+    """MoE: each completion's `router_topk` holds the experts a teacher-forced forward over its own prompt and
+    tokens routes them to (fp32: the same sets), with ragged rows refilling 5 slots; against the record
+    shifted by one token most sets differ, so agreement is not routers that pick alike everywhere."""
+    model = tiny_model(family)
+    taps = FAMILIES[family].router_taps(model)
+    assert taps
+    ps = prompts(5, lo=2, hi=16, vocab=vocab_of(model), seed=3)
+    base = dict(max_new_tokens=7, temperature=1.0, n=2, seed=9)
+    free = align_engine(model, batch_size=10).generate(ps, SamplingSpec(**base, stop_token_ids=()))
+    stops = tuple(dict.fromkeys(c.token_ids[i % 5] for i, c in enumerate(free) if i % 3 != 2))
+    eng = align_engine(model, batch_size=5, sync_every=2, packed=packed)
+    eng.record_routers(FAMILIES[family].router_taps(eng.model))
+    out = eng.generate(ps, SamplingSpec(**base, stop_token_ids=stops))
+    assert len({c.num_tokens for c in out}) >= 3 and eng.describe()["router_topk"].endswith(f"{len(taps)} MoE routers")
+    same = shifted = total = 0
+    for c in out:
+        got = c.router_topk.long().sort(-1).values
+        want = _routed_by_a_teacher_forced_forward(model, taps, ps[c.prompt_index], c.token_ids)
+        assert got.shape == want.shape == (len(taps), c.num_tokens, want.shape[-1])
+        same += int((got == want).all(-1).sum())
+        shifted += int((got[:, 1:] == want[:, :-1]).all(-1).sum())
+        total += got[:, 1:].shape[0] * got[:, 1:].shape[1]
+    assert same == sum(len(taps) * c.num_tokens for c in out)
+    assert shifted < 0.5 * total, (shifted, total)
+    assert all(c.router_topk is None for c in free)  # not asked: no record
+
+
 # ------------------------------------------------------------------------------------ sliding rings
 
 

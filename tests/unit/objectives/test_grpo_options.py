@@ -100,13 +100,16 @@ def test_per_sequence_aggregations_weigh_by_completions(tmp_path, agg):
     assert obj.weight(window[0]) == window[0].n_seq == 16
 
 
-def test_moe_router_flip_rate_is_recorded_per_layer_and_sees_a_planted_mismatch(tmp_path):
-    """OLMoE: generation and training route the same tokens to the same experts in fp32 (flip rate 0);
-    the same comparison against the generation's picks shifted by one token (a wrong alignment) flips
-    most tokens, so a rate of 0 is not an artefact of routers that pick the same experts everywhere;
-    a bf16 generation copy flips some."""
-    moe = [*SMALL, "model=olmoe", "trainer.max_steps=1"]
+@pytest.mark.parametrize("backend", ["auto", "hf"])
+def test_moe_router_flip_rate_is_recorded_per_layer_and_sees_a_planted_mismatch(tmp_path, backend):
+    """OLMoE, on either engine (auto: align's, which records each token's experts beside it; hf, whose calls
+    are mapped back to rows): generation and training route the same tokens to the same experts in fp32
+    (flip rate 0); the same comparison against the generation's picks shifted by one token (a wrong
+    alignment) flips most tokens, so a rate of 0 is not an artefact of routers that pick the same experts
+    everywhere; a bf16 generation copy flips some."""
+    moe = [*SMALL, "model=olmoe", "trainer.max_steps=1", f"objective.generation_backend={backend}"]
     trainer = build_trainer(tmp_path / "fp32", *moe)
+    assert trainer.objective.engine.backend.value == ("align" if backend == "auto" else "hf")
     row = _steps(trainer, 1)[0]
     assert row["router_flip/l0"] == 0 and row["router_flip/l1"] == 0 and row["router_flip/mean"] == 0
     assert trainer.model_info["loss"]["router_flip_rate"].startswith("per MoE layer")
@@ -120,6 +123,57 @@ def test_moe_router_flip_rate_is_recorded_per_layer_and_sees_a_planted_mismatch(
     trainer = build_trainer(tmp_path / "bf16", *moe, "objective.generation_dtype=bf16")
     row = _steps(trainer, 1)[0]
     assert row["mismatch/logp_abs_mean"] > 1e-3 and row["router_flip/mean"] > 0
+
+
+class _CallsFirst:
+    """The run's engine, except that each prompt's sample 0 calls the calculator on its first turn: that turn is
+    scripted, with the routing a teacher-forced forward gives its tokens (what the engine records for tokens it
+    samples); the turn after the tool message, and every other turn, is the engine's own."""
+
+    def __init__(self, inner, tok, taps) -> None:
+        self.inner, self.tok, self.taps = inner, tok, taps
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def generate(self, prompts, spec):
+        from align.generation import Completion, FinishReason
+        from tests.unit.generation.test_align_engine import _routed_by_a_teacher_forced_forward
+        from tests.unit.objectives.test_grpo_tools import _call
+
+        out = self.inner.generate(prompts, spec)
+        for j, c in enumerate(out):
+            prompt = list(prompts[c.prompt_index])
+            if c.sample_index == 0 and "<|tool|>" not in self.tok.decode(prompt, skip_special_tokens=False):
+                ids = tuple(self.tok(_call("2+3"), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id])
+                routed = _routed_by_a_teacher_forced_forward(self.inner.model, self.taps, prompt, ids)
+                out[j] = Completion(c.prompt_index, 0, ids, (-1.0,) * len(ids), (-1.0,) * len(ids), FinishReason.stop,
+                                    routed)
+        return out
+
+
+def test_moe_router_flip_rate_over_tool_trajectories_reads_the_models_tokens_only(tmp_path):
+    """Multi-turn on align's engine: a trajectory's routing record is its turns' records end to end, the tool
+    message between them left out, aligned with the loss tokens. fp32 training routes every model token of
+    trajectories that called the calculator as their turns were routed (rate 0); the record shifted by one
+    token flips most, and one with the tool message's positions left in would misalign every later turn."""
+    from align.models.family_table import FAMILIES
+    from tests.unit.objectives.test_grpo_tools import CALC
+
+    trainer = build_trainer(tmp_path, *SMALL, "model=olmoe", "trainer.max_steps=1", "objective.max_turns=2",
+                            f"objective.tools=[{CALC}]", "objective.max_new_tokens=16", "data.max_seq_len=256")
+    obj = trainer.objective
+    assert obj.engine.backend.value == "align" and obj.router_train is not None
+    obj.engine = _CallsFirst(obj.engine, trainer.tokenizer, FAMILIES["olmoe"].router_taps(obj.engine.model))
+    row = _steps(trainer, 1)[0]
+    r = obj.rollout
+    assert row["rollout/tool_calls_mean"] >= 0.25 and row["rollout/turns_mean"] > 1
+    assert r.router_topk.shape[1] == len(r.engine_logps) == int(r.loss_mask.sum())  # model tokens only
+    assert row["router_flip/mean"] == 0
+    r.router_topk = torch.roll(r.router_topk, shifts=1, dims=1)
+    with torch.no_grad():
+        obj._first_forward(trainer.forward, obj._batch(r.parts[0][0], with_old=False))
+    assert obj.window_metrics()["router_flip/mean"] > 0.3
 
 
 def test_dense_models_record_no_router_flip_rate(tmp_path):
