@@ -13,7 +13,10 @@ answer), else the text of the tool message the model gets back. Everything the m
 back as that text, starting with `error:`, so the model can learn from it and the run goes on: a
 missing closing tag, arguments that are not a JSON object, an unknown tool, arguments the tool does not
 take or a tool that raises. Nothing the model writes is executed as code: it is parsed as JSON and
-handed to a function the config named. No sandboxed code tool ships.
+handed to a function the config named. The one tool that runs the model's code is
+`align.rewards.sandbox:python`, in a process cut off from the network and bounded in time and memory, and
+only where a config names it. A tool object with a `preflight()` method has it called when the tool is
+loaded (preflight, exit 2 before heavy work): a ValueError there refuses the run with its message.
 """
 
 from __future__ import annotations
@@ -72,13 +75,20 @@ class Tool:
 
 def load_tool(spec: str, key: str = KEY) -> Tool:
     """The tool `spec` names, imported; ConfigError naming `key` for a missing module, file or attribute, a
-    non-callable or an async function (one line, exit 2: preflight loads every tool before heavy work)."""
+    non-callable, an async function or a tool whose `preflight()` refuses the machine (one line, exit 2:
+    preflight loads every tool before heavy work)."""
     fn, module = import_spec(spec, key)
     if not callable(fn):
         raise ConfigError(key, f"names a {type(fn).__name__}, not a function", spec)
     call = fn if inspect.isroutine(fn) or inspect.isclass(fn) else type(fn).__call__
     if inspect.iscoroutinefunction(call):
         raise ConfigError(key, "is an async function; accepted: a plain function fn(**arguments) -> str", spec)
+    ready = getattr(fn, "preflight", None)  # a tool that needs something of the machine says so here
+    if callable(ready):
+        try:
+            ready()
+        except ValueError as e:
+            raise ConfigError(key, str(e), spec) from None
     file = source_file(fn, module)
     return Tool(tool_name(spec, key), spec, fn, file, _sha256(file) if file is not None and file.is_file() else None)
 
